@@ -1,0 +1,1 @@
+"""The collector service: ingest, DuckDB store, REST API, Prometheus metrics."""

@@ -1,0 +1,1 @@
+"""Host probe agent: NIC discovery, probe plan, Cython fast path, windows, upload."""

@@ -1,0 +1,1 @@
+"""Triangulation: path model, link tomography, verdicts, host/NIC attribution, job impact."""
