@@ -29,7 +29,9 @@ PERIOD_NS = 10_000_000
 WINDOW_NS = 1_000_000_000
 
 
-def ports_needed(n_paths: int, miss: float = MISS_PROBABILITY, cap: int = MAX_PORTS_PER_PEER) -> int:
+def ports_needed(
+    n_paths: int, miss: float = MISS_PROBABILITY, cap: int = MAX_PORTS_PER_PEER
+) -> int:
     """Ports so that P(some path of ``n_paths`` unhit) <= miss, by the union bound."""
     if n_paths <= 1:
         return 1

@@ -143,7 +143,8 @@ def lower_hull(t: np.ndarray, y: np.ndarray) -> np.ndarray:
     for i in order:
         while len(hull) >= 2:
             o, a = hull[-2], hull[-1]
-            cross = float(t[a] - t[o]) * float(y[i] - y[o]) - float(y[a] - y[o]) * float(t[i] - t[o])
+            dt_a, dy_a = float(t[a] - t[o]), float(y[a] - y[o])
+            cross = dt_a * float(y[i] - y[o]) - dy_a * float(t[i] - t[o])
             if cross > 0:
                 break
             hull.pop()

@@ -18,6 +18,7 @@ other end (``base + 2j``) is the leaf's side of the access link.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 from collections import deque
 from collections.abc import Iterable
@@ -138,7 +139,7 @@ class Topology:
         paths = []
         for sw in self.switch_paths(src.leaf, dst.leaf):
             nodes = [src_nic, *sw, dst_nic]
-            paths.append([link_id(a, b) for a, b in zip(nodes, nodes[1:], strict=False)])
+            paths.append([link_id(a, b) for a, b in itertools.pairwise(nodes)])
         return paths
 
     # ---- files ---------------------------------------------------------------------------
@@ -203,7 +204,7 @@ def _all_shortest_paths(adj: dict[str, list[str]], a: str, b: str) -> list[tuple
             paths.append(p)
             continue
         d = dist[p[-1]]
-        stack.extend(p + (v,) for v in reversed(adj[p[-1]]) if dist.get(v) == d - 1)
+        stack.extend((*p, v) for v in reversed(adj[p[-1]]) if dist.get(v) == d - 1)
     return sorted(paths)
 
 
