@@ -1,0 +1,218 @@
+"""Prometheus metrics on the collector's own registry.
+
+Conventions: base units (seconds, ratios), ``_total`` counters whose label values are created
+up front so they exist from 0, one-way-delay histograms per NIC (per-pair data stays in
+DuckDB), a gauge per faulty link bounded to the top K, ingest counters, writer depth and lag,
+sync quality per host. Histograms are filled with numpy (one bincount per batch), not one
+``observe`` call per window.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from fleetlens.records import STATES, ClockModel, Verdict
+
+# The collector's own process: the *_created series only double the scrape size.
+disable_created_metrics()
+
+REJECT_REASONS = (
+    "auth",
+    "content_type",
+    "too_large",
+    "decode",
+    "type",
+    "invalid",
+    "nan",
+    "negative",
+    "unknown_nic",
+    "wrong_host",
+    "future",
+    "backpressure",
+    "write_error",
+)
+LOOPS = ("clocks", "triangulate", "retention")
+OWD_BUCKETS_S = (
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4,
+    1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0,
+)  # fmt: skip
+
+
+class NicOwdHistograms(Collector):
+    """``fleetlens_nic_owd_seconds{nic,direction}``: one observation per window, its median
+    one-way delay, under the sending (tx) and the receiving (rx) NIC."""
+
+    def __init__(self) -> None:
+        self._bounds = np.asarray(OWD_BUCKETS_S)
+        self._index: dict[tuple[str, str], int] = {}
+        self._counts = np.zeros((0, len(OWD_BUCKETS_S) + 1), dtype=np.int64)
+        self._sums = np.zeros(0)
+        self._lock = threading.Lock()
+
+    def observe(self, windows: pa.Table) -> None:
+        owd = windows["owd_p50_ns"]
+        valid = pc.is_valid(owd)
+        if not pc.any(valid).as_py():
+            return
+        values = pc.filter(owd, valid).to_numpy() * 1e-9
+        bucket = np.searchsorted(self._bounds, values, side="left")
+        for direction, col in (("tx", "src_nic"), ("rx", "dst_nic")):
+            enc = pc.filter(windows[col], valid).combine_chunks().dictionary_encode()
+            with self._lock:
+                rows = np.fromiter(
+                    (self._row(direction, nic) for nic in enc.dictionary.to_pylist()), np.int64
+                )
+                idx = rows[enc.indices.to_numpy()]
+                n_cells = self._counts.size
+                flat = np.bincount(idx * self._counts.shape[1] + bucket, minlength=n_cells)
+                self._counts += flat[:n_cells].reshape(self._counts.shape)
+                self._sums += np.bincount(idx, weights=values, minlength=self._sums.size)
+
+    def _row(self, direction: str, nic: str) -> int:
+        key = (nic, direction)
+        if key not in self._index:
+            self._index[key] = len(self._index)
+            self._counts = np.vstack([self._counts, np.zeros((1, self._counts.shape[1]), np.int64)])
+            self._sums = np.append(self._sums, 0.0)
+        return self._index[key]
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        fam = HistogramMetricFamily(
+            "fleetlens_nic_owd_seconds",
+            "One-way delay per NIC: one observation per window (its median), tx and rx side",
+            labels=["nic", "direction"],
+        )
+        with self._lock:
+            cum = np.cumsum(self._counts, axis=1)
+            for (nic, direction), i in self._index.items():
+                buckets = [
+                    (str(b), int(c)) for b, c in zip(OWD_BUCKETS_S, cum[i, :-1], strict=True)
+                ]
+                buckets.append(("+Inf", int(cum[i, -1])))
+                fam.add_metric([nic, direction], buckets, float(self._sums[i]))
+        yield fam
+
+
+class StateCollector(Collector):
+    """Gauges read from the collector's in-memory state at scrape time."""
+
+    def __init__(
+        self,
+        verdicts: Callable[[], list[Verdict]],
+        clocks: Callable[[], list[ClockModel]],
+        top_k: int,
+    ) -> None:
+        self._verdicts, self._clocks, self._k = verdicts, clocks, top_k
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        links = [v for v in self._verdicts() if v.kind == "link"]
+        by_state = GaugeMetricFamily("fleetlens_links", "Links by verdict state", labels=["state"])
+        for s in STATES:
+            by_state.add_metric([s], sum(v.state == s for v in links))
+        yield by_state
+        faulty = sorted(
+            (v for v in links if v.state == "faulty"),
+            key=lambda v: (v.confidence, v.loss_rate, v.excess_delay_ns),
+            reverse=True,
+        )[: self._k]
+        loss = GaugeMetricFamily(
+            "fleetlens_faulty_link_loss_ratio",
+            f"Loss ratio of the top {self._k} faulty links (bounded cardinality)",
+            labels=["link"],
+        )
+        delay = GaugeMetricFamily(
+            "fleetlens_faulty_link_excess_delay_seconds",
+            f"Excess one-way delay of the top {self._k} faulty links",
+            labels=["link"],
+        )
+        for v in faulty:
+            loss.add_metric([v.subject], v.loss_rate)
+            delay.add_metric([v.subject], v.excess_delay_ns * 1e-9)
+        yield loss
+        yield delay
+        yield from self._clock_families(self._clocks())
+
+    @staticmethod
+    def _clock_families(clocks: list[ClockModel]) -> Iterable[GaugeMetricFamily]:
+        err = GaugeMetricFamily(
+            "fleetlens_clock_error_bound_seconds",
+            "Sync quality: error bound of the host's clock model (absent when unknown)",
+            labels=["host"],
+        )
+        synced = GaugeMetricFamily(
+            "fleetlens_clock_synced", "1 if the host's clock model is synchronized", labels=["host"]
+        )
+        offset = GaugeMetricFamily(
+            "fleetlens_clock_offset_seconds", "Host raw clock minus fleet time", labels=["host"]
+        )
+        for c in clocks:
+            if c.error_bound_ns is not None:
+                err.add_metric([c.host_id], c.error_bound_ns * 1e-9)
+            synced.add_metric([c.host_id], 1.0 if c.synced else 0.0)
+            offset.add_metric([c.host_id], c.offset_ns * 1e-9)
+        yield from (err, synced, offset)
+
+
+class Metrics:
+    def __init__(self, queue_depth: Callable[[], float], queue_rows: Callable[[], float],
+                 writer_lag: Callable[[], float]) -> None:  # fmt: skip
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.batches = Counter(
+            "fleetlens_ingest_batches", "Batches acknowledged", ["result"], registry=r
+        )
+        for res in ("stored", "duplicate"):
+            self.batches.labels(res)
+        self.windows = Counter("fleetlens_ingest_windows", "Window rows stored", registry=r)
+        self.bytes = Counter("fleetlens_ingest_bytes", "Ingest request body bytes", registry=r)
+        self.rejected = Counter(
+            "fleetlens_ingest_rejected_batches",
+            "Batches rejected, by reason",
+            ["reason"],
+            registry=r,
+        )
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        self.registrations = Counter(
+            "fleetlens_registrations", "Agent registrations accepted", registry=r
+        )
+        self.commit_seconds = Histogram(
+            "fleetlens_writer_commit_seconds", "Time to write and commit one batch", registry=r,
+            buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0),
+        )  # fmt: skip
+        Gauge("fleetlens_writer_queue_depth", "Items waiting for the writer", registry=r
+              ).set_function(queue_depth)  # fmt: skip
+        Gauge("fleetlens_writer_queue_rows", "Window rows waiting for the writer", registry=r
+              ).set_function(queue_rows)  # fmt: skip
+        Gauge("fleetlens_writer_lag_seconds", "Age of the oldest item waiting for the writer",
+              registry=r).set_function(writer_lag)  # fmt: skip
+        self.loop_runs = Counter(
+            "fleetlens_loop_runs", "Background loop rounds", ["loop"], registry=r
+        )
+        self.loop_errors = Counter(
+            "fleetlens_loop_errors", "Background loop rounds that failed", ["loop"], registry=r
+        )
+        self.loop_seconds = Histogram(
+            "fleetlens_loop_duration_seconds", "Duration of one loop round", ["loop"], registry=r
+        )
+        for loop in LOOPS:
+            self.loop_runs.labels(loop)
+            self.loop_errors.labels(loop)
+        self.owd = NicOwdHistograms()
+        r.register(self.owd)
+
+    def add_state(self, state: StateCollector) -> None:
+        self.registry.register(state)

@@ -1,0 +1,221 @@
+"""Read side of the REST API: links, NICs, hosts, clocks, pair history, job impact.
+
+Current state (verdicts, clocks, decisions) is served from the collector's memory, which the
+loops keep equal to the newest stored rows; history and pair series come from DuckDB through
+a per-thread read cursor.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from fleetlens.api.config import MINUTE_NS
+from fleetlens.api.models import ClockOut, HostOut, LinkHistoryPoint, LinkOut, NicOut, OwdPoint
+from fleetlens.api.service import Collector
+
+from fleetlens.ids import is_nic_id, link_id, split_link_id, split_nic_id
+from fleetlens.records import STATES, ClockModel, Verdict
+
+_SEVERITY = {s: i for i, s in enumerate(STATES)}
+
+
+def worst(states: list[str]) -> str:
+    return max(states, key=_SEVERITY.__getitem__, default="healthy")
+
+
+# ---- links ---------------------------------------------------------------------------------
+def link_tier(c: Collector, link: str) -> str:
+    if c.topology and link in c.topology.link_by_id:
+        return c.topology.link_by_id[link].tier
+    a, b = split_link_id(link)
+    return "access" if is_nic_id(a) or is_nic_id(b) else "unknown"
+
+
+def link_out(c: Collector, link: str) -> LinkOut:
+    a, b = split_link_id(link)
+    v = c.state.verdicts.get(link)
+    return LinkOut(
+        link_id=link, a=a, b=b, tier=link_tier(c, link),
+        state=v.state if v else "healthy", since=v.since_ns if v else None,
+        excess_delay_ns=v.excess_delay_ns if v else 0.0, loss_rate=v.loss_rate if v else 0.0,
+        confidence=v.confidence if v else 0.0, flows=v.evidence if v else 0,
+    )  # fmt: skip
+
+
+def all_link_ids(c: Collector) -> list[str]:
+    ids = {s for s, v in c.state.verdicts.items() if v.kind == "link"}
+    if c.topology:
+        ids |= set(c.topology.link_by_id)
+    return sorted(ids)
+
+
+def links(c: Collector, state: str | None, tier: str | None) -> list[LinkOut]:
+    out = [link_out(c, lk) for lk in all_link_ids(c)]
+    out = [x for x in out if (not state or x.state == state) and (not tier or x.tier == tier)]
+    # Worst first: the operator's question is "which link is hurting".
+    return sorted(out, key=lambda x: (-_SEVERITY[x.state], -x.confidence, x.link_id))
+
+
+def link_known(c: Collector, link: str) -> bool:
+    return link in c.state.verdicts or bool(c.topology and link in c.topology.link_by_id)
+
+
+def link_history(
+    c: Collector, link: str, since: int, until: int, limit: int, offset: int
+) -> list[LinkHistoryPoint]:
+    rows = (
+        c.store.read()
+        .execute(
+            """SELECT updated_ns, state, since_ns, excess_delay_ns, loss_rate, confidence, evidence
+           FROM verdicts WHERE subject = ? AND updated_ns >= ? AND updated_ns < ?
+           ORDER BY updated_ns DESC LIMIT ? OFFSET ?""",
+            [link, since, until, limit, offset],
+        )
+        .fetchall()
+    )
+    keys = ("updated", "state", "since", "excess_delay_ns", "loss_rate", "confidence", "flows")
+    return [LinkHistoryPoint(**dict(zip(keys, r, strict=True))) for r in rows]
+
+
+# ---- NICs and hosts ------------------------------------------------------------------------
+def registered_nics(c: Collector) -> dict[str, tuple[str, str]]:
+    rows = c.store.read().execute("SELECT nic_id, ifname, ip FROM nics").fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def nic_verdicts(c: Collector) -> dict[str, list[Verdict]]:
+    """Verdicts that concern each NIC: its own, and those of its access links."""
+    out: dict[str, list[Verdict]] = {}
+    for v in c.state.verdicts.values():
+        if v.kind == "nic":
+            out.setdefault(v.subject, []).append(v)
+        elif v.kind == "link":
+            for end in split_link_id(v.subject):
+                if is_nic_id(end):
+                    out.setdefault(end, []).append(v)
+    return out
+
+
+def nics(c: Collector, host: str | None = None) -> list[NicOut]:
+    reg = registered_nics(c)
+    inv = c.topology.nic_by_id if c.topology else {}
+    concern = nic_verdicts(c)
+    out = []
+    for nic in sorted(set(reg) | set(inv)):
+        h, ifname = split_nic_id(nic)
+        if host and h != host:
+            continue
+        vs = [v for v in concern.get(nic, []) if v.state != "healthy"]
+        bad = max(vs, key=lambda v: (_SEVERITY[v.state], v.loss_rate), default=None)
+        out.append(
+            NicOut(
+                nic_id=nic, host_id=h, ifname=ifname,
+                ip=reg[nic][1] if nic in reg else inv[nic].ip,
+                leaf=inv[nic].leaf if nic in inv else None,
+                state=bad.state if bad else "healthy", since=bad.since_ns if bad else None,
+                loss_rate=bad.loss_rate if bad else 0.0,
+                excess_delay_ns=bad.excess_delay_ns if bad else 0.0,
+                reason=f"{bad.kind} {bad.subject} {bad.state}" if bad else None,
+            )
+        )  # fmt: skip
+    return out
+
+
+def clock_out(c: Collector, m: ClockModel) -> ClockOut:
+    return ClockOut(
+        host_id=m.host_id, offset_ns=m.offset_ns, drift_ppb=m.drift_ppb,
+        error_bound_ns=m.error_bound_ns, synced=m.synced, t0_ns=m.t0_ns,
+        updated=c.state.clock_updated.get(m.host_id),
+    )  # fmt: skip
+
+
+def hosts(c: Collector) -> list[HostOut]:
+    rows = (
+        c.store.read()
+        .execute("SELECT host_id, registered_ns, agent_version, ts_source FROM hosts")
+        .fetchall()
+    )
+    meta = {r[0]: r[1:] for r in rows}
+    by_host = {h: list(g) for h, g in itertools.groupby(nics(c), key=lambda n: n.host_id)}
+    out = []
+    for h in sorted(set(c.known_hosts()) | set(meta)):
+        ns = by_host.get(h, [])
+        reg, version, ts = meta.get(h, (None, None, None))
+        clock = c.state.clocks.get(h)
+        out.append(
+            HostOut(
+                host_id=h, state=worst([n.state for n in ns]), nics=ns, registered=reg,
+                agent_version=version, ts_source=ts,
+                clock=clock_out(c, clock) if clock else None,
+            )
+        )  # fmt: skip
+    return out
+
+
+# ---- one pair's one-way-delay series ---------------------------------------------------------
+_OWD_SQL = """
+WITH raw AS (
+    SELECT $since + (start_ns - $since) // $step * $step AS t, count(*) AS windows,
+           sum(sent) AS sent, sum(received) AS received, min(owd_min_ns) AS mn,
+           median(owd_p50_ns) AS p50, max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
+    FROM windows
+    WHERE src_nic = $src AND dst_nic = $dst AND start_ns >= $since AND start_ns < $until
+    GROUP BY 1),
+agg AS (
+    SELECT $since + (minute_ns - $since) // $step * $step AS t, sum(windows) AS windows,
+           sum(sent) AS sent, sum(received) AS received, min(owd_min_ns) AS mn,
+           sum(owd_p50_ns * windows) / sum(windows) AS p50, max(owd_p99_ns) AS p99,
+           max(owd_max_ns) AS mx
+    FROM windows_minute
+    WHERE src_nic = $src AND dst_nic = $dst AND minute_ns >= $lo_min AND minute_ns < $until
+    GROUP BY 1)
+SELECT t, sum(windows)::BIGINT, sum(sent)::BIGINT, sum(received)::BIGINT, min(mn),
+       sum(p50 * windows) / sum(windows), max(p99), max(mx)
+FROM (SELECT * FROM raw UNION ALL SELECT * FROM agg)
+GROUP BY t ORDER BY t
+"""
+
+
+def pair_owd(c: Collector, src: str, dst: str, since: int, until: int, step: int) -> list[OwdPoint]:
+    params = {
+        "src": src, "dst": dst, "since": since, "until": until, "step": step,
+        "lo_min": since // MINUTE_NS * MINUTE_NS,
+    }  # fmt: skip
+    rows = c.store.read().execute(_OWD_SQL, params).fetchall()
+    return [
+        OwdPoint(
+            t=t, windows=w, sent=s, received=r,
+            loss_rate=(s - r) / s if s else None,
+            owd_min_ns=mn, owd_p50_ns=p50, owd_p99_ns=p99, owd_max_ns=mx,
+        )
+        for t, w, s, r, mn, p50, p99, mx in rows
+    ]  # fmt: skip
+
+
+# ---- jobs ------------------------------------------------------------------------------------
+def job_links(c: Collector, job_nics: list[str]) -> set[str]:
+    """Links the job's traffic can cross: every ECMP path between its NICs' leaves (from the
+    inventory) plus every link on the recently observed paths between its NICs."""
+    out: set[str] = set()
+    topo = c.topology
+    if topo:
+        inv = [topo.nic_by_id[n] for n in job_nics if n in topo.nic_by_id]
+        for n in inv:
+            out |= {link_id(n.id, n.leaf), link_id(n.leaf, n.id)}
+        leaves = sorted({n.leaf for n in inv})
+        for la, lb in itertools.permutations(leaves, 2):
+            for sw in topo.switch_paths(la, lb):
+                out |= {link_id(a, b) for a, b in itertools.pairwise(sw)}
+    if job_nics and c.state.max_start_ns is not None:
+        lo = c.state.max_start_ns - 300_000_000_000
+        rows = (
+            c.store.read()
+            .execute(
+                """SELECT DISTINCT unnest(path) FROM windows
+               WHERE start_ns >= ? AND list_contains(?, src_nic) AND list_contains(?, dst_nic)""",
+                [lo, job_nics, job_nics],
+            )
+            .fetchall()
+        )
+        out |= {r[0] for r in rows if r[0]}
+    return out

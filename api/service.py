@@ -1,0 +1,287 @@
+"""The collector core: store + writer + metrics + in-memory state, independent of HTTP.
+
+The FastAPI app (``app.py``) is a thin layer over this object; tests and benchmarks can drive
+it directly (e.g. the writer-alone benchmark, the retention test with an explicit ``now``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from fleetlens.api.config import Settings
+from fleetlens.api.metrics import Metrics, StateCollector
+from fleetlens.api.placeholders import (
+    SolveClocks,
+    Triangulate,
+    cap_drain,
+    decisions_from_verdicts,
+    placeholder_identity_clocks,
+    placeholder_lossy_path_triangulation,
+)
+from fleetlens.api.store import Store
+from fleetlens.api.writer import Writer
+
+from fleetlens.batch import Batch, BatchError
+from fleetlens.ids import split_nic_id
+from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, DrainEntry, Verdict
+from fleetlens.topology import Topology
+
+log = logging.getLogger("fleetlens.api")
+
+
+@dataclass
+class Engines:
+    """What the background loops run; the sync and triangulation issues replace these."""
+
+    solve_clocks: SolveClocks = placeholder_identity_clocks
+    triangulate: Triangulate | None = None  # None: the placeholder with the configured threshold
+
+
+@dataclass
+class State:
+    clocks: dict[str, ClockModel] = field(default_factory=dict)
+    clock_updated: dict[str, int] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    verdict_updated: dict[str, int] = field(default_factory=dict)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    max_start_ns: int | None = None
+
+
+class Collector:
+    def __init__(self, settings: Settings, engines: Engines | None = None) -> None:
+        self.settings = settings
+        self.engines = engines or Engines()
+        self.topology = Topology.load(settings.inventory) if settings.inventory else None
+        self.store = Store(settings.db_path, settings.duckdb_threads, settings.duckdb_memory_limit)
+        self.writer = Writer(
+            self.store, settings.queue_max_batches, settings.queue_max_rows, self._on_commit
+        )
+        self.metrics = Metrics(self.writer.depth, self.writer.queued_rows, self.writer.lag_s)
+        self.state = State()
+        self.metrics.add_state(
+            StateCollector(
+                lambda: list(self.state.verdicts.values()),
+                lambda: list(self.state.clocks.values()),
+                settings.top_k_links,
+            )
+        )
+        self._known_lock = threading.Lock()
+        self._known = pa.array([], pa.string())
+        self._known_set: frozenset[str] = frozenset()
+        self._stop = threading.Event()
+        self._loop_thread: threading.Thread | None = None
+        self._load_state()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self, loops: bool = True) -> None:
+        self.writer.start()
+        if loops:
+            self._loop_thread = threading.Thread(
+                target=self._loop, name="fleetlens-loops", daemon=True
+            )
+            self._loop_thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._loop_thread:
+            self._loop_thread.join(10)
+        self.writer.stop()
+        self.store.close()
+
+    def _load_state(self) -> None:
+        con = self.store.con
+        self.refresh_known_nics()
+        row = con.execute("SELECT max(start_ns) FROM windows").fetchone()
+        self.state.max_start_ns = row[0] if row else None
+        for r in con.execute(
+            "SELECT arg_max(COLUMNS(*), updated_ns) FROM clocks GROUP BY host_id"
+        ).fetchall():
+            self.state.clocks[r[0]] = ClockModel(r[0], r[1], r[2], r[3], r[4], bool(r[5]))
+            self.state.clock_updated[r[0]] = r[6]
+        for r in con.execute(
+            "SELECT arg_max(COLUMNS(*), updated_ns) FROM verdicts GROUP BY subject"
+        ).fetchall():
+            self.state.verdicts[r[0]] = Verdict(*r[:8], list(r[8] or []), bool(r[9]))
+            self.state.verdict_updated[r[0]] = r[10]
+        for h, gen, drain in con.execute("SELECT * FROM decisions").fetchall():
+            entries = [DrainEntry(**e) for e in json.loads(drain)]
+            self.state.decisions[h] = Decision(h, gen, entries)
+
+    # ---- known NICs (inventory ∪ registered) ---------------------------------------------
+    def refresh_known_nics(self) -> None:
+        registered = [r[0] for r in self.store.read().execute("SELECT nic_id FROM nics").fetchall()]
+        inventory = [n.id for n in self.topology.nics] if self.topology else []
+        known = set(inventory) | set(registered)
+        with self._known_lock:
+            self._known = pa.array(sorted(known), pa.string())
+            self._known_set = frozenset(known)
+
+    def known_nics(self) -> pa.Array:
+        with self._known_lock:
+            return self._known
+
+    def nic_known(self, nic: str) -> bool:
+        return nic in self._known_set
+
+    def known_hosts(self) -> list[str]:
+        hosts = {split_nic_id(n)[0] for n in self.known_nics().to_pylist()}
+        if self.topology:
+            hosts |= set(self.topology.hosts)
+        return sorted(hosts)
+
+    # ---- ingest --------------------------------------------------------------------------
+    def check_context(self, batch: Batch, now_ns: int) -> None:
+        """The checks that need collector state; raises BatchError naming the field."""
+        t = batch.windows
+        own = pc.starts_with(t["src_nic"], pattern=f"{batch.host_id}/")
+        _fail(
+            pc.invert(own), "src_nic", f"not a NIC of batch host {batch.host_id!r}", "wrong_host", t
+        )
+        known = self.known_nics()
+        for col in ("src_nic", "dst_nic"):
+            _fail(
+                pc.invert(pc.is_in(t[col], value_set=known)),
+                col,
+                "unknown NIC (not in the inventory nor registered)",
+                "unknown_nic",
+                t,
+            )
+        end = pc.add(t["start_ns"], t["duration_ns"])
+        limit = now_ns + self.settings.max_future_ns
+        _fail(pc.greater(end, limit), "start_ns", "window ends in the future", "future", t)
+
+    def _on_commit(self, batch: Batch, stored: bool, seconds: float) -> None:
+        m = self.metrics
+        m.commit_seconds.observe(seconds)
+        if not stored:
+            m.batches.labels("duplicate").inc()
+            return
+        m.batches.labels("stored").inc()
+        m.windows.inc(batch.rows)
+        if batch.rows:
+            newest = pc.max(batch.windows["start_ns"]).as_py()
+            self.state.max_start_ns = max(self.state.max_start_ns or newest, newest)
+            m.owd.observe(batch.windows)
+
+    # ---- background loops ----------------------------------------------------------------
+    def _loop(self) -> None:
+        last_retention = 0.0
+        while not self._stop.wait(self.settings.loop_interval_s):
+            self.run_round(time.time_ns())
+            if time.monotonic() - last_retention >= self.settings.retention_interval_s:
+                last_retention = time.monotonic()
+                self.run_retention(time.time_ns())
+
+    def newest_windows(self) -> pa.Table:
+        if self.state.max_start_ns is None:
+            return WINDOW_SCHEMA.empty_table()
+        lo = self.state.max_start_ns - self.settings.loop_lookback_ns
+        cols = ", ".join(WINDOW_SCHEMA.names)
+        rel = self.store.read().execute(f"SELECT {cols} FROM windows WHERE start_ns >= ?", [lo])
+        return rel.fetch_arrow_table().cast(WINDOW_SCHEMA)
+
+    def run_round(self, now_ns: int) -> None:
+        """One round: clock solve, triangulation, decisions; outputs stored in one transaction."""
+        windows = self.newest_windows()
+        clocks = self._timed(
+            "clocks", self.engines.solve_clocks, windows, self.topology, dict(self.state.clocks)
+        )
+        tri = self.engines.triangulate or self._placeholder_triangulation
+        verdicts = self._timed(
+            "triangulate", tri, windows, self.topology, dict(self.state.verdicts)
+        )
+        if clocks is None or verdicts is None:
+            return
+        decisions = self._decide(verdicts, now_ns)
+        new_clocks = self._changed_clocks(clocks, now_ns)
+        new_verdicts = self._changed_verdicts(verdicts, now_ns)
+        new_decisions = [
+            d for d in decisions if _drain_key(d) != _drain_key(self.state.decisions.get(d.host_id))
+        ]
+        if new_clocks or new_verdicts or new_decisions:
+            fut = self.writer.submit_call(
+                lambda s: s.save_loop_outputs(new_clocks, new_verdicts, new_decisions, now_ns)
+            )
+            fut.result(timeout=60)
+        for c in new_clocks:
+            self.state.clocks[c.host_id], self.state.clock_updated[c.host_id] = c, now_ns
+        for v in new_verdicts:
+            self.state.verdicts[v.subject], self.state.verdict_updated[v.subject] = v, now_ns
+        for d in new_decisions:
+            self.state.decisions[d.host_id] = d
+
+    def _placeholder_triangulation(self, windows, topology, prev) -> list[Verdict]:
+        return placeholder_lossy_path_triangulation(
+            windows, topology, prev, self.settings.lossy_flow_threshold
+        )
+
+    def _timed(self, loop: str, fn, *args):
+        m = self.metrics
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args)
+        except Exception:
+            m.loop_errors.labels(loop).inc()
+            log.exception("loop %s failed", loop)
+            return None
+        finally:
+            m.loop_runs.labels(loop).inc()
+            m.loop_seconds.labels(loop).observe(time.perf_counter() - t0)
+        return out
+
+    def _decide(self, verdicts: list[Verdict], now_ns: int) -> list[Decision]:
+        hosts = self.known_hosts()
+        per_host: dict[str, int] = {}
+        for n in self.known_nics().to_pylist():
+            h = split_nic_id(n)[0]
+            per_host[h] = per_host.get(h, 0) + 1
+        return cap_drain(decisions_from_verdicts(verdicts, hosts, now_ns), per_host)
+
+    def _changed_clocks(self, clocks: list[ClockModel], now_ns: int) -> list[ClockModel]:
+        # Persist a model when it changes, and at least once a minute (a heartbeat for history).
+        return [
+            c for c in clocks
+            if self.state.clocks.get(c.host_id) != c
+            or now_ns - self.state.clock_updated.get(c.host_id, 0) >= 60_000_000_000
+        ]  # fmt: skip
+
+    def _changed_verdicts(self, verdicts: list[Verdict], now_ns: int) -> list[Verdict]:
+        # History keeps every change and, while not healthy, one row per round (few links).
+        out = []
+        for v in verdicts:
+            old = self.state.verdicts.get(v.subject)
+            if (
+                old is None
+                or old.state != v.state
+                or (v.state != "healthy" and old != v)
+                or (
+                    now_ns - self.state.verdict_updated.get(v.subject, 0) >= 60_000_000_000
+                    and v.state != "healthy"
+                )
+            ):
+                out.append(v)
+        return out
+
+    def run_retention(self, now_ns: int) -> dict[str, int] | None:
+        s = self.settings
+        fut = self.writer.submit_call(
+            lambda st: st.retention_pass(now_ns, s.raw_retention_ns, s.agg_retention_ns)
+        )
+        return self._timed("retention", fut.result, 600)
+
+
+def _drain_key(d: Decision | None) -> tuple:
+    return tuple((e.nic_id, e.reason) for e in d.drain) if d else ()
+
+
+def _fail(mask: pa.ChunkedArray, field: str, what: str, reason: str, t: pa.Table) -> None:
+    m = pc.fill_null(mask, True)
+    if pc.any(m).as_py():
+        row = pc.index(m, True).as_py()
+        raise BatchError(field, f"{what}: {t[field][row].as_py()!r} (row {row})", reason)

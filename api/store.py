@@ -1,0 +1,243 @@
+"""The DuckDB store: schema, the write operations (run by the single writer) and read queries.
+
+Writes happen only on the writer thread's connection (see ``writer.py``); reads use one cursor
+per reading thread, which DuckDB serves from a consistent snapshot (MVCC), so API reads never
+block ingest. Window rows are bulk-inserted from Arrow tables through DuckDB's Arrow scan,
+never row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from fleetlens.api.config import MINUTE_NS
+
+from fleetlens.batch import Batch
+from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, Verdict
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS windows (
+    src_nic VARCHAR, dst_nic VARCHAR, sport INTEGER, start_ns BIGINT, duration_ns BIGINT,
+    sent INTEGER, received INTEGER, pure INTEGER,
+    owd_min_ns DOUBLE, owd_p50_ns DOUBLE, owd_p99_ns DOUBLE, owd_max_ns DOUBLE,
+    hull_t_ns BIGINT[], hull_owd_ns BIGINT[], ts_source VARCHAR, path VARCHAR[]);
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id VARCHAR PRIMARY KEY, host_id VARCHAR, rows INTEGER, received_ns BIGINT);
+CREATE TABLE IF NOT EXISTS windows_minute (
+    src_nic VARCHAR, dst_nic VARCHAR, minute_ns BIGINT, windows BIGINT,
+    sent BIGINT, received BIGINT, pure BIGINT,
+    owd_min_ns DOUBLE, owd_p50_ns DOUBLE, owd_p99_ns DOUBLE, owd_max_ns DOUBLE,
+    PRIMARY KEY (src_nic, dst_nic, minute_ns));
+CREATE TABLE IF NOT EXISTS hosts (
+    host_id VARCHAR PRIMARY KEY, ts_source VARCHAR, metrics_port INTEGER,
+    agent_version VARCHAR, registered_ns BIGINT);
+CREATE TABLE IF NOT EXISTS nics (
+    nic_id VARCHAR PRIMARY KEY, host_id VARCHAR, ifname VARCHAR, ip VARCHAR,
+    registered_ns BIGINT);
+CREATE TABLE IF NOT EXISTS clocks (
+    host_id VARCHAR, t0_ns BIGINT, offset_ns DOUBLE, drift_ppb DOUBLE, error_bound_ns DOUBLE,
+    synced BOOLEAN, updated_ns BIGINT);
+CREATE TABLE IF NOT EXISTS verdicts (
+    subject VARCHAR, kind VARCHAR, state VARCHAR, since_ns BIGINT, excess_delay_ns DOUBLE,
+    loss_rate DOUBLE, confidence DOUBLE, evidence INTEGER, flows VARCHAR[], flapping BOOLEAN,
+    updated_ns BIGINT);
+CREATE TABLE IF NOT EXISTS decisions (
+    host_id VARCHAR PRIMARY KEY, generated_ns BIGINT, drain_json VARCHAR);
+CREATE TABLE IF NOT EXISTS jobs (
+    name VARCHAR PRIMARY KEY, hosts VARCHAR[], created_ns BIGINT);
+"""
+
+# Per-minute aggregate of raw windows per NIC pair. Percentiles of percentiles are not exact:
+# p50 is the median of window medians, p99 the largest window p99 (an upper bound).
+_AGGREGATE = f"""
+INSERT INTO windows_minute
+SELECT src_nic, dst_nic, (start_ns // {MINUTE_NS}) * {MINUTE_NS} AS minute_ns, count(*),
+       sum(sent), sum(received), sum(pure), min(owd_min_ns), median(owd_p50_ns),
+       max(owd_p99_ns), max(owd_max_ns)
+FROM windows WHERE start_ns < $cutoff GROUP BY ALL
+ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
+    owd_p50_ns = (coalesce(owd_p50_ns, EXCLUDED.owd_p50_ns) * windows
+                  + coalesce(EXCLUDED.owd_p50_ns, owd_p50_ns) * EXCLUDED.windows)
+                 / (windows + EXCLUDED.windows),
+    windows = windows + EXCLUDED.windows, sent = sent + EXCLUDED.sent,
+    received = received + EXCLUDED.received, pure = pure + EXCLUDED.pure,
+    owd_min_ns = least(owd_min_ns, EXCLUDED.owd_min_ns),
+    owd_p99_ns = greatest(owd_p99_ns, EXCLUDED.owd_p99_ns),
+    owd_max_ns = greatest(owd_max_ns, EXCLUDED.owd_max_ns)
+"""
+
+_INSERT_COLS = ", ".join(WINDOW_SCHEMA.names)
+
+
+def connect(path: Path, threads: int | None = None, memory_limit: str | None = None):
+    config: dict[str, Any] = {}
+    if threads:
+        config["threads"] = threads
+    if memory_limit:
+        config["memory_limit"] = memory_limit
+    con = duckdb.connect(str(path), config=config)
+    con.execute(SCHEMA)
+    return con
+
+
+class Store:
+    """Owns the DuckDB database; ``con`` is the writer's, ``read()`` a per-thread cursor."""
+
+    def __init__(self, path: Path, threads: int | None = None, memory_limit: str | None = None):
+        self.path = Path(path)
+        self.con = connect(self.path, threads, memory_limit)
+        self._local = threading.local()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def read(self) -> duckdb.DuckDBPyConnection:
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._local.cur = self.con.cursor()
+        return cur
+
+    # ---- writes (writer thread only) -----------------------------------------------------
+    def insert_batch(self, batch: Batch, now_ns: int) -> bool:
+        """Store the batch and its id in one transaction; False if the id was already stored."""
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            seen = con.execute(
+                "SELECT 1 FROM batches WHERE batch_id = ?", [batch.batch_id]
+            ).fetchone()
+            if seen:
+                con.execute("ROLLBACK")
+                return False
+            self._insert_windows(batch.windows)
+            con.execute(
+                "INSERT INTO batches VALUES (?, ?, ?, ?)",
+                [batch.batch_id, batch.host_id, batch.rows, now_ns],
+            )
+            con.execute("COMMIT")
+            return True
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def _insert_windows(self, table: pa.Table) -> None:
+        self.con.register("_incoming", table)
+        try:
+            self.con.execute(f"INSERT INTO windows SELECT {_INSERT_COLS} FROM _incoming")
+        finally:
+            self.con.unregister("_incoming")
+
+    def insert_windows_raw(self, table: pa.Table) -> None:
+        """Bulk insert without a batch id (benchmarks and retention tests)."""
+        self.con.execute("BEGIN TRANSACTION")
+        self._insert_windows(table)
+        self.con.execute("COMMIT")
+
+    def register_host(self, host: str, nics: list[dict[str, str]], meta: dict[str, Any]) -> None:
+        now = time.time_ns()
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        con.execute(
+            "INSERT OR REPLACE INTO hosts VALUES (?, ?, ?, ?, ?)",
+            [host, meta.get("ts_source"), meta.get("metrics_port"), meta.get("agent_version"), now],
+        )
+        for n in nics:
+            con.execute(
+                "INSERT OR REPLACE INTO nics VALUES (?, ?, ?, ?, ?)",
+                [f"{host}/{n['ifname']}", host, n["ifname"], n["ip"], now],
+            )
+        con.execute("COMMIT")
+
+    def save_loop_outputs(
+        self,
+        clocks: list[ClockModel],
+        verdicts: list[Verdict],
+        decisions: list[Decision],
+        now_ns: int,
+    ) -> None:
+        """One transaction per loop round so readers never see half a round."""
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if clocks:
+                con.executemany(
+                    "INSERT INTO clocks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        [
+                            c.host_id,
+                            c.t0_ns,
+                            c.offset_ns,
+                            c.drift_ppb,
+                            c.error_bound_ns,
+                            c.synced,
+                            now_ns,
+                        ]
+                        for c in clocks
+                    ],
+                )
+            if verdicts:
+                con.executemany(
+                    "INSERT INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        [
+                            v.subject,
+                            v.kind,
+                            v.state,
+                            v.since_ns,
+                            v.excess_delay_ns,
+                            v.loss_rate,
+                            v.confidence,
+                            v.evidence,
+                            v.flows[:32],
+                            v.flapping,
+                            now_ns,
+                        ]
+                        for v in verdicts
+                    ],
+                )
+            for d in decisions:
+                con.execute(
+                    "INSERT OR REPLACE INTO decisions VALUES (?, ?, ?)",
+                    [d.host_id, d.generated_ns, json.dumps([asdict(e) for e in d.drain])],
+                )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def save_job(self, name: str, hosts: list[str], now_ns: int) -> None:
+        self.con.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)", [name, hosts, now_ns])
+
+    def retention_pass(self, now_ns: int, raw_ns: int, agg_ns: int) -> dict[str, int]:
+        """Fold raw windows older than ``raw_ns`` into per-minute rows; drop rows older than
+        ``agg_ns``. Only whole minutes are folded, so a minute is never split between tables."""
+        cutoff = (now_ns - raw_ns) // MINUTE_NS * MINUTE_NS
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            folded = con.execute(
+                "SELECT count(*) FROM windows WHERE start_ns < ?", [cutoff]
+            ).fetchone()[0]
+            if folded:
+                con.execute(_AGGREGATE, {"cutoff": cutoff})
+                con.execute("DELETE FROM windows WHERE start_ns < ?", [cutoff])
+            con.execute("DELETE FROM batches WHERE received_ns < ?", [now_ns - raw_ns])
+            old = now_ns - agg_ns
+            dropped = con.execute(
+                "SELECT count(*) FROM windows_minute WHERE minute_ns < ?", [old]
+            ).fetchone()[0]
+            con.execute("DELETE FROM windows_minute WHERE minute_ns < ?", [old])
+            con.execute("DELETE FROM verdicts WHERE updated_ns < ?", [old])
+            con.execute("DELETE FROM clocks WHERE updated_ns < ?", [old])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return {"folded_windows": int(folded), "dropped_minutes": int(dropped), "cutoff_ns": cutoff}

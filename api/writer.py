@@ -1,0 +1,157 @@
+"""The single writer: one thread owns the DuckDB write connection, fed by a bounded queue.
+
+Ingest handlers validate a batch, then ``submit`` it and wait for its future: the future
+resolves only after the transaction has committed, so a ``200`` means the rows are in the
+DuckDB WAL and survive ``kill -9``. When the queue is full (by batches or by rows), ``submit``
+raises :class:`Backpressure` at once and the handler answers ``429`` with ``Retry-After`` —
+memory stays bounded however far the writer falls behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from fleetlens.api.store import Store
+
+from fleetlens.batch import Batch
+
+log = logging.getLogger("fleetlens.api.writer")
+
+
+class Backpressure(Exception):
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"writer queue full, retry after {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Item:
+    rows: int
+    enqueued: float
+    future: Future
+    batch: Batch | None = None
+    call: Callable[[Store], Any] | None = None
+
+
+class Writer:
+    def __init__(
+        self,
+        store: Store,
+        max_batches: int = 256,
+        max_rows: int = 4_000_000,
+        on_commit: Callable[[Batch, bool, float], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.max_rows = max_rows
+        self._q: queue.Queue[_Item | None] = queue.Queue(maxsize=max_batches)
+        self._rows = 0
+        self._oldest: list[float] = []  # enqueue times of pending items, oldest first
+        self._lock = threading.Lock()
+        self._on_commit = on_commit
+        self._thread = threading.Thread(target=self._run, name="fleetlens-writer", daemon=True)
+        self.rows_per_s_ewma = 0.0
+        self.errors = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Drain what is queued, then stop (blocking put: shutdown must not drop the sentinel)."""
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join(timeout)
+
+    # ---- producers -------------------------------------------------------------------------
+    def submit_batch(self, batch: Batch) -> Future:
+        return self._submit(_Item(batch.rows, time.monotonic(), Future(), batch=batch))
+
+    def submit_call(self, fn: Callable[[Store], Any], block: bool = True) -> Future:
+        """Run ``fn(store)`` on the writer thread (loop outputs, registrations, retention)."""
+        item = _Item(0, time.monotonic(), Future(), call=fn)
+        if block:
+            self._track(item)
+            self._q.put(item)
+            return item.future
+        return self._submit(item)
+
+    def _submit(self, item: _Item) -> Future:
+        with self._lock:
+            if self._rows + item.rows > self.max_rows and self._rows > 0:
+                raise Backpressure(self._retry_after())
+            self._rows += item.rows
+            self._oldest.append(item.enqueued)
+        try:
+            self._q.put_nowait(item)
+        except queue.Full:
+            self._untrack(item)
+            raise Backpressure(self._retry_after()) from None
+        return item.future
+
+    def _track(self, item: _Item) -> None:
+        with self._lock:
+            self._rows += item.rows
+            self._oldest.append(item.enqueued)
+
+    def _untrack(self, item: _Item) -> None:
+        with self._lock:
+            self._rows -= item.rows
+            if item.enqueued in self._oldest:
+                self._oldest.remove(item.enqueued)
+
+    def _retry_after(self) -> float:
+        # Time to drain what is queued at the recent write rate; at least 1 s.
+        rate = self.rows_per_s_ewma or 100_000.0
+        return max(1.0, min(60.0, self._rows / rate))
+
+    # ---- observability ---------------------------------------------------------------------
+    def depth(self) -> int:
+        return self._q.qsize()
+
+    def queued_rows(self) -> int:
+        return self._rows
+
+    def lag_s(self) -> float:
+        """Age of the oldest item still waiting or being written (0 when idle)."""
+        with self._lock:
+            return time.monotonic() - self._oldest[0] if self._oldest else 0.0
+
+    # ---- the thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            t0 = time.perf_counter()
+            try:
+                if item.batch is not None:
+                    stored = self.store.insert_batch(item.batch, time.time_ns())
+                    result: Any = stored
+                else:
+                    result = item.call(self.store)  # type: ignore[misc]
+            except BaseException as e:
+                self.errors += 1
+                log.exception("writer: item failed")
+                self._untrack(item)
+                item.future.set_exception(e)
+                continue
+            dt = time.perf_counter() - t0
+            self._untrack(item)
+            if item.batch is not None:
+                if dt > 0 and item.rows:
+                    self.rows_per_s_ewma = 0.8 * self.rows_per_s_ewma + 0.2 * item.rows / dt
+                if self._on_commit:
+                    try:
+                        self._on_commit(item.batch, bool(result), dt)
+                    except Exception:  # metrics must never fail an acknowledged write
+                        log.exception("writer: on_commit hook failed")
+            item.future.set_result(result)
