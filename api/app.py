@@ -57,7 +57,7 @@ class ApiError(HTTPException):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": m.ErrorOut} for code in (401, 403, 404, 422)
+    code: {"model": m.ErrorOut} for code in (400, 401, 403, 404, 422)
 }
 Limit = Annotated[int, Query(ge=1, le=1000, description="page size (max 1000)")]
 Offset = Annotated[int, Query(ge=0, le=10_000_000)]

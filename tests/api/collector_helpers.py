@@ -1,0 +1,133 @@
+"""Helpers for the collector tests: a real `fleetlens collector` subprocess on 127.0.0.1 with a
+real DuckDB file, and a small vectorized window generator with known contents."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+
+from fleetlens.records import WINDOW_SCHEMA
+from fleetlens.topology import Topology
+
+INGEST, READ = "ingest-secret-1", "read-secret-2"
+FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
+WINDOW_NS = 1_000_000_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    db: Path
+    proc: subprocess.Popen
+    inventory: Path
+    log: Path
+
+    def client(self, token: str | None = READ) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_server(tmp: Path, inventory: Path, *extra: str, db: Path | None = None) -> Server:
+    port = free_port()
+    db = db or tmp / "fleet.duckdb"
+    log = tmp / f"collector-{port}.log"
+    env = dict(os.environ, FLEETLENS_INGEST_TOKEN=INGEST, FLEETLENS_READ_TOKEN=READ)
+    cmd = [FLEETLENS, "collector", "--db", str(db), "--listen", f"127.0.0.1:{port}",
+           "--inventory", str(inventory), "--loop-interval", "0.2", *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", db, proc, inventory, log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"collector exited {proc.returncode}: {log.read_text()}")
+        try:
+            if httpx.get(server.url + "/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.1)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"collector did not come up: {log.read_text()}")
+
+
+def make_windows(
+    topo: Topology,
+    host: str,
+    start_ns: int,
+    n_windows: int = 1,
+    sports: int = 2,
+    lossy_links: frozenset[str] = frozenset(),
+    loss: float = 0.3,
+    seed: int = 0,
+) -> pa.Table:
+    """Windows of every flow from ``host``'s NICs to every NIC of other hosts, ``sports`` source
+    ports each, for ``n_windows`` consecutive 1 s windows. Each flow's path is its ECMP path
+    ``sport % len(paths)``; flows whose path crosses one of ``lossy_links`` lose ``loss`` of
+    their probes, the others none. OWD values are deterministic from ``seed``."""
+    pairs = [
+        (s.id, d.id, p, path)
+        for s in topo.nics_by_host[host]
+        for d in topo.nics if d.host != host
+        for p in range(33000, 33000 + sports)
+        for path in [topo.ecmp_paths(s.id, d.id)[p % len(topo.ecmp_paths(s.id, d.id))]]
+    ]  # fmt: skip
+    n = len(pairs) * n_windows
+    rng = np.random.default_rng(seed)
+    lossy = np.array([bool(lossy_links & set(pt)) for *_, pt in pairs] * n_windows)
+    sent = np.full(n, 200, np.int32)
+    received = np.where(lossy, np.int32(200 * (1 - loss)), sent).astype(np.int32)
+    base = rng.uniform(2_000, 4_000, n)
+    starts = start_ns + np.repeat(np.arange(n_windows, dtype=np.int64) * WINDOW_NS, len(pairs))
+    hull_t = [[int(s), int(s) + 500_000_000] for s in starts]
+    cols = {
+        "src_nic": [p[0] for p in pairs] * n_windows,
+        "dst_nic": [p[1] for p in pairs] * n_windows,
+        "sport": np.array([p[2] for p in pairs] * n_windows, np.int32),
+        "start_ns": starts,
+        "duration_ns": np.full(n, WINDOW_NS, np.int64),
+        "sent": sent,
+        "received": received,
+        "pure": (received // 2).astype(np.int32),
+        "owd_min_ns": base,
+        "owd_p50_ns": base * 1.5,
+        "owd_p99_ns": base * 3,
+        "owd_max_ns": base * 4,
+        "hull_t_ns": hull_t,
+        "hull_owd_ns": [[int(b), int(b) + 10] for b in base],
+        "ts_source": ["software"] * n,
+        "path": [list(p[3]) for p in pairs] * n_windows,
+    }
+    return pa.table(cols, schema=WINDOW_SCHEMA)
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    """The value of one sample in Prometheus text format (0 if absent would hide bugs: raise)."""
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    raise KeyError(key)
