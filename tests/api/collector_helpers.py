@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetlens.records import WINDOW_SCHEMA
 from fleetlens.topology import Topology
@@ -124,10 +125,10 @@ def make_windows(
     return pa.table(cols, schema=WINDOW_SCHEMA)
 
 
-def metric(text: str, name: str, labels: str = "") -> float:
-    """The value of one sample in Prometheus text format (0 if absent would hide bugs: raise)."""
-    key = f"{name}{{{labels}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(key + " "):
-            return float(line.split()[-1])
-    raise KeyError(key)
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus text exposition; KeyError if absent (absent is not zero)."""
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    raise KeyError(f"{name}{labels}")
