@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pyarrow as pa
+import uvicorn
+from fleetlens.api.app import create_app
+from fleetlens.api.config import Settings
+from fleetlens.api.service import Collector
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetlens.records import WINDOW_SCHEMA
@@ -132,3 +137,34 @@ def metric(text: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     raise KeyError(f"{name}{labels}")
+
+
+class InProcessServer:
+    """uvicorn in a thread around a Collector object the test can reach into (e.g. to hold the
+    writer busy); still real HTTP on 127.0.0.1 and a real DuckDB file."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.collector = Collector(settings)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(self.collector), host="127.0.0.1", port=self.port,
+                                log_level="warning", lifespan="on")  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
+
+    def __enter__(self) -> InProcessServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("in-process collector did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def client(self, token: str | None = READ) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
