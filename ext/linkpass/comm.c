@@ -290,9 +290,12 @@ static void frame_init(lp_frame_t *f, uint32_t type) {
   f->type = type;
 }
 
+/* May this lane take a chunk now?  Re-sent chunks ignore the per-lane window: the window only
+ * shrinks on the cumulative ack, which is stuck behind exactly those chunks after a failover. */
 static int sched_ok(lp_comm_t *c, lp_lane_t *l) {
   return c->is_send && l->state == LANE_UP && !lp_nic_drained(l->nic) && !l->remote_drained &&
-         lp_nic_usable(l->nic) && l->inflight < lp_cfg.lane_window_bytes;
+         lp_nic_usable(l->nic) &&
+         (l->inflight < lp_cfg.lane_window_bytes || c->rsq_head != c->rsq_tail);
 }
 
 static int have_chunk(lp_comm_t *c) {
@@ -513,8 +516,8 @@ static void lane_read(lp_comm_t *c, int idx, uint64_t now) {
     }
     l->t_rx = now;
     budget = budget > (size_t)n ? budget - (size_t)n : 0;
+    atomic_fetch_add(&lp_nics[l->nic].rx_bytes, (uint64_t)n);
     if (l->rx_payload) {
-      atomic_fetch_add(&lp_nics[l->nic].rx_bytes, (uint64_t)n);
       if (!l->rx_discard) l->rx_dst += n;
       l->rx_left -= (size_t)n;
       if (l->rx_left == 0) chunk_complete(c, idx);
@@ -802,6 +805,7 @@ static void comm_free(lp_comm_t *c) {
   free(c->discard);
   atomic_fetch_sub(&lp_stats.comms, 1);
   free(c);
+  lp_status_write(); /* final counters of this comm are visible without waiting a period */
 }
 
 /* ------------------------------------------------------------------ NCCL-facing calls */

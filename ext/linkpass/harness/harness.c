@@ -225,6 +225,11 @@ static ncclResult_t p8(int dev, char **name, int *speed, int *ptr, int *max_recv
   PROPS_OUT(p);
   return r;
 }
+static ncclResult_t c8(void *ctx, void *h, void **sc) {
+  (void)ctx;
+  lp_dev_handle_t *dc = NULL;
+  return n8->connect(0, h, sc, &dc);
+}
 static ncclResult_t s8(void *sc, void *d, size_t s, int tag, void *mh, void **req) {
   return n8->isend(sc, d, (int)s, tag, mh, req);
 }
@@ -264,7 +269,7 @@ static int load_ops(void *lib, int version, ops_t *ops) {
       break;
     case 8:
       n8 = t;
-      *ops = (ops_t){n8->name, i8, n8->devices, p8, l10, c9, NULL, NULL, NULL, s8, rv8,
+      *ops = (ops_t){n8->name, i8, n8->devices, p8, l10, c8, NULL, NULL, NULL, s8, rv8,
                      n8->test, n8->closeSend, n8->closeRecv, n8->closeListen};
       break;
     default:

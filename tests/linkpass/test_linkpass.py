@@ -1,0 +1,358 @@
+"""LinkPass: ABI, data integrity, failover / fail-back, drain by decision file, no-path timeout.
+
+The plugin is built through its Makefile once per session.  Root-only tests run the C harness as
+two ranks in a private pair of network namespaces joined by 4 veth "NICs" (lp-a-PID-N /
+lp-b-PID-N), inject real faults (link down, silent nft drop, all links down) and check what the
+harness measured: bytes verified against a per-message pattern, the longest interval without a
+completion, and the per-NIC byte counters the plugin publishes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetlens.records import Decision, DrainEntry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ext" / "linkpass" / "harness"))
+import lpnet
+
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(
+    not IS_ROOT, reason="needs root: runs the ranks in network namespaces joined by veth NICs"
+)
+VERSIONS = (12, 11, 10, 9, 8)
+CHUNK_SLACK = 64 * 1024  # heartbeats only: far below one 512 KiB chunk
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    lpnet.build()
+    return lpnet.PLUGIN
+
+
+@pytest.fixture
+def net(built: Path) -> Iterator[lpnet.NetnsPair]:
+    with lpnet.NetnsPair(f"{os.getpid()}-{next(_ids)}") as pair:
+        yield pair
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def run_harness(args: list[str], env: dict[str, str], timeout: float = 60) -> list[dict]:
+    out = subprocess.run(
+        [str(lpnet.HARNESS), "--plugin", str(lpnet.PLUGIN), *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def value_at(ts: list[float], vals: list[int], t: float) -> int:
+    """Counter value at the last sample taken at or before wall time t."""
+    best = vals[0]
+    for ti, v in zip(ts, vals, strict=True):
+        if ti <= t:
+            best = v
+    return best
+
+
+def delta(ts: list[float], vals: list[int], t0: float, t1: float) -> int:
+    return value_at(ts, vals, t1) - value_at(ts, vals, t0)
+
+
+def first_growth(ts: list[float], vals: list[int], t: float, min_bytes: int) -> float | None:
+    """Seconds after t at which the counter has grown by more than min_bytes."""
+    base = value_at(ts, vals, t)
+    for ti, v in zip(ts, vals, strict=True):
+        if ti > t and v - base > min_bytes:
+            return ti - t
+    return None
+
+
+def run_with_faults(
+    net: lpnet.NetnsPair,
+    workdir: Path,
+    seconds: float,
+    schedule: list[tuple[float, Callable[[], None]]],
+    env_a: dict[str, str] | None = None,
+    env_b: dict[str, str] | None = None,
+    finish_timeout: float = 60,
+) -> tuple[lpnet.Rank, lpnet.Rank, list[float], tuple[int, int]]:
+    """Starts both ranks, runs each fault at its offset after the sender is ready (recording
+    the wall time it took effect), and waits for both ranks to exit."""
+    send, recv = lpnet.start_pair(net, workdir, seconds, env_a, env_b, ["--sample-ms", "100"])
+    try:
+        ready = send.wait_event("ready", 20)
+        assert ready, f"sender never ready: {send.events} {send.stderr} {recv.stderr}"
+        t_ready = time.monotonic()
+        times = []
+        for offset, action in schedule:
+            time.sleep(max(0.0, t_ready + offset - time.monotonic()))
+            action()
+            times.append(time.time())
+        rcs = (send.finish(finish_timeout), recv.finish(finish_timeout))
+    finally:
+        send.kill()
+        recv.kill()
+    return send, recv, times, rcs
+
+
+def assert_clean_transfer(send: lpnet.Rank, recv: lpnet.Rank, rcs: tuple[int, int]) -> None:
+    sd, rd = send.done(), recv.done()
+    assert rcs == (0, 0), (rcs, send.of("error"), recv.of("error"), recv.stderr[-5:])
+    assert sd and rd
+    assert not send.of("error") and not recv.of("error")
+    assert sd["errors"] == 0 and rd["errors"] == 0
+    assert rd["mismatches"] == 0, recv.of("mismatch")[:3]
+    # every byte exactly once and in order: message k verified in the k-th receive
+    assert rd["bytes_verified"] == sd["bytes_verified"] > 0
+    assert rd["messages"] == sd["messages"]
+    assert rd["max_stall_ms"] < 1000, rd
+    assert sd["max_stall_ms"] < 1000, sd
+
+
+def final_status(rank: lpnet.Rank) -> dict:
+    return rank.of("sample")[-1]["status"]
+
+
+# ---------------------------------------------------------------- no root needed
+
+
+def test_symbols_and_names(built: Path) -> None:
+    lib = ctypes.CDLL(str(built))
+    for v in VERSIONS:
+        # the first member of every table is `const char *name`
+        name = ctypes.c_char_p.in_dll(lib, f"ncclNetPlugin_v{v}").value
+        assert name == b"linkpass", v
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(built)], capture_output=True, text=True)
+    exported = {line.split()[-1] for line in nm.stdout.splitlines()}
+    assert {f"ncclNetPlugin_v{v}" for v in VERSIONS} <= exported
+    assert not any(s.startswith("lp_") for s in exported), "internal symbols must stay hidden"
+
+
+def test_every_version_table_initialises(built: Path) -> None:
+    events = run_harness(["--role", "abi"], {"LINKPASS_NICS": "lo"})
+    abi = {e["version"]: e for e in events if e["event"] == "abi"}
+    assert sorted(abi) == sorted(VERSIONS)
+    for v, e in abi.items():
+        assert e["found"] and e["name"] == "linkpass", v
+        assert (e["init"], e["devices"], e["props"]) == (0, 0, 0), e
+        assert e["ndev"] == 1 and e["dev_name"] == "linkpass"
+        assert e["ptr_support"] == 1 and e["max_recvs"] == 1 and e["speed"] > 0
+    assert any("NIC 0 lo" in e.get("msg", "") for e in events), "logs go through NCCL's logger"
+
+
+def test_no_nic_makes_init_fail(built: Path) -> None:
+    out = subprocess.run(
+        [str(lpnet.HARNESS), "--plugin", str(built), "--role", "abi"],
+        env={**os.environ, "LINKPASS_NICS": "lp-no-such-nic"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    assert all(e["init"] != 0 for e in events if e["event"] == "abi")
+
+
+DECISION_OK = [
+    Decision("h03", 1, [DrainEntry("h03/eth1", "faulty link", 5)]).to_json(),
+    Decision("h03", 1, []).to_json(),
+    '{"drain":[{"nic_id":"h\\u00e9/eth0","reason":"x\\"y","since_ns":1}],"extra":[1,2.5e3,null]}',
+]
+DECISION_BAD = [
+    "",
+    "{",
+    '{"drain": [',
+    '{"drain": {}}',
+    '{"host_id": "h03"}',
+    '{"drain": [{"nic_id": 7}]}',
+    '{"drain": []} trailing',
+    '[{"drain": []}]',
+    "\x00\xff garbage",
+    '{"drain":' + "[" * 100 + "]" * 100 + "}",
+    '{"drain": [], "x": "unterminated}',
+]
+
+
+@pytest.mark.parametrize("text", DECISION_OK)
+def test_decision_parser_accepts_agent_output(built: Path, text: str) -> None:
+    lib = ctypes.CDLL(str(built))
+    drained = (ctypes.c_int * 8)()
+    raw = text.encode()
+    assert lib.linkpass_decision_parse(raw, ctypes.c_size_t(len(raw)), drained) == 0
+
+
+@pytest.mark.parametrize("text", DECISION_BAD)
+def test_decision_parser_rejects_malformed(built: Path, text: str) -> None:
+    lib = ctypes.CDLL(str(built))
+    drained = (ctypes.c_int * 8)()
+    raw = text.encode("latin-1")
+    assert lib.linkpass_decision_parse(raw, ctypes.c_size_t(len(raw)), drained) == -1
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_loopback_transfer_through_each_version(built: Path, tmp_path: Path, version: int) -> None:
+    """One NIC (lo), real sockets: every table moves verified data; status file is written;
+    a malformed decision file present from the start is logged and survived."""
+    handle, status, decision = tmp_path / "h", tmp_path / "status.json", tmp_path / "d.json"
+    recv_status = tmp_path / "recv-status.json"
+    decision.write_text('{"drain": [ {"nic_id": ')
+    env = {
+        **os.environ,
+        "LINKPASS_NICS": "lo",
+        "LINKPASS_STATUS_FILE": str(status),
+        "LINKPASS_DECISION_FILE": str(decision),
+    }
+    args = ["--plugin", str(built), "--handle", str(handle), "--version", str(version)]
+    args += ["--msg-bytes", str(1 << 20)]
+    recv = lpnet.Rank(
+        subprocess.Popen(
+            [str(lpnet.HARNESS), "--role", "recv", *args],
+            env={**env, "LINKPASS_STATUS_FILE": str(recv_status)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
+    send = lpnet.Rank(
+        subprocess.Popen(
+            [str(lpnet.HARNESS), "--role", "send", "--seconds", "1", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
+    try:
+        rcs = (send.finish(30), recv.finish(30))
+    finally:
+        send.kill()
+        recv.kill()
+    assert_clean_transfer(send, recv, rcs)
+    assert recv.done()["version"] == version
+    doc, rdoc = json.loads(status.read_text()), json.loads(recv_status.read_text())
+    sent, got = doc["nics"][0], rdoc["nics"][0]
+    assert sent["name"] == got["name"] == "lo"
+    assert sent["tx_bytes"] >= send.done()["bytes_verified"]
+    assert got["rx_bytes"] >= recv.done()["bytes_verified"]
+    assert doc["decision_errors"] >= 1 and rdoc["decision_errors"] >= 1
+    assert any("malformed" in e["msg"] for e in send.of("log"))
+
+
+# ---------------------------------------------------------------- namespaces (root)
+
+
+@needs_root
+def test_link_down_failover_and_failback(net: lpnet.NetnsPair, tmp_path: Path) -> None:
+    send, recv, (t_down, t_up), rcs = run_with_faults(
+        net,
+        tmp_path,
+        7.0,
+        [(2.0, lambda: net.link("a", 1, False)), (4.5, lambda: net.link("a", 1, True))],
+    )
+    assert_clean_transfer(send, recv, rcs)
+    ts, tx = send.nic_series("tx_bytes")
+    assert delta(ts, tx["eth1"], t_down + 1.0, t_up) == 0, "traffic left the dead NIC"
+    for nic in ("eth0", "eth2", "eth3"):
+        assert delta(ts, tx[nic], t_down + 1.0, t_up) > 10 << 20, "survivors carried the load"
+    back = first_growth(ts, tx["eth1"], t_up, 1 << 20)
+    assert back is not None and back < 2.0, f"traffic back on eth1 after {back} s"
+    st = final_status(send)
+    assert st["failovers"] >= 1 and st["failbacks"] >= 1
+    assert any("eth1" in e["msg"] and "failed" in e["msg"] for e in send.of("log"))
+
+
+@needs_root
+def test_silent_drop_detected_by_heartbeat(net: lpnet.NetnsPair, tmp_path: Path) -> None:
+    """nft drops everything on eth2 while its link stays up: only heartbeats/TCP_USER_TIMEOUT
+    can tell; the chunks in flight there are re-sent on the other NICs."""
+    send, recv, (t_drop, t_heal), rcs = run_with_faults(
+        net,
+        tmp_path,
+        7.0,
+        [(2.0, lambda: net.silence("a", 2)), (4.5, lambda: net.unsilence("a", 2))],
+    )
+    assert_clean_transfer(send, recv, rcs)
+    ts, tx = send.nic_series("tx_bytes")
+    assert delta(ts, tx["eth2"], t_drop + 1.0, t_heal) < CHUNK_SLACK
+    back = first_growth(ts, tx["eth2"], t_heal, 1 << 20)
+    assert back is not None and back < 2.0, f"traffic back on eth2 after {back} s"
+    st = final_status(send)
+    assert st["failovers"] >= 1 and st["resent_chunks"] >= 1 and st["failbacks"] >= 1
+
+
+@needs_root
+def test_decision_file_drains_without_stall(net: lpnet.NetnsPair, tmp_path: Path) -> None:
+    """The sender's host drains eth3, the receiver's host drains eth0 (told to the sender over
+    the lane); a malformed file in between keeps the previous drain set; undrain restores."""
+    dec_a, dec_b = tmp_path / "decision-a.json", tmp_path / "decision-b.json"
+
+    def drain() -> None:
+        now = time.time_ns()
+        Decision("lpa", now, [DrainEntry("lpa/eth3", "test", now)]).write_atomic(dec_a)
+        Decision("lpb", now, [DrainEntry("lpb/eth0", "test", now)]).write_atomic(dec_b)
+
+    def corrupt() -> None:
+        tmp = dec_a.with_suffix(".tmp")
+        tmp.write_text('{"drain": [{"nic_id": "lpa/eth3"')
+        tmp.replace(dec_a)
+
+    def undrain() -> None:
+        Decision("lpa", time.time_ns(), []).write_atomic(dec_a)
+        Decision("lpb", time.time_ns(), []).write_atomic(dec_b)
+
+    send, recv, (t_drain, _t_bad, t_undrain), rcs = run_with_faults(
+        net,
+        tmp_path,
+        7.5,
+        [(2.0, drain), (3.5, corrupt), (5.0, undrain)],
+        env_a={"LINKPASS_DECISION_FILE": str(dec_a)},
+        env_b={"LINKPASS_DECISION_FILE": str(dec_b)},
+    )
+    assert_clean_transfer(send, recv, rcs)
+    ts, tx = send.nic_series("tx_bytes")
+    for nic in ("eth3", "eth0"):
+        assert delta(ts, tx[nic], t_drain + 1.0, t_undrain) < CHUNK_SLACK, nic
+        back = first_growth(ts, tx[nic], t_undrain, 1 << 20)
+        assert back is not None and back < 2.0, f"traffic back on {nic} after {back} s"
+    for nic in ("eth1", "eth2"):
+        assert delta(ts, tx[nic], t_drain + 1.0, t_undrain) > 10 << 20
+    st = final_status(send)
+    assert st["decision_errors"] >= 1 and st["failovers"] == 0, st
+    assert any("malformed" in e["msg"] for e in send.of("log"))
+
+
+@needs_root
+def test_all_nics_down_errors_after_timeout(net: lpnet.NetnsPair, tmp_path: Path) -> None:
+    timeout_ms = 2000
+    env = {"LINKPASS_TIMEOUT_MS": str(timeout_ms)}
+
+    def all_down() -> None:
+        for i in range(net.nics):
+            net.link("a", i, False)
+
+    send, recv, (t_down,), rcs = run_with_faults(
+        net, tmp_path, 30.0, [(1.5, all_down)], env_a=env, env_b=env, finish_timeout=15
+    )
+    assert rcs == (2, 2), (rcs, send.events[-3:], recv.events[-3:])
+    for rank, slack in ((send, 1.0), (recv, 2.5)):
+        errs = rank.of("error")
+        assert errs and errs[0]["call"] in ("test", "isend", "irecv"), errs
+        after = errs[0]["wall"] - t_down
+        assert timeout_ms / 1e3 - 0.1 <= after <= timeout_ms / 1e3 + slack, after
+        assert rank.done()["mismatches"] == 0
