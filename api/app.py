@@ -304,7 +304,9 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
         offset: Offset = 0,
     ) -> list[m.LinkOut]:
         """Links, worst first; filter by state (faulty|suspect|healthy) and tier."""
-        return _page(q.links(c, state, tier), limit, offset, response)
+        total, page = q.links(c, state, tier, limit, offset)
+        response.headers["X-Total-Count"] = str(total)
+        return page
 
     @app.get("/v1/links/{link_id:path}", response_model=m.LinkDetailOut, dependencies=deps,
              responses=ERRORS, tags=["fabric"])  # fmt: skip

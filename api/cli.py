@@ -29,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-rows", type=int, default=4_000_000, help="writer queue bound (rows)")
     p.add_argument("--loop-interval", type=float, default=1.0, help="seconds between loop rounds")
     p.add_argument("--retention-interval", type=float, default=60.0)
+    p.add_argument("--duckdb-threads", type=int, help="DuckDB worker threads (default: all cores)")
+    p.add_argument("--duckdb-memory-limit", help="e.g. 4GB (default: DuckDB's 80%% of RAM)")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -55,6 +57,8 @@ def settings_from_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         queue_max_rows=a.queue_rows,
         loop_interval_s=a.loop_interval,
         retention_interval_s=a.retention_interval,
+        duckdb_threads=a.duckdb_threads,
+        duckdb_memory_limit=a.duckdb_memory_limit,
     ), a
 
 

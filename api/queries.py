@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 
+import pyarrow.compute as pc
 from fleetlens.api.config import MINUTE_NS
 from fleetlens.api.models import ClockOut, HostOut, LinkHistoryPoint, LinkOut, NicOut, OwdPoint
 from fleetlens.api.service import Collector
@@ -49,11 +50,20 @@ def all_link_ids(c: Collector) -> list[str]:
     return sorted(ids)
 
 
-def links(c: Collector, state: str | None, tier: str | None) -> list[LinkOut]:
-    out = [link_out(c, lk) for lk in all_link_ids(c)]
-    out = [x for x in out if (not state or x.state == state) and (not tier or x.tier == tier)]
-    # Worst first: the operator's question is "which link is hurting".
-    return sorted(out, key=lambda x: (-_SEVERITY[x.state], -x.confidence, x.link_id))
+def links(
+    c: Collector, state: str | None, tier: str | None, limit: int, offset: int
+) -> tuple[int, list[LinkOut]]:
+    """(total matching, one page), worst first: the operator's question is "which link is
+    hurting". Models are built for the page only (fleets have tens of thousands of links)."""
+    rows = []
+    for lk in all_link_ids(c):
+        v = c.state.verdicts.get(lk)
+        st = v.state if v else "healthy"
+        if (state and st != state) or (tier and link_tier(c, lk) != tier):
+            continue
+        rows.append((-_SEVERITY[st], -(v.confidence if v else 0.0), lk))
+    rows.sort()
+    return len(rows), [link_out(c, lk) for *_, lk in rows[offset : offset + limit]]
 
 
 def link_known(c: Collector, link: str) -> bool:
@@ -208,14 +218,9 @@ def job_links(c: Collector, job_nics: list[str]) -> set[str]:
                 out |= {link_id(a, b) for a, b in itertools.pairwise(sw)}
     if job_nics and c.state.max_start_ns is not None:
         lo = c.state.max_start_ns - 300_000_000_000
-        rows = (
-            c.store.read()
-            .execute(
-                """SELECT DISTINCT unnest(path) FROM windows
-               WHERE start_ns >= ? AND list_contains(?, src_nic) AND list_contains(?, dst_nic)""",
-                [lo, job_nics, job_nics],
-            )
-            .fetchall()
+        seen = c.store.read_windows(
+            "start_ns >= ? AND list_contains(?, src_nic) AND list_contains(?, dst_nic)",
+            [lo, job_nics, job_nics],
         )
-        out |= {r[0] for r in rows if r[0]}
+        out |= set(pc.unique(seen["path"].combine_chunks().flatten()).to_pylist())
     return out

@@ -182,10 +182,7 @@ class Collector:
         if self.state.max_start_ns is None:
             return WINDOW_SCHEMA.empty_table()
         lo = self.state.max_start_ns - self.settings.loop_lookback_ns
-        cols = ", ".join(WINDOW_SCHEMA.names)
-        # lo is an int computed here (no injection); sql() avoids the DB-API copy of the rows.
-        rel = self.store.read().sql(f"SELECT {cols} FROM windows WHERE start_ns >= {int(lo)}")
-        return rel.to_arrow_table().cast(WINDOW_SCHEMA)
+        return self.store.read_windows("start_ns >= ?", [lo])
 
     def run_round(self, now_ns: int) -> None:
         """One round: clock solve, triangulation, decisions; outputs stored in one transaction."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+from fleetlens.api.codec import LinkDict, from_storage, to_storage
 from fleetlens.api.config import MINUTE_NS
 
 from fleetlens.batch import Batch
@@ -27,7 +28,8 @@ CREATE TABLE IF NOT EXISTS windows (
     src_nic VARCHAR, dst_nic VARCHAR, sport INTEGER, start_ns BIGINT, duration_ns BIGINT,
     sent INTEGER, received INTEGER, pure INTEGER,
     owd_min_ns DOUBLE, owd_p50_ns DOUBLE, owd_p99_ns DOUBLE, owd_max_ns DOUBLE,
-    hull_t_ns BIGINT[], hull_owd_ns BIGINT[], ts_source VARCHAR, path VARCHAR[]);
+    hull_t_ns BLOB, hull_owd_ns BLOB, ts_source VARCHAR, path BLOB);
+CREATE TABLE IF NOT EXISTS link_dict (idx INTEGER PRIMARY KEY, link_id VARCHAR);
 CREATE TABLE IF NOT EXISTS batches (
     batch_id VARCHAR PRIMARY KEY, host_id VARCHAR, rows INTEGER, received_ns BIGINT);
 CREATE TABLE IF NOT EXISTS windows_minute (
@@ -94,6 +96,11 @@ class Store:
         self.path = Path(path)
         self.con = connect(self.path, threads, memory_limit)
         self._local = threading.local()
+        self.links = self._load_links()
+
+    def _load_links(self) -> LinkDict:
+        rows = self.con.execute("SELECT link_id FROM link_dict ORDER BY idx").fetchall()
+        return LinkDict([r[0] for r in rows])
 
     def close(self) -> None:
         self.con.close()
@@ -105,40 +112,69 @@ class Store:
         return cur
 
     # ---- writes (writer thread only) -----------------------------------------------------
-    def insert_batch(self, batch: Batch, now_ns: int) -> bool:
-        """Store the batch and its id in one transaction; False if the id was already stored."""
+    def insert_batches(self, batches: list[Batch], now_ns: int) -> list[bool]:
+        """Store several batches and their ids in ONE transaction (group commit); per batch,
+        False if its id was already stored (or repeats earlier in the group). All or nothing."""
         con = self.con
+        ids = [b.batch_id for b in batches]
         con.execute("BEGIN TRANSACTION")
         try:
-            seen = con.execute(
-                "SELECT 1 FROM batches WHERE batch_id = ?", [batch.batch_id]
-            ).fetchone()
-            if seen:
-                con.execute("ROLLBACK")
-                return False
-            self._insert_windows(batch.windows)
-            con.execute(
-                "INSERT INTO batches VALUES (?, ?, ?, ?)",
-                [batch.batch_id, batch.host_id, batch.rows, now_ns],
-            )
+            seen = {r[0] for r in con.execute(
+                "SELECT batch_id FROM batches WHERE list_contains(?, batch_id)", [ids]
+            ).fetchall()}  # fmt: skip
+            fresh: list[Batch] = []
+            flags = []
+            for b in batches:
+                flags.append(b.batch_id not in seen)
+                if flags[-1]:
+                    seen.add(b.batch_id)
+                    fresh.append(b)
+            if fresh:
+                tables = [b.windows for b in fresh if b.rows]
+                if tables:
+                    self._insert_windows(pa.concat_tables(tables))
+                con.executemany(
+                    "INSERT INTO batches VALUES (?, ?, ?, ?)",
+                    [[b.batch_id, b.host_id, b.rows, now_ns] for b in fresh],
+                )
             con.execute("COMMIT")
-            return True
+            return flags
         except BaseException:
             con.execute("ROLLBACK")
+            self.links = self._load_links()  # forget link ids added by the failed transaction
             raise
 
     def _insert_windows(self, table: pa.Table) -> None:
-        self.con.register("_incoming", table)
+        stored, new_links = to_storage(table, self.links)
+        if new_links:
+            base = len(self.links.ids) - len(new_links)
+            self.con.executemany(
+                "INSERT INTO link_dict VALUES (?, ?)",
+                [[base + i, lk] for i, lk in enumerate(new_links)],
+            )
+        self.con.register("_incoming", stored)
         try:
             self.con.execute(f"INSERT INTO windows SELECT {_INSERT_COLS} FROM _incoming")
         finally:
             self.con.unregister("_incoming")
 
+    def read_windows(self, where: str = "TRUE", params: list | None = None) -> pa.Table:
+        """Windows matching a SQL condition, decoded back to WINDOW_SCHEMA (any thread)."""
+        rel = self.read().sql(f"SELECT {_INSERT_COLS} FROM windows WHERE {where}", params=params)
+        rows = rel.to_arrow_table()
+        # Decode after fetching: the dictionary is then at least as new as the rows read.
+        return from_storage(rows, self.links)
+
     def insert_windows_raw(self, table: pa.Table) -> None:
         """Bulk insert without a batch id (benchmarks and retention tests)."""
         self.con.execute("BEGIN TRANSACTION")
-        self._insert_windows(table)
-        self.con.execute("COMMIT")
+        try:
+            self._insert_windows(table)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            self.links = self._load_links()
+            raise
 
     def register_host(self, host: str, nics: list[dict[str, str]], meta: dict[str, Any]) -> None:
         now = time.time_ns()

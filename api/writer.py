@@ -25,6 +25,9 @@ from fleetlens.batch import Batch
 log = logging.getLogger("fleetlens.api.writer")
 
 
+_NOTHING = object()
+
+
 class Backpressure(Exception):
     def __init__(self, retry_after_s: float) -> None:
         super().__init__(f"writer queue full, retry after {retry_after_s:.0f} s")
@@ -47,6 +50,7 @@ class Writer:
         max_batches: int = 256,
         max_rows: int = 4_000_000,
         on_commit: Callable[[Batch, bool, float], None] | None = None,
+        group_rows: int = 500_000,
     ) -> None:
         self.store = store
         self.max_rows = max_rows
@@ -58,6 +62,9 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="fleetlens-writer", daemon=True)
         self.rows_per_s_ewma = 0.0
         self.errors = 0
+        self.group_rows = group_rows
+        self.rows_written = 0
+        self.busy_cpu_s = 0.0  # CPU time of the writer thread inside transactions
 
     def start(self) -> None:
         self._thread.start()
@@ -127,31 +134,68 @@ class Writer:
 
     # ---- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        pending: _Item | object | None = _NOTHING
         while True:
-            item = self._q.get()
+            item = self._q.get() if pending is _NOTHING else pending
+            pending = _NOTHING
             if item is None:
                 return
-            t0 = time.perf_counter()
-            try:
-                if item.batch is not None:
-                    stored = self.store.insert_batch(item.batch, time.time_ns())
-                    result: Any = stored
-                else:
-                    result = item.call(self.store)  # type: ignore[misc]
-            except BaseException as e:
-                self.errors += 1
-                log.exception("writer: item failed")
-                self._untrack(item)
-                item.future.set_exception(e)
+            if item.call is not None:
+                self._run_call(item)
                 continue
-            dt = time.perf_counter() - t0
+            group = [item]
+            rows = item.rows
+            # Group commit: batches already queued go into the same transaction (one WAL
+            # flush for many small agent batches); a call or the stop sentinel ends the group.
+            while rows < self.group_rows:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None or nxt.call is not None:
+                    pending = nxt  # handled right after this group (None: stop)
+                    break
+                group.append(nxt)
+                rows += nxt.rows
+            self._run_group(group)
+
+    def _run_call(self, item: _Item) -> None:
+        try:
+            result = item.call(self.store)  # type: ignore[misc]
+        except BaseException as e:
+            self.errors += 1
+            log.exception("writer: call failed")
             self._untrack(item)
-            if item.batch is not None:
-                if dt > 0 and item.rows:
-                    self.rows_per_s_ewma = 0.8 * self.rows_per_s_ewma + 0.2 * item.rows / dt
-                if self._on_commit:
-                    try:
-                        self._on_commit(item.batch, bool(result), dt)
-                    except Exception:  # metrics must never fail an acknowledged write
-                        log.exception("writer: on_commit hook failed")
-            item.future.set_result(result)
+            item.future.set_exception(e)
+            return
+        self._untrack(item)
+        item.future.set_result(result)
+
+    def _run_group(self, group: list[_Item]) -> None:
+        t_cpu, t0 = time.thread_time(), time.perf_counter()
+        try:
+            flags = self.store.insert_batches([it.batch for it in group], time.time_ns())
+        except BaseException:
+            if len(group) > 1:  # one bad batch must not fail its neighbours: retry one by one
+                for it in group:
+                    self._run_group([it])
+                return
+            self.errors += 1
+            log.exception("writer: batch failed")
+            self._untrack(group[0])
+            group[0].future.set_exception(RuntimeError("write failed; see collector log"))
+            return
+        dt = time.perf_counter() - t0
+        self.busy_cpu_s += time.thread_time() - t_cpu
+        rows = sum(it.rows for it in group)
+        self.rows_written += rows
+        if dt > 0 and rows:
+            self.rows_per_s_ewma = 0.8 * self.rows_per_s_ewma + 0.2 * rows / dt
+        for it, stored in zip(group, flags, strict=True):
+            self._untrack(it)
+            if self._on_commit:
+                try:
+                    self._on_commit(it.batch, stored, dt)
+                except Exception:  # metrics must never fail an acknowledged write
+                    log.exception("writer: on_commit hook failed")
+            it.future.set_result(stored)

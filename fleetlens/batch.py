@@ -285,5 +285,7 @@ def check_windows(t: pa.Table) -> None:
     _fail_if(
         pc.not_equal(hull_t, hull_y), "hull_owd_ns", "length differs from hull_t_ns", "invalid"
     )
+    for name in ("hull_t_ns", "hull_owd_ns", "path"):
+        _fail_if(pc.is_null(pc.list_flatten(t[name])), name, "null element in list", "type")
     ts_ok = pc.is_in(t["ts_source"], value_set=pa.array([TS_SOFTWARE, TS_HARDWARE]))
     _fail_if(pc.invert(ts_ok), "ts_source", f"want {TS_SOFTWARE!r} or {TS_HARDWARE!r}", "invalid")

@@ -8,7 +8,6 @@ import math
 import time
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -21,6 +20,7 @@ from collector_helpers import (
     metric,
     start_server,
 )
+from fleetlens.api.store import Store
 
 from fleetlens.batch import encode_batch
 from fleetlens.records import WINDOW_SCHEMA
@@ -74,9 +74,9 @@ def test_round_trip_all_formats(topo: Topology, inventory: Path, tmp_path: Path)
             assert p["owd_max_ns"] == pytest.approx(pc.max(w["owd_max_ns"]).as_py())
     finally:
         server.stop()
-    con = duckdb.connect(str(server.db), read_only=True)
-    got = con.sql(f"SELECT {', '.join(WINDOW_SCHEMA.names)} FROM windows").to_arrow_table()
-    con.close()
+    store = Store(server.db)  # the collector's own decoding of its storage layout
+    got = store.read_windows()
+    store.close()
     order = [("src_nic", "ascending"), ("dst_nic", "ascending"), ("sport", "ascending"),
              ("start_ns", "ascending")]  # fmt: skip
     assert got.cast(WINDOW_SCHEMA).sort_by(order).equals(every.sort_by(order))
