@@ -7,7 +7,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 from fleetlens.fixtures.sim.config import SimConfig
-from fleetlens.fixtures.sim.engine import Simulator
+from fleetlens.fixtures.sim.engine import Simulator, port_counts
+from fleetlens.fixtures.sim.fabric import Fabric
 
 from fleetlens import plan
 from fleetlens.topology import from_spec
@@ -72,3 +73,14 @@ def test_path_of_matches_windows(small_topo) -> None:
         assert row["path"] == sim.path_of(row["src_nic"], row["dst_nic"], row["sport"])
     paths = sim.truth_paths()
     assert paths.num_rows == sim.n_flows
+
+
+@pytest.mark.parametrize(
+    "spec", [*SPECS, "fattree:k=8", "leafspine:hosts=64,nics=4,leaves=8,spines=5"]
+)
+def test_port_counts_equal_the_planner(spec: str) -> None:
+    """The simulator's fast port counts are exactly fleetlens.plan.port_counts."""
+    topo = from_spec(spec)
+    src, dst = plan.peer_pairs(topo, 16, 0)
+    fab = Fabric(topo)
+    assert np.array_equal(port_counts(fab, src, dst), plan.port_counts(topo, src, dst))
