@@ -73,6 +73,12 @@ def test_path_of_matches_windows(small_topo) -> None:
         assert row["path"] == sim.path_of(row["src_nic"], row["dst_nic"], row["sport"])
     paths = sim.truth_paths()
     assert paths.num_rows == sim.n_flows
+    # The path set of a NIC pair (what the lab comparison needs) is its sports' paths.
+    row = w[0]
+    by_port = sim.paths_between(row["src_nic"], row["dst_nic"])
+    assert by_port[row["sport"]] == row["path"]
+    want = small_topo.ecmp_paths(row["src_nic"], row["dst_nic"])
+    assert all(p in want for p in by_port.values())
 
 
 @pytest.mark.parametrize(

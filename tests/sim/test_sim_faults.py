@@ -201,3 +201,19 @@ def test_clock_step_moves_that_hosts_raw_owd_only(small_topo) -> None:
         assert abs(naive - expect) < tol(r)
     dev = res.truth_devices.to_pylist()
     assert [(d["window"], d["device"]) for d in dev] == [(2, host)]
+
+
+def test_link_load_truth_tracks_queueing(small_topo) -> None:
+    """Flows over links the truth calls busier see more queueing (p50 above min)."""
+    _, res = _run(small_topo, load=0.3, seconds=2)
+    tl = res.truth_links.to_pylist()
+    busy = {(r["window"], r["link_id"]): r["mean_queue_ns"] for r in tl}
+    assert all(0 <= r["busy_fraction"] <= 1 for r in tl)
+    assert max(busy.values()) > 0
+    t = res.windows
+    excess_p50 = column(t, "owd_p50_ns") - (column(t, "owd_min_ns"))
+    expected = np.array(
+        [sum(busy[(w, lk)] for lk in p) for w, p in
+         zip(column(t, "window"), t.column("path").to_pylist(), strict=True)]
+    )  # fmt: skip
+    assert np.corrcoef(expected, excess_p50)[0, 1] > 0.3
