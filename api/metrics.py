@@ -22,7 +22,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from fleetlens.records import STATES, ClockModel, Verdict
@@ -58,7 +58,9 @@ class NicOwdHistograms(Collector):
 
     def __init__(self) -> None:
         self._bounds = np.asarray(OWD_BUCKETS_S)
-        self._index: dict[tuple[str, str], int] = {}
+        self._keys: list[tuple[str, str]] = []
+        self._names = {"tx": pa.array([], pa.string()), "rx": pa.array([], pa.string())}
+        self._rows = {"tx": np.zeros(0, np.int64), "rx": np.zeros(0, np.int64)}
         self._counts = np.zeros((0, len(OWD_BUCKETS_S) + 1), dtype=np.int64)
         self._sums = np.zeros(0)
         self._lock = threading.Lock()
@@ -70,25 +72,33 @@ class NicOwdHistograms(Collector):
             return
         values = pc.filter(owd, valid).to_numpy() * 1e-9
         bucket = np.searchsorted(self._bounds, values, side="left")
+        nb = self._counts.shape[1]
         for direction, col in (("tx", "src_nic"), ("rx", "dst_nic")):
-            enc = pc.filter(windows[col], valid).combine_chunks().dictionary_encode()
+            nics = pc.filter(windows[col], valid).combine_chunks()
             with self._lock:
-                rows = np.fromiter(
-                    (self._row(direction, nic) for nic in enc.dictionary.to_pylist()), np.int64
-                )
-                idx = rows[enc.indices.to_numpy()]
-                n_cells = self._counts.size
-                flat = np.bincount(idx * self._counts.shape[1] + bucket, minlength=n_cells)
-                self._counts += flat[:n_cells].reshape(self._counts.shape)
-                self._sums += np.bincount(idx, weights=values, minlength=self._sums.size)
+                rows = self._rows_of(direction, nics)
+                cells = np.bincount(rows * nb + bucket, minlength=self._counts.size)
+                self._counts += cells.reshape(self._counts.shape)
+                self._sums += np.bincount(rows, weights=values, minlength=self._sums.size)
 
-    def _row(self, direction: str, nic: str) -> int:
-        key = (nic, direction)
-        if key not in self._index:
-            self._index[key] = len(self._index)
-            self._counts = np.vstack([self._counts, np.zeros((1, self._counts.shape[1]), np.int64)])
-            self._sums = np.append(self._sums, 0.0)
-        return self._index[key]
+    def _rows_of(self, direction: str, nics: pa.Array) -> np.ndarray:
+        """Histogram row of each value: a hash lookup in C; new NICs get rows appended."""
+        pos = pc.index_in(nics, value_set=self._names[direction])
+        if pos.null_count:
+            new = pc.unique(pc.filter(nics, pc.is_null(pos)))
+            first = len(self._keys)
+            self._keys += [(n, direction) for n in new.to_pylist()]
+            self._names[direction] = pa.concat_arrays([self._names[direction], new])
+            self._rows[direction] = np.concatenate(
+                [self._rows[direction], np.arange(first, len(self._keys))]
+            )
+            grow = len(self._keys) - self._counts.shape[0]
+            self._counts = np.vstack(
+                [self._counts, np.zeros((grow, self._counts.shape[1]), np.int64)]
+            )
+            self._sums = np.concatenate([self._sums, np.zeros(grow)])
+            pos = pc.index_in(nics, value_set=self._names[direction])
+        return self._rows[direction][pos.to_numpy()]
 
     def collect(self) -> Iterable[HistogramMetricFamily]:
         fam = HistogramMetricFamily(
@@ -98,7 +108,7 @@ class NicOwdHistograms(Collector):
         )
         with self._lock:
             cum = np.cumsum(self._counts, axis=1)
-            for (nic, direction), i in self._index.items():
+            for i, (nic, direction) in enumerate(self._keys):
                 buckets = [
                     (str(b), int(c)) for b, c in zip(OWD_BUCKETS_S, cum[i, :-1], strict=True)
                 ]
@@ -167,6 +177,23 @@ class StateCollector(Collector):
         yield from (err, synced, offset)
 
 
+class WriterCounters(Collector):
+    """Monotonic writer figures read at scrape time (they live on the Writer)."""
+
+    def __init__(self, busy_cpu_s: Callable[[], float], rows: Callable[[], float]) -> None:
+        self._busy, self._rows = busy_cpu_s, rows
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "fleetlens_writer_busy_cpu_seconds",
+            "CPU time the writer thread spent inside write transactions (saturation: rate ~ 1)",
+            value=self._busy(),
+        )
+        yield CounterMetricFamily(
+            "fleetlens_writer_rows", "Window rows committed by the writer", value=self._rows()
+        )
+
+
 class Metrics:
     def __init__(self, queue_depth: Callable[[], float], queue_rows: Callable[[], float],
                  writer_lag: Callable[[], float]) -> None:  # fmt: skip
@@ -213,6 +240,9 @@ class Metrics:
             self.loop_errors.labels(loop)
         self.owd = NicOwdHistograms()
         r.register(self.owd)
+
+    def add_collector(self, collector: Collector) -> None:
+        self.registry.register(collector)
 
     def add_state(self, state: StateCollector) -> None:
         self.registry.register(state)

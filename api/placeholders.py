@@ -72,29 +72,45 @@ def placeholder_lossy_path_triangulation(
     loss = np.bincount(idx, weights=lost[parent], minlength=n_links) / np.maximum(
         np.bincount(idx, weights=sent[parent], minlength=n_links), 1.0
     )
+    all_lossy = bad == flows
+    state = np.where(all_lossy, np.where(flows >= 2, "faulty", "suspect"), "healthy")
+    confidence = np.where(all_lossy, bad / flows, 1 - bad / flows)
+    evidence = _evidence(t, idx, parent, np.flatnonzero(all_lossy))
     out = dict(prev)
-    flow_ids = _flow_ids(t)
     for i, link in enumerate(links.dictionary.to_pylist()):
-        all_lossy = bad[i] == flows[i]
-        state = ("faulty" if flows[i] >= 2 else "suspect") if all_lossy else "healthy"
+        st = str(state[i])
         old = prev.get(link)
-        since = old.since_ns if old is not None and old.state == state else now
-        evidence = [flow_ids[p] for p in parent[idx == i][:32]] if state != "healthy" else []
+        since = old.since_ns if old is not None and old.state == st else now
         out[link] = Verdict(
-            link, "link", state, since, 0.0, float(loss[i]),
-            float(bad[i] / flows[i]) if all_lossy else float(1 - bad[i] / flows[i]),
-            int(flows[i]), evidence,
+            link, "link", st, since, 0.0, float(loss[i]), float(confidence[i]), int(flows[i]),
+            evidence.get(i, []),
         )  # fmt: skip
     return list(out.values())
 
 
-def _flow_ids(t: pa.Table) -> list[str]:
-    return [
-        f"{s}>{d}:{p}"
-        for s, d, p in zip(
-            t["src_nic"].to_pylist(), t["dst_nic"].to_pylist(), t["sport"].to_pylist(), strict=True
-        )
-    ]
+def _evidence(
+    t: pa.Table, idx: np.ndarray, parent: np.ndarray, links: np.ndarray, keep: int = 32
+) -> dict[int, list[str]]:
+    """Up to ``keep`` flow ids (src>dst:sport) per flagged link; strings only for those."""
+    if links.size == 0:
+        return {}
+    order = np.argsort(idx, kind="stable")
+    lo = np.searchsorted(idx[order], links, side="left")
+    out = {}
+    for i, a in zip(links.tolist(), lo.tolist(), strict=True):
+        rows = parent[order[a : a + keep]]
+        rows = rows[idx[order[a : a + keep]] == i]
+        sub = t.take(pa.array(rows))
+        out[i] = [
+            f"{s}>{d}:{p}"
+            for s, d, p in zip(
+                sub["src_nic"].to_pylist(),
+                sub["dst_nic"].to_pylist(),
+                sub["sport"].to_pylist(),
+                strict=True,
+            )
+        ]
+    return out
 
 
 def decisions_from_verdicts(

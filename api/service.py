@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 from fleetlens.api.config import Settings
-from fleetlens.api.metrics import Metrics, StateCollector
+from fleetlens.api.metrics import Metrics, StateCollector, WriterCounters
 from fleetlens.api.placeholders import (
     SolveClocks,
     Triangulate,
@@ -64,6 +64,9 @@ class Collector:
         )
         self.metrics = Metrics(self.writer.depth, self.writer.queued_rows, self.writer.lag_s)
         self.state = State()
+        self.metrics.add_collector(
+            WriterCounters(lambda: self.writer.busy_cpu_s, lambda: self.writer.rows_written)
+        )
         self.metrics.add_state(
             StateCollector(
                 lambda: list(self.state.verdicts.values()),

@@ -148,10 +148,13 @@ class Store:
         stored, new_links = to_storage(table, self.links)
         if new_links:
             base = len(self.links.ids) - len(new_links)
-            self.con.executemany(
-                "INSERT INTO link_dict VALUES (?, ?)",
-                [[base + i, lk] for i, lk in enumerate(new_links)],
-            )
+            fresh = pa.table({"idx": pa.array(range(base, base + len(new_links)), pa.int32()),
+                              "link_id": pa.array(new_links, pa.string())})  # fmt: skip
+            self.con.register("_new_links", fresh)
+            try:
+                self.con.execute("INSERT INTO link_dict SELECT idx, link_id FROM _new_links")
+            finally:
+                self.con.unregister("_new_links")
         self.con.register("_incoming", stored)
         try:
             self.con.execute(f"INSERT INTO windows SELECT {_INSERT_COLS} FROM _incoming")

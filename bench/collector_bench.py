@@ -1,0 +1,283 @@
+"""Collector benchmarks: ingest rows/s through the writer alone and through HTTP, and API latency
+(p50/p99) for /v1/links and a one-hour pair history over a store of --rows window rows.
+
+    .venv/bin/python bench/collector_bench.py                 # full: 10^8 stored rows
+    .venv/bin/python bench/collector_bench.py --rows 10000000 # smaller store, same figures
+
+The writer-alone run is the baseline of the HTTP run (same batches, same DuckDB thread count);
+the ratio HTTP / writer says what the HTTP path (decode, validation, uvicorn) costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+from fleetlens.api.store import Store
+from fleetlens.api.writer import Writer
+
+from fleetlens.batch import Batch, encode_batch
+from fleetlens.records import WINDOW_SCHEMA
+
+HOSTS, NICS = 1000, 8
+SPEC = f"leafspine:hosts={HOSTS},nics={NICS},leaves=32,spines=8"
+T0 = (time.time_ns() // 10**9 - 4 * 3600) * 10**9
+FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
+
+
+def nic(h: np.ndarray, k: np.ndarray) -> np.ndarray:
+    return np.char.add(np.char.add(np.char.add("h", np.char.zfill(h.astype(str), 3)), "/eth"),
+                       k.astype(str))  # fmt: skip
+
+
+def batch_table(host: int, rows: int, second: int, rng: np.random.Generator) -> pa.Table:
+    """One agent's batch: its 8 NICs to random peers, a 4-point hull and a 4-hop path."""
+    k = rng.integers(0, NICS, rows)
+    peer = (host + 1 + rng.integers(0, HOSTS - 1, rows)) % HOSTS
+    base = rng.uniform(2_000, 9_000, rows)
+    start = np.full(rows, T0 + second * 10**9, np.int64)
+    hull = pa.ListArray.from_arrays(
+        np.arange(0, 4 * rows + 1, 4, dtype=np.int32),
+        pa.array(np.repeat(start, 4) + np.tile(np.arange(4) * 250_000_000, rows)),
+    )
+    hull_y = pa.ListArray.from_arrays(
+        np.arange(0, 4 * rows + 1, 4, dtype=np.int32),
+        pa.array(np.repeat(base.astype(np.int64), 4) + np.tile(np.arange(4), rows)),
+    )
+    src, dst = nic(np.full(rows, host), k), nic(peer, k)
+    hops = np.stack([np.char.add(src, "->leaf0"), np.full(rows, "leaf0->spine1"),
+                     np.full(rows, "spine1->leaf3"), np.char.add("leaf3->", dst)], 1)  # fmt: skip
+    path = pa.ListArray.from_arrays(
+        np.arange(0, 4 * rows + 1, 4, dtype=np.int32), pa.array(hops.ravel())
+    )
+    sent = np.full(rows, 200, np.int32)
+    cols = {
+        "src_nic": pa.array(src), "dst_nic": pa.array(dst),
+        "sport": pa.array(33000 + rng.integers(0, 16, rows).astype(np.int32)),
+        "start_ns": pa.array(start), "duration_ns": pa.array(np.full(rows, 10**9, np.int64)),
+        "sent": pa.array(sent), "received": pa.array(sent - (rng.random(rows) < 0.01)),
+        "pure": pa.array(np.full(rows, 90, np.int32)),
+        "owd_min_ns": pa.array(base), "owd_p50_ns": pa.array(base * 1.2),
+        "owd_p99_ns": pa.array(base * 2), "owd_max_ns": pa.array(base * 3),
+        "hull_t_ns": hull, "hull_owd_ns": hull_y,
+        "ts_source": pa.array(np.full(rows, "software")), "path": path,
+    }  # fmt: skip
+    return pa.table(cols).cast(WINDOW_SCHEMA)
+
+
+def make_batches(n_rows: int, batch_rows: int, seed: int) -> list[tuple[int, pa.Table]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(max(1, n_rows // batch_rows)):
+        host = i % HOSTS
+        out.append((host, batch_table(host, batch_rows, i // HOSTS, rng)))
+    return out
+
+
+# ---- writer alone ---------------------------------------------------------------------------
+def bench_writer(work: Path, batches: list[tuple[int, pa.Table]], threads: int) -> float:
+    store = Store(work / "writer.duckdb", threads=threads)
+    writer = Writer(store, max_batches=len(batches) + 1, max_rows=1 << 62)
+    writer.start()
+    items = [Batch(f"w{i}", f"h{h:03d}", t) for i, (h, t) in enumerate(batches)]
+    t0 = time.perf_counter()
+    futures = [writer.submit_batch(b) for b in items]
+    for f in futures:
+        f.result()
+    dt = time.perf_counter() - t0
+    cpu = writer.busy_cpu_s
+    writer.stop()
+    store.close()
+    rows = sum(b.rows for b in items)
+    print(f"writer alone : {rows:>11,} rows in {dt:6.2f} s = {rows / dt:>12,.0f} rows/s wall, "
+          f"{rows / cpu:>12,.0f} rows per writer CPU-second "
+          f"(DuckDB threads={threads}, {len(items)} batches of {items[0].rows})")  # fmt: skip
+    return rows / dt, rows / cpu
+
+
+# ---- HTTP path ------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_collector(db: Path, threads: int | None, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [FLEETLENS, "collector", "--db", str(db), "--listen", f"127.0.0.1:{port}",
+           "--inventory", SPEC, "--insecure-no-auth", "--public-metrics",
+           "--queue-rows", "8000000"]  # fmt: skip
+    if threads:
+        cmd += ["--duckdb-threads", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError(f"collector did not start: {log.read_text()[-2000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def bench_http(
+    work: Path, batches: list[tuple[int, pa.Table]], threads: int, clients: int
+) -> float:
+    bodies = [encode_batch(f"h{h:03d}", t, f"h{i}") for i, (h, t) in enumerate(batches)]
+    rows = sum(t.num_rows for _, t in batches)
+    proc, url = start_collector(work / "http.duckdb", threads, work / "http.log")
+    errors: list[str] = []
+
+    def send(part: list[tuple[bytes, str]]) -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            for body, ctype in part:
+                while True:
+                    r = c.post("/v1/ingest", content=body, headers={"Content-Type": ctype})
+                    if r.status_code != 429:
+                        break
+                    time.sleep(float(r.headers.get("Retry-After", "1")))
+                if r.status_code != 200:
+                    errors.append(r.text)
+
+    workers = [threading.Thread(target=send, args=(bodies[i::clients],)) for i in range(clients)]
+    try:
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        dt = time.perf_counter() - t0
+        text = httpx.get(url + "/metrics", timeout=120).text
+        cpu = next(float(ln.split()[-1]) for ln in text.splitlines()
+                   if ln.startswith("fleetlens_writer_busy_cpu_seconds_total"))  # fmt: skip
+    finally:
+        stop(proc)
+    if errors:
+        raise RuntimeError(f"{len(errors)} batches failed, first: {errors[0][:300]}")
+    print(f"HTTP ingest  : {rows:>11,} rows in {dt:6.2f} s = {rows / dt:>12,.0f} rows/s wall, "
+          f"{rows / cpu:>12,.0f} rows per writer CPU-second "
+          f"({clients} clients, Arrow IPC bodies, DuckDB threads={threads})")  # fmt: skip
+    return rows / dt
+
+
+# ---- API latency over a big store -----------------------------------------------------------
+FLOWS = 10_000
+
+
+def generate_store(db: Path, rows: int) -> tuple[str, str, int]:
+    """``rows`` windows of FLOWS flows, one per flow per second, written with DuckDB SQL."""
+    store = Store(db)
+    t0 = time.perf_counter()
+    flow = f"(i % {FLOWS})"
+    # Storage layout of fleetlens.api.codec: hulls as packed int64 BLOBs, path as int32 indices
+    # into link_dict. Hull bytes vary per row (hex of the values) so nothing compresses away.
+    hops = ("a->leaf0", "leaf0->spine1", "spine1->leaf3", "leaf3->b")
+    store.con.executemany("INSERT INTO link_dict VALUES (?, ?)", list(enumerate(hops)))
+    start = f"({T0} + (i // {FLOWS}) * 1000000000)"
+    store.con.execute(f"""
+        INSERT INTO windows SELECT
+          'h' || lpad(({flow} // 10 % {HOSTS})::VARCHAR, 3, '0') || '/eth' || ({flow} % 8),
+          'h' || lpad((({flow} * 7919 + 1) % {HOSTS})::VARCHAR, 3, '0') || '/eth' || ({flow} % 8),
+          33000 + ({flow} % 16)::INTEGER, {start}, 1000000000,
+          200, 200 - (i % 3)::INTEGER, 90,
+          2000.0 + (i % 97), 3000.0 + (i % 89), 6000.0 + (i % 83), 8000.0 + (i % 79),
+          unhex(printf('%016x%016x', {start}, {start} + 500000000)),
+          unhex(printf('%016x%016x', 2000 + i % 97, 2010 + i % 89)), 'software',
+          from_hex('00000000010000000200000003000000')
+        FROM range({rows}) t(i)""")  # fmt: skip
+    store.con.execute("CHECKPOINT")
+    src, dst, newest = store.con.execute(
+        "SELECT src_nic, dst_nic, (SELECT max(start_ns) FROM windows) FROM windows LIMIT 1"
+    ).fetchone()
+    store.close()
+    size = db.stat().st_size / 2**30
+    print(f"store        : {rows:>11,} rows generated in {time.perf_counter() - t0:6.1f} s "
+          f"({size:.1f} GiB, {FLOWS} flows, {rows // FLOWS} s of windows)")  # fmt: skip
+    return src, dst, newest
+
+
+def latency(c: httpx.Client, path: str, params: dict, n: int) -> tuple[float, float]:
+    c.get(path, params=params).raise_for_status()  # warm
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = c.get(path, params=params)
+        times.append(time.perf_counter() - t0)
+        r.raise_for_status()
+    return float(np.percentile(times, 50) * 1e3), float(np.percentile(times, 99) * 1e3)
+
+
+def bench_api(work: Path, rows: int, n: int) -> None:
+    db = work / "big.duckdb"
+    src, dst, newest = generate_store(db, rows)
+    proc, url = start_collector(db, None, work / "api.log")
+    try:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            p50, p99 = latency(c, "/v1/links", {}, n)
+            print(f"GET /v1/links (16.9k links, page 100) : p50 {p50:7.1f} ms   p99 {p99:7.1f} ms")
+            path = f"/v1/pairs/{src.replace('/', '%2F')}/{dst.replace('/', '%2F')}/owd"
+            params = {"since": newest - 3600 * 10**9, "until": newest + 1, "step": "60s"}
+            pts = c.get(path, params=params).json()["points"]
+            p50, p99 = latency(c, path, params, n)
+            print(f"GET one-hour pair history ({len(pts)} points, {rows:,} stored rows): "
+                  f"p50 {p50:7.1f} ms   p99 {p99:7.1f} ms")  # fmt: skip
+    finally:
+        stop(proc)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rows", type=float, default=1e8, help="stored rows for the latency part")
+    ap.add_argument("--ingest-rows", type=float, default=2e6, help="rows for the ingest part")
+    ap.add_argument("--batch-rows", type=int, default=10_000)
+    ap.add_argument(
+        "--threads", type=int, default=1, help="DuckDB threads for ingest (1 = one core)"
+    )
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
+    ap.add_argument("--skip-api", action="store_true")
+    ap.add_argument("--workdir", type=Path, help="default: a temporary directory")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
+        work = Path(tmp)
+        batches = make_batches(int(a.ingest_rows), a.batch_rows, seed=1)
+        print(f"machine      : {os.cpu_count()} cores; batches of {a.batch_rows} rows")
+        w, w_cpu = bench_writer(work, batches, a.threads)
+        h = bench_http(work, batches, a.threads, a.clients)
+        print(f"ratio HTTP / writer-alone (wall rows/s) = {h / w:.2f}")
+        print(f"target >= 1,000,000 rows/s through the writer on one core: "
+              f"{'met' if w_cpu >= 1e6 else 'NOT met'} per writer CPU-second ({w_cpu:,.0f}), "
+              f"{'met' if w >= 1e6 else 'NOT met'} in wall time ({w:,.0f})")  # fmt: skip
+        if not a.skip_api:
+            bench_api(work, int(a.rows), a.requests)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
