@@ -141,3 +141,20 @@ def test_stream_into_real_collector(collector, tmp_path: Path, capsys) -> None:
     assert got == (want.num_rows, *(sum(c) for c in cols))
     assert got[1] > got[2]  # the black hole's losses arrived
     assert realtime_rows == Simulator(from_spec(SPEC), SimConfig(), seed=9).n_flows
+
+
+def test_cli_duckdb_output_matches_parquet(tmp_path: Path) -> None:
+    args = ["--topology", SPEC, "--seconds", "2", "--seed", "5", "--fault", "spine1:fail"]
+    assert main([*args, "--out", str(tmp_path / "pq")]) == 0
+    assert main([*args, "--out", str(tmp_path / "db"), "--format", "duckdb"]) == 0
+    con = duckdb.connect(str(tmp_path / "db" / "sim.duckdb"), read_only=True)
+    try:
+        for name in ("windows", "truth_links", "truth_clocks", "truth_devices", "truth_paths"):
+            want = pq.read_table(tmp_path / "pq" / f"{name}.parquet")
+            got = con.execute(f'select count(*) from "{name}"').fetchone()[0]
+            assert got == want.num_rows, name
+        lost = con.execute("select sum(sent - received) from windows").fetchone()[0]
+    finally:
+        con.close()
+    w = pq.read_table(tmp_path / "pq" / "windows.parquet")
+    assert lost == sum(w.column("sent").to_pylist()) - sum(w.column("received").to_pylist()) > 0
