@@ -37,6 +37,7 @@ def test_windows_pass_the_collector_checks(small_topo) -> None:
         ("nobody:stall", "no link, switch, NIC or host"),
         ("leaf0->spine0", "want TARGET:ACTION"),
         ("leaf0->spine0:loss=0.1,delay_us=3", "exactly one action"),
+        ("leaf0->spine0:flap_ms=5", "below the 10 ms round"),
     ],
 )
 def test_bad_fault_specs_are_rejected_clearly(small_topo, spec: str, msg: str) -> None:
