@@ -39,6 +39,10 @@
 enum { F_DATA = 1, F_CTRL = 2, F_HELLO = 3 };
 enum { LANE_DOWN = 0, LANE_CONNECTING, LANE_HELLO, LANE_UP };
 enum { CH_FREE = 0, CH_QUEUED, CH_INFLIGHT };
+/* Request life: the caller's thread takes a FREE slot and POSTs it; the I/O thread adopts it in
+ * posting order (ACTIVE), completes it (DONE); test() hands the slot back (FREE).  Only atomics
+ * are shared, so test() and isend() never wait for the I/O thread's lock. */
+enum { R_FREE = 0, R_POSTED, R_ACTIVE, R_DONE };
 #define CTRL_DRAINED 1u
 
 typedef struct {
@@ -70,7 +74,8 @@ _Static_assert(sizeof(lp_handle_t) <= LP_HANDLE_BYTES, "handle fits NCCL's 128 b
 struct lp_comm;
 typedef struct {
   struct lp_comm *comm;
-  int used, done, busy;
+  int state; /* R_*, atomic: the hand-off between NCCL's threads and the I/O thread */
+  int busy;
   uint64_t msg;
   char *data;
   size_t size; /* send: bytes; recv: capacity */
@@ -120,7 +125,7 @@ typedef struct lp_comm {
   pthread_t thr;
   int thr_started, efd;
   atomic_int stop;
-  int nlanes, nup, returned;
+  int nlanes, nup, returned, rr;
   lp_lane_t lanes[LP_MAX_NICS];
   uint32_t rip[LP_MAX_NICS];
   uint16_t rport[LP_MAX_NICS];
@@ -130,7 +135,11 @@ typedef struct lp_comm {
   size_t poff[LP_MAX_PEND];
   uint64_t pt[LP_MAX_PEND];
   lp_req_t reqs[LP_MAX_REQS];
-  uint64_t next_msg;
+  pthread_mutex_t post_mu; /* callers only: slot allocation and posting order */
+  uint64_t post_seq;       /* next message seq handed out to a caller (atomic) */
+  uint64_t next_msg;       /* I/O thread: next message seq to adopt */
+  uint64_t seen_post;      /* I/O thread: post_seq at the last adoption pass */
+  int polling;             /* I/O thread is (about to be) in poll(): posters must wake it */
   /* sender */
   lp_chunk_t ch[LP_RING];
   uint64_t next_seq, cursor, acked;
@@ -166,16 +175,19 @@ static uint64_t rand64(void) {
 
 /* ------------------------------------------------------------------ requests */
 
+static int req_state(lp_req_t *r) { return __atomic_load_n(&r->state, __ATOMIC_ACQUIRE); }
+static void req_set(lp_req_t *r, int st) { __atomic_store_n(&r->state, st, __ATOMIC_RELEASE); }
+
 static void req_check_send_done(lp_req_t *r) {
-  if (r->acked == r->nchunks && r->busy == 0) r->done = 1;
+  if (r->acked == r->nchunks && r->busy == 0) req_set(r, R_DONE);
 }
 
+/* Caller side, under post_mu: a free slot, not yet visible to the I/O thread. */
 static lp_req_t *req_alloc(lp_comm_t *c) {
   for (int i = 0; i < LP_MAX_REQS; i++) {
-    if (!c->reqs[i].used) {
+    if (req_state(&c->reqs[i]) == R_FREE) {
       lp_req_t *r = &c->reqs[i];
       memset(r, 0, sizeof(*r));
-      r->used = 1;
       r->comm = c;
       return r;
     }
@@ -185,7 +197,7 @@ static lp_req_t *req_alloc(lp_comm_t *c) {
 
 static lp_req_t *recv_req_for(lp_comm_t *c, uint64_t msg) {
   for (int i = 0; i < LP_MAX_REQS; i++)
-    if (c->reqs[i].used && !c->reqs[i].done && c->reqs[i].msg == msg) return &c->reqs[i];
+    if (req_state(&c->reqs[i]) == R_ACTIVE && c->reqs[i].msg == msg) return &c->reqs[i];
   return NULL;
 }
 
@@ -195,13 +207,13 @@ static void recv_account(lp_comm_t *c, lp_req_t *r, uint64_t msg_size, size_t le
   if (msg_size > r->size) {
     LP_WARN("LinkPass: message of %llu bytes for a %zu-byte receive",
             (unsigned long long)msg_size, r->size);
-    c->error = ncclInvalidUsage;
+    __atomic_store_n(&c->error, ncclInvalidUsage, __ATOMIC_RELEASE);
     return;
   }
   r->msg_size = msg_size;
   r->have_size = 1;
   r->got_bytes += len;
-  if (r->got_bytes >= r->msg_size) r->done = 1;
+  if (r->got_bytes >= r->msg_size) req_set(r, R_DONE);
 }
 
 static void unexp_deliver(lp_comm_t *c, lp_req_t *r) {
@@ -647,10 +659,41 @@ static void connecting_progress(lp_comm_t *c, int idx, uint64_t now) {
 }
 
 static int work_pending(lp_comm_t *c) {
-  if (c->is_send) return c->acked < c->next_seq;
-  for (int i = 0; i < LP_MAX_REQS; i++)
-    if (c->reqs[i].used && !c->reqs[i].done) return 1;
+  if (c->is_send && c->acked < c->next_seq) return 1;
+  for (int i = 0; i < LP_MAX_REQS; i++) {
+    int st = req_state(&c->reqs[i]);
+    if (st == R_POSTED || st == R_ACTIVE) return 1;
+  }
   return 0;
+}
+
+/* Takes posted requests into the protocol state in posting order.  A send waits here while the
+ * chunk window is full (its chunks need seq numbers within LP_RING of the ack point). */
+static void adopt(lp_comm_t *c) {
+  c->seen_post = __atomic_load_n(&c->post_seq, __ATOMIC_SEQ_CST);
+  while (c->next_msg < c->seen_post) {
+    lp_req_t *r = NULL;
+    for (int i = 0; i < LP_MAX_REQS && !r; i++)
+      if (req_state(&c->reqs[i]) == R_POSTED && c->reqs[i].msg == c->next_msg) r = &c->reqs[i];
+    if (!r) return; /* still being filled in by the caller */
+    if (c->is_send) {
+      uint64_t nch = r->nchunks;
+      if (c->next_seq + nch - c->acked > LP_RING) return;
+      size_t cb = lp_cfg.chunk_bytes;
+      for (uint64_t k = 0; k < nch; k++) {
+        lp_chunk_t *ch = &c->ch[(c->next_seq + k) % LP_RING];
+        ch->req = r;
+        ch->off = k * cb;
+        ch->len = (uint32_t)(k + 1 == nch ? r->size - k * cb : cb);
+        ch->lane = -1;
+        ch->state = CH_QUEUED;
+      }
+      c->next_seq += nch;
+    }
+    req_set(r, R_ACTIVE);
+    c->next_msg++;
+    if (!c->is_send) unexp_deliver(c, r);
+  }
 }
 
 static void path_timer(lp_comm_t *c, uint64_t now) {
@@ -663,7 +706,7 @@ static void path_timer(lp_comm_t *c, uint64_t now) {
   }
   if (!c->nopath_since) c->nopath_since = now;
   if (c->error == ncclSuccess && now - c->nopath_since > ms_ns(lp_cfg.timeout_ms)) {
-    c->error = ncclSystemError;
+    __atomic_store_n(&c->error, ncclSystemError, __ATOMIC_RELEASE);
     atomic_fetch_add(&lp_stats.errors, 1);
     LP_WARN("LinkPass: no usable NIC for %llu ms; failing the %s comm",
             (unsigned long long)lp_cfg.timeout_ms, c->is_send ? "send" : "recv");
@@ -676,15 +719,20 @@ static void path_timer(lp_comm_t *c, uint64_t now) {
 
 static void *comm_thread(void *arg) {
   lp_comm_t *c = arg;
+  pthread_setname_np(pthread_self(), c->is_send ? "lp-send-io" : "lp-recv-io");
   struct pollfd pf[LP_MAX_PFDS];
   int kind[LP_MAX_PFDS], who[LP_MAX_PFDS];
   pthread_mutex_lock(&c->mu);
   while (!atomic_load(&c->stop)) {
+    adopt(c);
     int n = 0;
     pf[n] = (struct pollfd){.fd = c->efd, .events = POLLIN};
     kind[n++] = 0;
     uint64_t now = lp_now_ns();
-    for (int i = 0; i < c->nlanes; i++) {
+    /* Rotate which lane is served first so no NIC is starved of chunks by its neighbours. */
+    c->rr = c->nlanes ? (c->rr + 1) % c->nlanes : 0;
+    for (int j = 0; j < c->nlanes; j++) {
+      int i = (c->rr + j) % c->nlanes;
       lp_lane_t *l = &c->lanes[i];
       if (l->fd < 0) continue;
       short ev = POLLIN;
@@ -708,8 +756,12 @@ static void *comm_thread(void *arg) {
       who[n++] = i;
     }
     pthread_mutex_unlock(&c->mu);
-    poll(pf, (nfds_t)n, 5);
+    __atomic_store_n(&c->polling, 1, __ATOMIC_SEQ_CST);
+    int tmo = __atomic_load_n(&c->post_seq, __ATOMIC_SEQ_CST) != c->seen_post ? 0 : 5;
+    poll(pf, (nfds_t)n, tmo);
+    __atomic_store_n(&c->polling, 0, __ATOMIC_SEQ_CST);
     pthread_mutex_lock(&c->mu);
+    adopt(c);
     now = lp_now_ns();
     for (int k = 0; k < n; k++) {
       if (!pf[k].revents && kind[k] != 1) continue;
@@ -726,7 +778,8 @@ static void *comm_thread(void *arg) {
           continue;
         }
         if (pf[k].revents & (POLLIN | POLLERR | POLLHUP)) lane_read(c, i, now);
-        lane_write(c, i, now);
+        /* a busy lane is only worth a write when the socket has room again */
+        if (!l->tx_busy || (pf[k].revents & POLLOUT)) lane_write(c, i, now);
       } else if (kind[k] == 2) {
         accept_new(c, who[k]);
       } else if (c->pfd[who[k]] == pf[k].fd) {
@@ -743,6 +796,7 @@ static void *comm_thread(void *arg) {
 }
 
 static void wake(lp_comm_t *c) {
+  if (!__atomic_load_n(&c->polling, __ATOMIC_SEQ_CST)) return; /* it adopts before sleeping */
   uint64_t one = 1;
   if (write(c->efd, &one, sizeof(one)) < 0) { /* counter saturated: thread is awake anyway */
   }
@@ -761,6 +815,7 @@ static lp_comm_t *comm_new(int is_send) {
   }
   c->is_send = is_send;
   pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->post_mu, NULL);
   for (int i = 0; i < LP_MAX_NICS; i++) {
     c->lanes[i].fd = -1;
     c->lanes[i].nic = i % lp_nnics;
@@ -802,6 +857,7 @@ static void comm_free(lp_comm_t *c) {
   }
   close(c->efd);
   pthread_mutex_destroy(&c->mu);
+  pthread_mutex_destroy(&c->post_mu);
   free(c->discard);
   atomic_fetch_sub(&lp_stats.comms, 1);
   free(c);
@@ -915,36 +971,36 @@ ncclResult_t lp_close_listen(void *listen_comm) {
   return ncclSuccess;
 }
 
+static ncclResult_t comm_error(lp_comm_t *c) {
+  return __atomic_load_n(&c->error, __ATOMIC_ACQUIRE);
+}
+
+/* Fills a free slot and publishes it; NULL when all LP_MAX_REQS slots are in use. */
+static lp_req_t *post(lp_comm_t *c, char *data, size_t size, int tag, uint64_t nchunks) {
+  pthread_mutex_lock(&c->post_mu);
+  lp_req_t *r = req_alloc(c);
+  if (r) {
+    r->data = data;
+    r->size = size;
+    r->tag = tag;
+    r->nchunks = nchunks;
+    r->msg = __atomic_load_n(&c->post_seq, __ATOMIC_RELAXED);
+    req_set(r, R_POSTED);
+    __atomic_store_n(&c->post_seq, r->msg + 1, __ATOMIC_SEQ_CST);
+  }
+  pthread_mutex_unlock(&c->post_mu);
+  if (r) wake(c);
+  return r;
+}
+
 ncclResult_t lp_isend(void *send_comm, void *data, size_t size, int tag, void **request) {
   lp_comm_t *c = send_comm;
   *request = NULL;
   size_t cb = lp_cfg.chunk_bytes;
   uint64_t nch = size ? (size + cb - 1) / cb : 1;
   if (nch > LP_RING / 2) return ncclInvalidUsage;
-  pthread_mutex_lock(&c->mu);
-  ncclResult_t err = c->error;
-  if (err == ncclSuccess && c->next_seq + nch - c->acked <= LP_RING) {
-    lp_req_t *r = req_alloc(c);
-    if (r) {
-      r->msg = c->next_msg++;
-      r->data = data;
-      r->size = size;
-      r->tag = tag;
-      r->nchunks = nch;
-      for (uint64_t k = 0; k < nch; k++) {
-        lp_chunk_t *ch = &c->ch[(c->next_seq + k) % LP_RING];
-        ch->req = r;
-        ch->off = k * cb;
-        ch->len = (uint32_t)(k + 1 == nch ? size - k * cb : cb);
-        ch->lane = -1;
-        ch->state = CH_QUEUED;
-      }
-      c->next_seq += nch;
-      *request = r;
-    }
-  }
-  pthread_mutex_unlock(&c->mu);
-  if (*request) wake(c);
+  ncclResult_t err = comm_error(c);
+  if (err == ncclSuccess) *request = post(c, data, size, tag, nch);
   return err;
 }
 
@@ -953,38 +1009,19 @@ ncclResult_t lp_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *t
   lp_comm_t *c = recv_comm;
   *request = NULL;
   if (n != 1) return ncclInternalError; /* maxRecvs is 1 */
-  pthread_mutex_lock(&c->mu);
-  ncclResult_t err = c->error;
-  if (err == ncclSuccess) {
-    lp_req_t *r = req_alloc(c);
-    if (r) {
-      r->msg = c->next_msg++;
-      r->data = data[0];
-      r->size = sizes[0];
-      r->tag = tags ? tags[0] : 0;
-      unexp_deliver(c, r);
-      *request = r;
-    }
-  }
-  pthread_mutex_unlock(&c->mu);
+  ncclResult_t err = comm_error(c);
+  if (err == ncclSuccess) *request = post(c, data[0], sizes[0], tags ? tags[0] : 0, 0);
   return err;
 }
 
 ncclResult_t lp_test(void *request, int *done, int *size) {
   lp_req_t *r = request;
-  lp_comm_t *c = r->comm;
   *done = 0;
-  pthread_mutex_lock(&c->mu);
-  ncclResult_t err = ncclSuccess;
-  if (r->done) {
-    *done = 1;
-    if (size) *size = (int)(c->is_send ? r->size : r->msg_size);
-    r->used = 0;
-  } else {
-    err = c->error;
-  }
-  pthread_mutex_unlock(&c->mu);
-  return err;
+  if (req_state(r) != R_DONE) return comm_error(r->comm);
+  *done = 1;
+  if (size) *size = (int)(r->comm->is_send ? r->size : r->msg_size);
+  req_set(r, R_FREE);
+  return ncclSuccess;
 }
 
 ncclResult_t lp_close_send(void *send_comm) {

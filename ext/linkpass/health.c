@@ -329,6 +329,7 @@ static int netlink_open(void) {
 
 static void *health_main(void *arg) {
   (void)arg;
+  pthread_setname_np(pthread_self(), "lp-health");
   int nl = netlink_open();
   if (nl < 0) LP_WARN("LinkPass: no netlink socket (%s); polling link state", strerror(errno));
   uint64_t t_links = 0, t_dec = 0, t_stat = 0;

@@ -65,7 +65,7 @@ static void config_load(void) {
   lp_cfg.reconnect_ms = env_u64("LINKPASS_RECONNECT_MS", 200, 10, 60000);
   lp_cfg.connect_timeout_ms = env_u64("LINKPASS_CONNECT_TIMEOUT_MS", 500, 50, 60000);
   lp_cfg.chunk_bytes = env_u64("LINKPASS_CHUNK_BYTES", 512 * 1024, 4096, 64u << 20);
-  lp_cfg.lane_window_bytes = env_u64("LINKPASS_LANE_WINDOW_BYTES", 8u << 20, 4096, 1u << 30);
+  lp_cfg.lane_window_bytes = env_u64("LINKPASS_LANE_WINDOW_BYTES", 4u << 20, 4096, 1u << 30);
   env_str("LINKPASS_DECISION_FILE", lp_cfg.decision_file, sizeof(lp_cfg.decision_file));
   env_str("LINKPASS_STATUS_FILE", lp_cfg.status_file, sizeof(lp_cfg.status_file));
 }

@@ -71,7 +71,8 @@ class NetnsPair:
         self.wait_carrier()
 
     def wait_carrier(self, timeout: float = 5.0) -> None:
-        """Waits until every veth reports LOWER_UP on both sides (carrier lags admin up)."""
+        """Waits until every veth is operationally UP on both sides: carrier and then the
+        kernel's linkwatch (which sets IFF_RUNNING, what the plugin reads) lag admin up."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             out = [
@@ -80,7 +81,7 @@ class NetnsPair:
                 ).stdout
                 for ns in self.ns.values()
             ]
-            if all(o.count("LOWER_UP") >= self.nics + 1 for o in out):
+            if all(o.count("state UP") >= self.nics for o in out):
                 return
             time.sleep(0.05)
 
