@@ -76,6 +76,17 @@ ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
 """
 
 _INSERT_COLS = ", ".join(WINDOW_SCHEMA.names)
+_I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
+_CLOCK_SCHEMA = pa.schema(
+    [("host_id", _STR), ("t0_ns", _I64), ("offset_ns", _F64), ("drift_ppb", _F64),
+     ("error_bound_ns", _F64), ("synced", pa.bool_()), ("updated_ns", _I64)]
+)  # fmt: skip
+_VERDICT_SCHEMA = pa.schema(
+    [("subject", _STR), ("kind", _STR), ("state", _STR), ("since_ns", _I64),
+     ("excess_delay_ns", _F64), ("loss_rate", _F64), ("confidence", _F64),
+     ("evidence", pa.int32()), ("flows", pa.list_(_STR)), ("flapping", pa.bool_()),
+     ("updated_ns", _I64)]
+)  # fmt: skip
 
 
 def connect(path: Path, threads: int | None = None, memory_limit: str | None = None):
@@ -201,55 +212,42 @@ class Store:
         decisions: list[Decision],
         now_ns: int,
     ) -> None:
-        """One transaction per loop round so readers never see half a round."""
+        """One transaction per loop round so readers never see half a round; rows go in as
+        Arrow tables (a fleet's first round has tens of thousands of verdicts)."""
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
             if clocks:
-                con.executemany(
-                    "INSERT INTO clocks VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        [
-                            c.host_id,
-                            c.t0_ns,
-                            c.offset_ns,
-                            c.drift_ppb,
-                            c.error_bound_ns,
-                            c.synced,
-                            now_ns,
-                        ]
-                        for c in clocks
-                    ],
-                )
+                cols = {f: [getattr(c, f) for c in clocks] for f in _CLOCK_SCHEMA.names[:-1]}
+                cols["updated_ns"] = [now_ns] * len(clocks)
+                self._append("clocks", pa.table(cols, schema=_CLOCK_SCHEMA))
             if verdicts:
+                cols = {f: [getattr(v, f) for v in verdicts] for f in _VERDICT_SCHEMA.names[:-1]}
+                cols["flows"] = [v.flows[:32] for v in verdicts]
+                cols["updated_ns"] = [now_ns] * len(verdicts)
+                self._append("verdicts", pa.table(cols, schema=_VERDICT_SCHEMA))
+            if decisions:
+                drains = [json.dumps([asdict(e) for e in d.drain]) for d in decisions]
                 con.executemany(
-                    "INSERT INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        [
-                            v.subject,
-                            v.kind,
-                            v.state,
-                            v.since_ns,
-                            v.excess_delay_ns,
-                            v.loss_rate,
-                            v.confidence,
-                            v.evidence,
-                            v.flows[:32],
-                            v.flapping,
-                            now_ns,
-                        ]
-                        for v in verdicts
-                    ],
-                )
-            for d in decisions:
-                con.execute(
                     "INSERT OR REPLACE INTO decisions VALUES (?, ?, ?)",
-                    [d.host_id, d.generated_ns, json.dumps([asdict(e) for e in d.drain])],
+                    [
+                        [d.host_id, d.generated_ns, j]
+                        for d, j in zip(decisions, drains, strict=True)
+                    ],
                 )
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
+
+    def _append(self, table: str, rows: pa.Table) -> None:
+        self.con.register("_rows", rows)
+        try:
+            self.con.execute(
+                f"INSERT INTO {table} SELECT {', '.join(rows.column_names)} FROM _rows"
+            )
+        finally:
+            self.con.unregister("_rows")
 
     def save_job(self, name: str, hosts: list[str], now_ns: int) -> None:
         self.con.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)", [name, hosts, now_ns])
