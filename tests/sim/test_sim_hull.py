@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
-from fleetlens.fixtures.sim.hull import lower_hull_rows, row_stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from fleetlens.hull import lower_hull_rows, row_stats
 from fleetlens.records import lower_hull
 
 ROWS, COLS = 6, 12

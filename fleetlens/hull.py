@@ -1,0 +1,118 @@
+"""Lower convex hulls of many small point sets at once, and per-row percentiles.
+
+Rows are flow-windows, columns the (few) probe slots of the flow in that window. The hull is
+Andrew's monotone chain run column by column, vectorized over all rows: each column pushes its
+point onto every row's stack after popping, in a vectorized inner loop, the rows whose last
+turn is not strictly convex. The result equals :func:`fleetlens.records.lower_hull` row by row
+(same tie rules: collinear points dropped, equal ``t`` keeps the lowest ``y``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def lower_hull_rows(
+    t: np.ndarray, y: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hulls of the points ``(t, y)`` where ``mask``, per row of (rows, m) int64 arrays.
+
+    Returns ``(size, hull_t, hull_y)``: the hull of row i is ``hull_t[i, :size[i]]`` (sorted by
+    t) and ``hull_y[i, :size[i]]``.
+    """
+    t, y, mask = _sorted_rows(t, y, mask)
+    rows, m = t.shape
+    ht = np.zeros((rows, max(m, 1)), np.int64)
+    hy = np.zeros((rows, max(m, 1)), np.int64)
+    size = np.zeros(rows, np.int64)
+    for k in range(m):  # a loop per column, vectorized over rows
+        act = np.flatnonzero(mask[:, k])
+        if not act.size:
+            continue
+        pt, py = t[act, k], y[act, k]
+        _pop_nonconvex(ht, hy, size, act, pt, py)
+        sz = size[act]
+        dup = (sz > 0) & (ht[act, np.maximum(sz - 1, 0)] == pt)
+        push = ~dup
+        act, sz = act[push], sz[push]
+        ht[act, sz], hy[act, sz] = pt[push], py[push]
+        size[act] += 1
+    return size, ht, hy
+
+
+def _pop_nonconvex(
+    ht: np.ndarray,
+    hy: np.ndarray,
+    size: np.ndarray,
+    act: np.ndarray,
+    pt: np.ndarray,
+    py: np.ndarray,
+) -> None:
+    rows, px, pyy = act, pt, py
+    while rows.size:
+        sz = size[rows]
+        two = sz >= 2
+        rows, px, pyy, sz = rows[two], px[two], pyy[two], sz[two]
+        if not rows.size:
+            return
+        ot, oy = ht[rows, sz - 2], hy[rows, sz - 2]
+        at, ay = ht[rows, sz - 1], hy[rows, sz - 1]
+        # Same float cross product as records.lower_hull, so ties break identically.
+        cross = (at - ot).astype(np.float64) * (pyy - oy).astype(np.float64) - (ay - oy).astype(
+            np.float64
+        ) * (px - ot).astype(np.float64)
+        pop = cross <= 0
+        rows, px, pyy = rows[pop], px[pop], pyy[pop]
+        size[rows] -= 1
+
+
+def _sorted_rows(
+    t: np.ndarray, y: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sort rows whose masked points are not already in (t, y) order (e.g. after a clock step)."""
+    if t.shape[1] < 2:
+        return t, y, mask
+    lo = np.iinfo(np.int64).min
+    tm = np.where(mask, t, lo)
+    prev = np.maximum.accumulate(tm, axis=1)[:, :-1]
+    bad_t = mask[:, 1:] & (t[:, 1:] < prev)
+    ym = np.where(mask, y, lo)  # equal t: y must not decrease either
+    same = mask[:, 1:] & (t[:, 1:] == prev)
+    bad = np.flatnonzero(
+        (bad_t | (same & (y[:, 1:] < np.maximum.accumulate(ym, axis=1)[:, :-1]))).any(axis=1)
+    )
+    if not bad.size:
+        return t, y, mask
+    t, y, mask = t.copy(), y.copy(), mask.copy()
+    order = np.lexsort((y[bad], t[bad], ~mask[bad]), axis=-1)
+    t[bad] = np.take_along_axis(t[bad], order, axis=1)
+    y[bad] = np.take_along_axis(y[bad], order, axis=1)
+    mask[bad] = np.take_along_axis(mask[bad], order, axis=1)
+    return t, y, mask
+
+
+def row_stats(v: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per-row count, min, p50, p99, max of ``v`` where ``valid`` (numpy 'linear' percentiles).
+
+    Rows with no valid value get NaN statistics.
+    """
+    s = np.sort(np.where(valid, v, np.inf), axis=1)
+    n = valid.sum(axis=1)
+    last = np.maximum(n - 1, 0)
+    rows = np.arange(v.shape[0])
+    out = [n, s[:, 0], _pct(s, last, 0.50), _pct(s, last, 0.99), s[rows, last]]
+    empty = n == 0
+    for a in out[1:]:
+        a[empty] = np.nan
+    return tuple(out)
+
+
+def _pct(s: np.ndarray, last: np.ndarray, q: float) -> np.ndarray:
+    pos = q * last
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, last)
+    rows = np.arange(s.shape[0])
+    a, b = s[rows, lo], s[rows, hi]
+    frac = pos - lo
+    with np.errstate(invalid="ignore"):
+        return np.where(frac > 0, a + (b - a) * frac, a)
