@@ -1,0 +1,144 @@
+"""Devices and endpoints: report a switch instead of N links, a NIC/host instead of the network.
+
+Input is the set of links the tomography found bad this window; output is the list of
+subjects to report (links, switches, NICs, hosts), each with what implicated it.
+
+- Switch: when at least ``device_fraction`` of a switch's fabric links are implicated — chosen
+  by the fit, or showing at least half the loss / delay of the chosen links at that switch (the
+  fit leaves the downlinks of a dead spine unchosen because the uplinks already explain their
+  flows) — the switch is reported and its links (access links too, for a leaf) are not.
+- NIC ("rule the network out"): both directions of a NIC's access link bad — its flows are bad
+  whichever spine they cross, in and out — or the NIC stopped sending (silent) while its
+  incoming flows are bad. Access-link delays are only known as round trips (see ``delay``), so
+  they are always reported on the NIC with the round-trip sum.
+- Host: every NIC of the host is bad, or a clock event. Its NICs are then folded into it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleetlens.topology import Topology
+
+from .delay import DelayFit
+from .loss import LossFit
+
+
+@dataclass
+class Finding:
+    subject: str
+    kind: str  # link | switch | nic | host
+    loss: float = 0.0
+    delay_ns: float = 0.0
+    strength: float = 0.0  # log-likelihood-ratio scale
+    links: list[int] = field(default_factory=list)  # link numbers behind it (for evidence)
+    note: str = ""
+
+
+class Attributor:
+    def __init__(self, topo: Topology, link_ids: list[str], nic_up, nic_down, cfg) -> None:
+        self.topo, self.cfg = topo, cfg
+        self.link_ids = link_ids
+        self.nic_ids = [n.id for n in topo.nics]
+        self.nic_up, self.nic_down = nic_up, nic_down
+        idx = {lk: i for i, lk in enumerate(link_ids)}
+        switches = {s.id for s in topo.switches}
+        self.switch_fabric: dict[str, np.ndarray] = {}
+        self.switch_all: dict[str, np.ndarray] = {}
+        for s in topo.switches:
+            touching = [lk for lk in topo.links if s.id in (lk.a, lk.b)]
+            fab = [idx[lk.id] for lk in touching if lk.a in switches and lk.b in switches]
+            self.switch_fabric[s.id] = np.array(fab, np.int64)
+            self.switch_all[s.id] = np.array([idx[lk.id] for lk in touching], np.int64)
+        self.host_nics = {
+            h: [self.nic_ids.index(n.id) for n in ns] for h, ns in topo.nics_by_host.items()
+        }
+        self.host_names = list(topo.hosts)
+        self.nic_host_name = [n.host for n in topo.nics]
+
+    def attribute(
+        self,
+        loss: LossFit,
+        loss_extra: dict[int, tuple[float, float]],
+        delay: DelayFit,
+        silent: np.ndarray,
+    ) -> list[Finding]:
+        n = len(self.link_ids)
+        rate = np.zeros(n)
+        strength = np.zeros(n)
+        for lk, (r, s) in loss_extra.items():
+            rate[lk], strength[lk] = r, s
+        rate[loss.links] = np.maximum(rate[loss.links], loss.rate)
+        strength[loss.links] = np.maximum(strength[loss.links], loss.llr)
+        dly = np.zeros(n)
+        dly[delay.links] = delay.excess
+        strength[delay.links] = np.maximum(strength[delay.links], 0.5 * delay.z**2)
+        bad = (rate > 0) | (dly > 0)
+        raw_rate = np.where(loss.sent > 0, loss.lost / np.maximum(loss.sent, 1e-12), 0.0)
+        raw_dly = np.nan_to_num(delay.median - 0.0, nan=0.0)
+        out: list[Finding] = []
+        used = np.zeros(n, bool)
+        out += self._switches(bad, rate, dly, raw_rate, raw_dly, strength, used)
+        out += self._endpoints(bad & ~used, rate, dly, strength, silent, delay, used)
+        for lk in np.flatnonzero(bad & ~used).tolist():
+            out.append(Finding(self.link_ids[lk], "link", rate[lk], dly[lk], strength[lk], [lk]))
+        return out
+
+    def _switches(self, bad, rate, dly, raw_rate, raw_dly, strength, used) -> list[Finding]:
+        out = []
+        for sw, fab in self.switch_fabric.items():
+            chosen = fab[bad[fab]]
+            if fab.size < 2 or chosen.size < 2:
+                continue
+            r_ref, d_ref = rate[chosen].max(), dly[chosen].max()
+            implicated = bad[fab].copy()
+            if r_ref > 0:
+                implicated |= raw_rate[fab] >= 0.5 * r_ref
+            if d_ref > 0:
+                implicated |= raw_dly[fab] >= 0.5 * d_ref
+            if implicated.mean() < self.cfg.device_fraction:
+                continue
+            links = self.switch_all[sw]
+            used[links] = True
+            note = f"{int(implicated.sum())}/{fab.size} fabric links implicated"
+            out.append(
+                Finding(sw, "switch", float(r_ref), float(d_ref),
+                        float(strength[links].max()), chosen.tolist(), note)
+            )  # fmt: skip
+        return out
+
+    def _endpoints(self, bad, rate, dly, strength, silent, delay: DelayFit, used):
+        nic_find: dict[int, Finding] = {}
+        up_bad, down_bad = bad[self.nic_up], bad[self.nic_down]
+        both = up_bad & down_bad
+        quiet = silent & (down_bad | up_bad)
+        for i in np.flatnonzero(both | quiet).tolist():
+            up, down = int(self.nic_up[i]), int(self.nic_down[i])
+            used[[up, down]] = True
+            why = "silent" if quiet[i] and not both[i] else "bad in and out"
+            nic_find[i] = Finding(
+                self.nic_ids[i], "nic", float(max(rate[up], rate[down])),
+                float(dly[up] + dly[down]), float(max(strength[up], strength[down])),
+                [up, down], why,
+            )  # fmt: skip
+        out: list[Finding] = []
+        for h, c in delay.clock_hosts.items():
+            name = self.host_names[h]
+            out.append(Finding(name, "host", 0.0, 0.0, 40.0, [], f"clock step {c:.0f} ns"))
+        clocked = {self.host_names[h] for h in delay.clock_hosts}
+        hosts = {self.nic_host_name[i] for i in nic_find}
+        for h in sorted(hosts):
+            nics = self.host_nics[h]
+            if h in clocked:
+                for i in nics:
+                    nic_find.pop(i, None)
+            elif len(nics) >= 2 and all(i in nic_find for i in nics):
+                fs = [nic_find.pop(i) for i in nics]
+                out.append(
+                    Finding(h, "host", max(f.loss for f in fs), max(f.delay_ns for f in fs),
+                            max(f.strength for f in fs), [lk for f in fs for lk in f.links],
+                            "every NIC bad")
+                )  # fmt: skip
+        return out + list(nic_find.values())

@@ -1,0 +1,35 @@
+"""Tuning of the triangulation engine, in one frozen dataclass (times in ns)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TriangulateConfig:
+    """Thresholds of every stage; the defaults are what the tests and bench/ assert against."""
+
+    # loss tomography
+    background_loss: float = 1e-6  # per-link loss the fit treats as normal (null hypothesis)
+    loss_llr: float = 12.0  # log-likelihood ratio a link needs to be called lossy
+    min_lost: float = 2.0  # lost packets a link must explain before it is reported
+    loss_decay_s: float = 10.0  # time constant of the long-horizon loss evidence
+    max_links_per_fit: int = 64  # greedy stops after this many links per fit
+    # delay tomography
+    delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link
+    delay_z: float = 6.0  # excess must also be this many healthy std devs above normal
+    delay_min_flows: int = 4  # flows a link needs in a window for a delay statistic
+    delay_ewma: float = 0.1  # weight of a clean window in a link's healthy delay level
+    baseline_slack_ns_per_s: float = 2.0  # trailing-min baseline creeps up this fast
+    clock_step_min_ns: float = 5_000.0  # a NIC's in/out delay shift this big = clock event
+    # attribution
+    device_fraction: float = 0.75  # share of a switch's fabric links implicated -> switch
+    silent_fraction: float = 0.2  # a NIC sending under this share of its usual rows = silent
+    # verdicts
+    fault_windows: int = 2  # consecutive bad windows before 'faulty' (unless strong)
+    strong_llr: float = 40.0  # evidence this strong makes a subject faulty at once
+    clear_ns: int = 5_000_000_000  # clean time before a faulty subject is healthy again
+    flap_transitions: int = 4  # bad<->clean flips within the horizon -> flapping
+    flap_horizon_ns: int = 30_000_000_000
+    emit_healthy_links: bool = False  # also return a verdict for every observed healthy link
+    evidence_flows: int = 16  # flow ids listed in a verdict's evidence

@@ -1,0 +1,158 @@
+"""Delay tomography: excess one-way delay per flow over its own baseline, located on links.
+
+- Baseline: per flow, the minimum ``owd_min`` over a trailing period. It is kept as a running
+  minimum that creeps up by ``baseline_slack_ns_per_s`` so a path or clock change is absorbed
+  over minutes while a fault (seconds to minutes) stays visible.
+- Excess ``d_f = owd_min_f - baseline_f``. Queueing makes a *fraction* of flows slow; a delay
+  fault makes *every* flow through the link slow by the same amount, so a link's statistic is
+  the (weighted) median of its flows' excess, compared with that link's own healthy level.
+- Clocks: fleet-time one-way delays carry the clock error of both hosts. A NIC whose incoming
+  flows are late by X while its outgoing flows are early by X has had a clock step (the
+  round trip is unchanged): the host's baselines are rebased and a clock event is reported for
+  the host — never a link. More generally, the one-way delay of an access link cannot be
+  separated from its host's clock offset, so the access links are judged on round-trip sums:
+  half of each NIC's in/out median difference is removed as a possible clock term, which leaves
+  an access-link delay D split D/2 + D/2 over the NIC's two access links; the attribution
+  stage reports the NIC with the round-trip sum D.
+- Location: links whose median excess stands above their healthy level by ``delay_min_ns``
+  and ``delay_z`` healthy standard deviations are taken greedily, largest first, and their
+  estimate is subtracted from the flows crossing them before the next pick (explaining away the
+  links that only share some flows with the bad one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import TriangulateConfig
+from .paths import SPORT_SPAN, FlowBatch
+from .quantile import group_quantile
+from .store import FlowStore
+
+_SIGMA0_NS = 300.0  # healthy spread assumed before a link has history
+_SIGMA_FLOOR_NS = 100.0
+
+
+@dataclass
+class DelayFit:
+    links: np.ndarray  # link numbers with excess delay
+    excess: np.ndarray  # their estimated added delay, ns
+    z: np.ndarray  # their excess in healthy standard deviations
+    median: np.ndarray  # per link (all): median excess this window (NaN: no data)
+    weight: np.ndarray  # per link (all): flows behind the median
+    row_excess: np.ndarray  # per row: clock-corrected excess (NaN: no baseline yet)
+    clock_hosts: dict[int, float] = field(default_factory=dict)  # host number -> step ns
+
+
+class DelayModel:
+    def __init__(self, n_links: int, n_nics: int, nic_host: np.ndarray, cfg: TriangulateConfig):
+        self.cfg, self.n_links, self.n_nics = cfg, n_links, n_nics
+        self.nic_host = nic_host
+        self.flows = FlowStore({"base": (np.float64, np.nan, 0), "t": (np.int64, 0, 0)})
+        self.mu = np.zeros(n_links)
+        self.var = np.full(n_links, _SIGMA0_NS**2)
+
+    def observe(self, b: FlowBatch) -> DelayFit:
+        at = self.flows.locate(b.key)
+        base = self.flows.cols["base"][at]
+        d = b.owd_min - base
+        clock = self._clock_events(b, d)
+        if clock:
+            self._rebase(clock)
+            d = b.owd_min - self.flows.cols["base"][at]
+        d = d - self._access_split(b, d)
+        fit = self._locate(b, d)
+        fit.clock_hosts = clock
+        self._update_baselines(b, at)
+        self._learn_healthy(fit)
+        return fit
+
+    # ---- clocks and access links ----------------------------------------------------------
+    def _nic_medians(self, b: FlowBatch, d: np.ndarray):
+        one = np.ones(b.n)
+        med_in, n_in = group_quantile(b.dst, d, one, self.n_nics)
+        med_out, n_out = group_quantile(b.src, d, one, self.n_nics)
+        enough = (n_in >= self.cfg.delay_min_flows) & (n_out >= self.cfg.delay_min_flows)
+        return med_in, med_out, enough
+
+    def _clock_events(self, b: FlowBatch, d: np.ndarray) -> dict[int, float]:
+        """Hosts whose NICs all show in = -out (round trip unchanged) beyond the step size."""
+        med_in, med_out, enough = self._nic_medians(b, d)
+        c = (med_in - med_out) / 2
+        s = med_in + med_out
+        step = enough & (np.abs(c) >= self.cfg.clock_step_min_ns) & (np.abs(s) <= 0.5 * np.abs(c))
+        out: dict[int, float] = {}
+        for h in np.unique(self.nic_host[step]).tolist():
+            nics = np.flatnonzero((self.nic_host == h) & enough)
+            if step[nics].all() and np.ptp(c[nics]) <= 0.2 * np.abs(c[nics]).max():
+                out[int(h)] = float(np.mean(c[nics]))
+        return out
+
+    def _rebase(self, clock: dict[int, float]) -> None:
+        pair = self.flows.keys // SPORT_SPAN
+        src_h = self.nic_host[pair // self.n_nics]
+        dst_h = self.nic_host[pair % self.n_nics]
+        base = self.flows.cols["base"]
+        for h, c in clock.items():
+            base[dst_h == h] += c
+            base[src_h == h] -= c
+
+    def _access_split(self, b: FlowBatch, d: np.ndarray) -> np.ndarray:
+        """Per row, the possible clock term of its two endpoints (see the module doc)."""
+        med_in, med_out, enough = self._nic_medians(b, d)
+        a = np.where(enough, (med_in - med_out) / 2, 0.0)
+        return a[b.dst] - a[b.src]
+
+    # ---- location -------------------------------------------------------------------------
+    def _locate(self, b: FlowBatch, d: np.ndarray) -> DelayFit:
+        cfg = self.cfg
+        e = d.copy()
+        sigma = np.maximum(np.sqrt(self.var), _SIGMA_FLOOR_NS)
+        chosen: dict[int, float] = {}
+        z_of: dict[int, float] = {}
+        med0, wt0 = None, None
+        for _ in range(16):
+            med, wt = group_quantile(b.ent_link, e[b.ent_row], b.ent_w, self.n_links)
+            if med0 is None:
+                med0, wt0 = med, wt
+            ex = med - self.mu
+            z = ex / sigma
+            ok = (wt >= cfg.delay_min_flows) & (ex >= cfg.delay_min_ns) & (z >= cfg.delay_z)
+            ok[list(chosen)] = False
+            if not ok.any():
+                break
+            best = int(np.argmax(np.where(ok, z, -np.inf)))
+            chosen[best] = float(ex[best])
+            z_of[best] = float(z[best])
+            on = b.ent_link == best
+            np.subtract.at(e, b.ent_row[on], b.ent_w[on] * ex[best])
+        links = np.array(list(chosen), np.int64)
+        return DelayFit(
+            links,
+            np.array([chosen[i] for i in links.tolist()]),
+            np.array([z_of[i] for i in links.tolist()]),
+            med0,
+            wt0,
+            d,
+        )
+
+    # ---- state ----------------------------------------------------------------------------
+    def _update_baselines(self, b: FlowBatch, at: np.ndarray) -> None:
+        base, t = self.flows.cols["base"], self.flows.cols["t"]
+        dt = np.maximum(b.end_ns - t[at], 0) * 1e-9
+        crept = base[at] + self.cfg.baseline_slack_ns_per_s * np.where(t[at] > 0, dt, 0.0)
+        obs = b.owd_min
+        new = np.where(np.isfinite(crept), np.fmin(crept, obs), obs)
+        base[at] = np.where(np.isfinite(new), new, base[at])
+        t[at] = np.where(np.isfinite(obs), b.end_ns, t[at])
+
+    def _learn_healthy(self, fit: DelayFit) -> None:
+        """EWMA of each clean link's median excess: its normal queueing level and spread."""
+        clean = np.isfinite(fit.median) & (fit.weight >= self.cfg.delay_min_flows)
+        clean[fit.links] = False
+        a = self.cfg.delay_ewma
+        dev = fit.median[clean] - self.mu[clean]
+        self.mu[clean] += a * dev
+        self.var[clean] = (1 - a) * (self.var[clean] + a * dev**2)
