@@ -79,7 +79,7 @@ def run_baseline(spec: str, n_pairs: int) -> dict[str, float]:
     src, dst = plan.peer_pairs(topo, 16, 0)
     src, dst = src[:n_pairs], dst[:n_pairs]
     ports = plan.port_counts(topo, src, dst)
-    base = plan.base_ports(src, dst, 0)
+    base = plan.base_ports(src, 0)
     rnd = random.Random(1)
     link_base = {lk.id: rnd.uniform(500, 1500) for lk in topo.links}
     offset = {h: rnd.uniform(-5e7, 5e7) for h in topo.hosts}

@@ -6,10 +6,12 @@ directions of every edge), connected (offset 1 is always included) and full of s
 the network-effect correction, while random long offsets spread probes over every leaf pair.
 Peers on the sending NIC's own host are skipped.
 
-Source ports: a flow's ECMP path is fixed by its 5-tuple, so each peer gets enough consecutive
-source ports that every equal-cost path between the two leaves is hit with probability
+Source ports: a flow's ECMP path is fixed by its 5-tuple, so each peer gets enough source
+ports that every equal-cost path between the two leaves is hit with probability
 ``1 - MISS_PROBABILITY`` (coupon collector bound), capped at ``MAX_PORTS_PER_PEER``. Agents
-rotate through them round by round.
+rotate through them round by round. Every peer of one NIC uses a prefix of that NIC's single
+port range (the hash includes the destination, so peers still spread differently): an agent
+then needs at most ``MAX_PORTS_PER_PEER`` sockets per NIC, not one per peer and port.
 """
 
 from __future__ import annotations
@@ -85,9 +87,10 @@ def port_counts(topo: Topology, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return counts[inverse]
 
 
-def base_ports(src: np.ndarray, dst: np.ndarray, seed: int) -> np.ndarray:
-    """A deterministic, well-mixed first source port per pair (splitmix64 of the pair)."""
-    x = (src.astype(np.uint64) << np.uint64(32)) ^ dst.astype(np.uint64) ^ np.uint64(seed)
+def base_ports(src: np.ndarray, seed: int) -> np.ndarray:
+    """The first source port of each sending NIC's range: deterministic, well mixed
+    (splitmix64 of the NIC index and the seed)."""
+    x = (src.astype(np.uint64) << np.uint64(32)) ^ np.uint64(seed)
     with np.errstate(over="ignore"):
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -103,7 +106,7 @@ def host_plan(
     src, dst = peer_pairs(topo, peers, seed)
     mine = np.flatnonzero(_host_index(topo)[src] == topo.hosts.index(host))
     src, dst = src[mine], dst[mine]
-    counts, bases = port_counts(topo, src, dst), base_ports(src, dst, seed)
+    counts, bases = port_counts(topo, src, dst), base_ports(src, seed)
     entries = [
         PlanEntry(
             topo.nics[s].id,

@@ -34,10 +34,14 @@ def test_ports_cover_every_ecmp_path_with_high_probability() -> None:
         assert paths * (1 - 1 / paths) ** m <= 0.01 or m == MAX_PORTS_PER_PEER
 
 
-def test_host_plan_is_deterministic_and_uses_distinct_port_ranges() -> None:
-    t = leaf_spine()
+def test_host_plan_is_deterministic_and_each_nic_uses_one_port_range() -> None:
+    t = leaf_spine(hosts=32, nics=4, leaves=8, spines=4)
     a, b = host_plan(t, "h03", seed=1), host_plan(t, "h03", seed=1)
     assert a.entries == b.entries and a.entries
+    for nic in {e.src_nic for e in a.entries}:
+        ports = {p for e in a.entries if e.src_nic == nic for p in e.sports}
+        assert len(ports) <= MAX_PORTS_PER_PEER
+        assert ports == set(range(min(ports), max(ports) + 1))
     for e in a.entries:
         assert e.src_nic.startswith("h03/") and not e.dst_nic.startswith("h03/")
         assert e.dst_ip == t.nic_by_id[e.dst_nic].ip
