@@ -64,7 +64,10 @@ class Attributor:
         loss_extra: dict[int, tuple[float, float]],
         delay: DelayFit,
         silent: np.ndarray,
+        blamed: np.ndarray | None = None,
     ) -> list[Finding]:
+        """``blamed``: NICs whose host or NIC already has a verdict; their access links stay
+        folded into that endpoint (a stall ending mid-window still loses incoming probes)."""
         n = len(self.link_ids)
         rate = np.zeros(n)
         strength = np.zeros(n)
@@ -81,7 +84,8 @@ class Attributor:
         out: list[Finding] = []
         used = np.zeros(n, bool)
         out += self._switches(bad, rate, dly, raw_rate, raw_dly, strength, used)
-        out += self._endpoints(bad & ~used, rate, dly, strength, silent, delay, used)
+        held = silent if blamed is None else silent | blamed
+        out += self._endpoints(bad & ~used, rate, dly, strength, held, delay, used)
         for lk in np.flatnonzero(bad & ~used).tolist():
             out.append(Finding(self.link_ids[lk], "link", rate[lk], dly[lk], strength[lk], [lk]))
         return out

@@ -110,6 +110,9 @@ class DelayModel:
         cfg = self.cfg
         e = d.copy()
         sigma = np.maximum(np.sqrt(self.var), _SIGMA_FLOOR_NS)
+        # Short windows hold few probes per flow: one queue burst moves a whole link's median.
+        span_s = max(b.end_ns - b.start_ns, 1) * 1e-9
+        floor = cfg.delay_min_ns * max(1.0, (1.0 / span_s) ** 0.5)
         chosen: dict[int, float] = {}
         z_of: dict[int, float] = {}
         med0, wt0 = None, None
@@ -119,7 +122,7 @@ class DelayModel:
                 med0, wt0 = med, wt
             ex = med - self.mu
             z = ex / sigma
-            ok = (wt >= cfg.delay_min_flows) & (ex >= cfg.delay_min_ns) & (z >= cfg.delay_z)
+            ok = (wt >= cfg.delay_min_flows) & (ex >= floor) & (z >= cfg.delay_z)
             ok[list(chosen)] = False
             if not ok.any():
                 break
@@ -153,6 +156,8 @@ class DelayModel:
         clean = np.isfinite(fit.median) & (fit.weight >= self.cfg.delay_min_flows)
         clean[fit.links] = False
         a = self.cfg.delay_ewma
-        dev = fit.median[clean] - self.mu[clean]
+        # Clip at 4 sigma: queue bursts widen the spread, a fault must not become "normal".
+        sig = np.sqrt(self.var[clean])
+        dev = np.clip(fit.median[clean] - self.mu[clean], -4 * sig, 4 * sig)
         self.mu[clean] += a * dev
         self.var[clean] = (1 - a) * (self.var[clean] + a * dev**2)

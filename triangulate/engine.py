@@ -91,7 +91,7 @@ class Triangulator:
         extra = self._slow_loss(b, fast)
         dfit = self.delay.observe(b)
         silent = self._silent(b)
-        findings = self.attrib.attribute(fast, extra, dfit, silent)
+        findings = self.attrib.attribute(fast, extra, dfit, silent, self._blamed())
         self.last.findings = findings
         bad = {f.subject: self._evidence(f, b, dfit) for f in findings}
         clean = self._observed(b, fast)
@@ -132,6 +132,17 @@ class Triangulator:
                 continue
             out[lk] = (float(r), float(llr))
         return out
+
+    def _blamed(self) -> np.ndarray:
+        """NICs under a current non-healthy NIC or host verdict."""
+        bad = {s for s, t in self.tracker.tracks.items() if t.state != "healthy"}
+        p = self.paths
+        return np.array(
+            [
+                nic in bad or host in bad
+                for nic, host in zip(p.nic_ids, p.nic_host_name, strict=True)
+            ]
+        )
 
     def _silent(self, b: FlowBatch) -> np.ndarray:
         """NICs sending far fewer flow rows than usual (a stalled or dead sender)."""
