@@ -61,25 +61,30 @@ def blob_to_list(arr: pa.Array | pa.ChunkedArray, value_type: pa.DataType) -> pa
 
 
 class LinkDict:
-    """Link id <-> int32 index; owned by the writer (it adds), read by everyone."""
+    """Link id <-> int32 index; owned by the writer (it adds), read by everyone.
+
+    Lookups dictionary-encode the batch first (C++) and map only its distinct link ids through
+    a Python dict: a fleet has ~10^5 links and hashing all of them per batch would dominate."""
 
     def __init__(self, ids: list[str]) -> None:
         self.ids = pa.array(ids, pa.string())
+        self._index = {lk: i for i, lk in enumerate(ids)}
 
     def encode(self, path: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, list[str]]:
         """(path as index lists, link ids new to the dictionary, already appended)."""
         path = _plain(path)
-        flat = path.flatten()
-        idx = pc.index_in(flat, value_set=self.ids)
-        if idx.null_count:
-            new = pc.unique(pc.filter(flat, pc.is_null(idx))).to_pylist()
+        enc = path.flatten().dictionary_encode()
+        distinct = enc.dictionary.to_pylist()
+        new = [lk for lk in distinct if lk not in self._index]
+        if new:
+            for lk in new:
+                self._index[lk] = len(self._index)
             self.ids = pa.concat_arrays([self.ids, pa.array(new, pa.string())])
-            idx = pc.index_in(flat, value_set=self.ids)
-        else:
-            new = []
+        lookup = np.fromiter((self._index[lk] for lk in distinct), np.int32, len(distinct))
+        idx = pa.array(lookup[enc.indices.to_numpy()], pa.int32())
         offsets = pc.subtract(path.offsets, path.offsets[0])
         mask = pc.is_null(path) if path.null_count else None
-        return pa.ListArray.from_arrays(offsets, idx.cast(pa.int32()), mask=mask), new
+        return pa.ListArray.from_arrays(offsets, idx, mask=mask), new
 
     def decode(self, idx_lists: pa.Array) -> pa.Array:
         values = pc.take(self.ids, idx_lists.flatten())
