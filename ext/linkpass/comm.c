@@ -125,7 +125,7 @@ typedef struct lp_comm {
   pthread_t thr;
   int thr_started, efd;
   atomic_int stop;
-  int nlanes, nup, returned, rr;
+  int nlanes, nup, nclean, returned, rr, warned_all_drained;
   lp_lane_t lanes[LP_MAX_NICS];
   uint32_t rip[LP_MAX_NICS];
   uint16_t rport[LP_MAX_NICS];
@@ -302,11 +302,15 @@ static void frame_init(lp_frame_t *f, uint32_t type) {
   f->type = type;
 }
 
+static int lane_drained(lp_lane_t *l) { return lp_nic_drained(l->nic) || l->remote_drained; }
+
 /* May this lane take a chunk now?  Re-sent chunks ignore the per-lane window: the window only
- * shrinks on the cumulative ack, which is stuck behind exactly those chunks after a failover. */
+ * shrinks on the cumulative ack, which is stuck behind exactly those chunks after a failover.
+ * Drained lanes carry nothing while a clean lane is up; if FleetLens drained every live NIC,
+ * slow beats stuck, so they are used anyway. */
 static int sched_ok(lp_comm_t *c, lp_lane_t *l) {
-  return c->is_send && l->state == LANE_UP && !lp_nic_drained(l->nic) && !l->remote_drained &&
-         lp_nic_usable(l->nic) &&
+  return c->is_send && l->state == LANE_UP && lp_nic_usable(l->nic) &&
+         (!lane_drained(l) || c->nclean == 0) &&
          (l->inflight < lp_cfg.lane_window_bytes || c->rsq_head != c->rsq_tail);
 }
 
@@ -697,9 +701,20 @@ static void adopt(lp_comm_t *c) {
 }
 
 static void path_timer(lp_comm_t *c, uint64_t now) {
-  int nup = 0;
-  for (int i = 0; i < c->nlanes; i++) nup += c->lanes[i].state == LANE_UP;
+  int nup = 0, nclean = 0;
+  for (int i = 0; i < c->nlanes; i++) {
+    lp_lane_t *l = &c->lanes[i];
+    nup += l->state == LANE_UP;
+    nclean += l->state == LANE_UP && lp_nic_usable(l->nic) && !lane_drained(l);
+  }
   c->nup = nup;
+  c->nclean = nclean;
+  if (c->is_send && nup > 0 && nclean == 0 && !c->warned_all_drained) {
+    LP_WARN("LinkPass: every live NIC is drained; using drained NICs rather than stopping");
+    c->warned_all_drained = 1;
+  } else if (nclean > 0) {
+    c->warned_all_drained = 0;
+  }
   if (nup > 0 || !c->returned || !work_pending(c)) {
     c->nopath_since = 0;
     return;

@@ -205,53 +205,103 @@ def test_decision_parser_rejects_malformed(built: Path, text: str) -> None:
     assert lib.linkpass_decision_parse(raw, ctypes.c_size_t(len(raw)), drained) == -1
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_loopback_transfer_through_each_version(built: Path, tmp_path: Path, version: int) -> None:
-    """One NIC (lo), real sockets: every table moves verified data; status file is written;
-    a malformed decision file present from the start is logged and survived."""
-    handle, status, decision = tmp_path / "h", tmp_path / "status.json", tmp_path / "d.json"
-    recv_status = tmp_path / "recv-status.json"
-    decision.write_text('{"drain": [ {"nic_id": ')
-    env = {
-        **os.environ,
-        "LINKPASS_NICS": "lo",
-        "LINKPASS_STATUS_FILE": str(status),
-        "LINKPASS_DECISION_FILE": str(decision),
-    }
-    args = ["--plugin", str(built), "--handle", str(handle), "--version", str(version)]
-    args += ["--msg-bytes", str(1 << 20)]
-    recv = lpnet.Rank(
-        subprocess.Popen(
-            [str(lpnet.HARNESS), "--role", "recv", *args],
-            env={**env, "LINKPASS_STATUS_FILE": str(recv_status)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+def loopback_pair(
+    tmp_path: Path,
+    send_args: list[str],
+    recv_args: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> tuple[lpnet.Rank, lpnet.Rank, tuple[int, int]]:
+    """Both ranks on 127.0.0.1 (LINKPASS_NICS=lo): no namespaces, no root."""
+    base_env = {**os.environ, "LINKPASS_NICS": "lo", **(env or {})}
+    common = ["--plugin", str(lpnet.PLUGIN), "--handle", str(tmp_path / "handle")]
+
+    def spawn(role: str, args: list[str], extra_env: dict[str, str]) -> lpnet.Rank:
+        return lpnet.Rank(
+            subprocess.Popen(
+                [str(lpnet.HARNESS), "--role", role, *common, *args],
+                env={**base_env, **extra_env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         )
-    )
-    send = lpnet.Rank(
-        subprocess.Popen(
-            [str(lpnet.HARNESS), "--role", "send", "--seconds", "1", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    )
+
+    recv = spawn("recv", recv_args, {"LINKPASS_STATUS_FILE": str(tmp_path / "recv-status.json")})
+    send = spawn("send", send_args, {"LINKPASS_STATUS_FILE": str(tmp_path / "send-status.json")})
     try:
-        rcs = (send.finish(30), recv.finish(30))
+        rcs = (send.finish(timeout), recv.finish(timeout))
     finally:
         send.kill()
         recv.kill()
+    return send, recv, rcs
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_loopback_transfer_through_each_version(built: Path, tmp_path: Path, version: int) -> None:
+    """One NIC (lo), real sockets: every table moves verified data; status files are written;
+    a malformed decision file present from the start is logged and survived."""
+    decision = tmp_path / "d.json"
+    decision.write_text('{"drain": [ {"nic_id": ')
+    args = ["--version", str(version), "--msg-bytes", str(1 << 20)]
+    send, recv, rcs = loopback_pair(
+        tmp_path, [*args, "--seconds", "1"], args, {"LINKPASS_DECISION_FILE": str(decision)}
+    )
     assert_clean_transfer(send, recv, rcs)
     assert recv.done()["version"] == version
-    doc, rdoc = json.loads(status.read_text()), json.loads(recv_status.read_text())
+    doc = json.loads((tmp_path / "send-status.json").read_text())
+    rdoc = json.loads((tmp_path / "recv-status.json").read_text())
     sent, got = doc["nics"][0], rdoc["nics"][0]
     assert sent["name"] == got["name"] == "lo"
     assert sent["tx_bytes"] >= send.done()["bytes_verified"]
     assert got["rx_bytes"] >= recv.done()["bytes_verified"]
     assert doc["decision_errors"] >= 1 and rdoc["decision_errors"] >= 1
     assert any("malformed" in e["msg"] for e in send.of("log"))
+
+
+@pytest.mark.parametrize(
+    ("send_args", "recv_args"),
+    [
+        # 32 requests in flight per comm, messages smaller than a chunk
+        (["--inflight", "32", "--msg-bytes", "65536"],) * 2,
+        # messages that end in a partial chunk
+        (["--msg-bytes", str(3 * 512 * 1024 + 8)],) * 2,
+        # sender far ahead of the receiver: chunks wait in the unexpected store, in order
+        (
+            ["--inflight", "16", "--msg-bytes", "262144"],
+            ["--inflight", "1", "--msg-bytes", "262144"],
+        ),
+    ],
+    ids=["32-inflight", "partial-chunk", "sender-ahead"],
+)
+def test_loopback_request_shapes(
+    built: Path, tmp_path: Path, send_args: list[str], recv_args: list[str]
+) -> None:
+    send, recv, rcs = loopback_pair(tmp_path, [*send_args, "--seconds", "1"], recv_args)
+    assert_clean_transfer(send, recv, rcs)
+    assert recv.done()["messages"] > 100
+
+
+def test_message_larger_than_receive_is_an_error(built: Path, tmp_path: Path) -> None:
+    _send, recv, rcs = loopback_pair(
+        tmp_path,
+        ["--msg-bytes", str(2 << 20), "--seconds", "1", "--deadline", "4"],
+        ["--msg-bytes", str(1 << 20)],
+    )
+    errs = recv.of("error")
+    assert rcs[1] == 2 and errs and errs[0]["call"] == "test", (rcs, recv.events[-3:])
+    assert errs[0]["rc"] == 5  # ncclInvalidUsage
+    assert any("for a 1048576-byte receive" in e["msg"] for e in recv.of("log"))
+
+
+def test_every_nic_drained_still_moves_data(built: Path, tmp_path: Path) -> None:
+    decision = tmp_path / "d.json"
+    Decision("h", 1, [DrainEntry("h/lo", "all bad", 1)]).write_atomic(decision)
+    send, recv, rcs = loopback_pair(
+        tmp_path, ["--seconds", "1"], [], {"LINKPASS_DECISION_FILE": str(decision)}
+    )
+    assert_clean_transfer(send, recv, rcs)
+    assert any("every live NIC is drained" in e["msg"] for e in send.of("log"))
 
 
 # ---------------------------------------------------------------- namespaces (root)
