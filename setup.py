@@ -20,4 +20,5 @@ def _extensions() -> list[Extension]:
     ]
 
 
-setup(ext_modules=cythonize(_extensions(), language_level=3) if _extensions() else [])
+# include_path: the .pyx files cimport their sibling .pxd files by plain name.
+setup(ext_modules=cythonize(_extensions(), include_path=["probe"], language_level=3))

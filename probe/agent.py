@@ -1,0 +1,253 @@
+"""The probe agent: one per host, probing from every NIC, reporting windows to the collector.
+
+Threads: the main thread runs the probing rounds on absolute 10 ms deadlines (the fast path
+releases the GIL while it waits); a control thread refreshes the plan and clock model, writes
+the LinkPass decision file and watches NIC link state; the uploader ships window batches; the
+metrics server answers Prometheus. The control thread never touches the engine: it queues
+changes that the main thread applies between rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetlens.probe.client import CollectorClient, CollectorError
+from fleetlens.probe.datapath import DataPath
+from fleetlens.probe.metrics import AgentMetrics
+from fleetlens.probe.nics import LocalNic, discover, hardware_timestamping, link_states
+from fleetlens.probe.upload import Uploader
+from fleetlens.probe.windows import WindowBuilder
+
+from fleetlens.records import TS_HARDWARE, TS_SOFTWARE, ClockModel, Decision, HostPlan
+
+log = logging.getLogger("fleetlens.agent")
+
+
+@dataclass
+class AgentConfig:
+    collector: str
+    host_id: str
+    key: bytes
+    token: str | None = None
+    nics: str = "eth*"
+    dscp: int = 26
+    state_dir: Path = Path("/run/fleetlens/agent")
+    decision_file: Path | None = None
+    metrics_addr: str = "127.0.0.1"
+    metrics_port: int = 0
+    clock_offset_ns: float = 0.0
+    clock_drift_ppb: float = 0.0
+    purity_ns: int = 1_000
+    ack_timeout_ns: int = 500_000_000
+    control_interval_s: float = 1.0
+    mem_batches: int = 120
+    spill_max_bytes: int = 256 << 20
+    duration_s: float | None = None
+
+
+@dataclass
+class _Changes:
+    """What the control thread hands the main thread."""
+
+    clock: ClockModel | None = None
+    up: set[str] | None = None
+    plan: HostPlan | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.stop = threading.Event()
+        self.client = CollectorClient(cfg.collector, cfg.token)
+        self.changes: queue.SimpleQueue[_Changes] = queue.SimpleQueue()
+        self.metrics = AgentMetrics(cfg.host_id)
+        self.uploader: Uploader | None = None
+        self.path: DataPath | None = None
+        self.clock = ClockModel.identity(cfg.host_id)
+        self.rounds_skipped = 0
+
+    # ---- start-up -----------------------------------------------------------------------
+    def _nics(self) -> list[LocalNic]:
+        nics = discover(self.cfg.nics)
+        if not nics:
+            raise SystemExit(
+                f"fleetlens agent: no interface matches {self.cfg.nics!r} with an IPv4 address"
+            )
+        for n in nics:
+            n.ts_source = TS_HARDWARE if hardware_timestamping(n.ifname) else TS_SOFTWARE
+            log.info("NIC %s %s: %s timestamps", n.ifname, n.ip, n.ts_source)
+        return nics
+
+    def _until_ok(self, what: str, call):  # type: ignore[no-untyped-def]
+        """Retry a collector call until it works or we are stopped (collector not up yet)."""
+        delay = 0.2
+        while not self.stop.is_set():
+            try:
+                return call()
+            except CollectorError as e:
+                log.warning("%s failed (%s); retrying in %.1fs", what, e, delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+        raise SystemExit(0)
+
+    def _setup(self) -> tuple[list[LocalNic], HostPlan]:
+        nics = self._nics()
+        src = TS_HARDWARE if all(n.ts_source == TS_HARDWARE for n in nics) else TS_SOFTWARE
+        body = [{"ifname": n.ifname, "ip": n.ip} for n in nics]
+        self._until_ok(
+            "register",
+            lambda: self.client.register(self.cfg.host_id, body, src, self.cfg.metrics_port),
+        )
+        plan = self._until_ok("plan", lambda: self.client.plan(self.cfg.host_id))
+        return nics, plan
+
+    def _build(self, plan: HostPlan, nics: list[LocalNic]) -> None:
+        self.path = DataPath(plan, nics, self.cfg.key, self.cfg.dscp)
+        eng = self.path.engine
+        eng.set_injection(self.cfg.clock_offset_ns, self.cfg.clock_drift_ppb, time.time_ns())
+        eng.set_timeouts(self.cfg.ack_timeout_ns, 2_000_000)
+        self._set_clock(plan.clock)
+        self.path.apply({n for n, nic in self.path.nics.items() if nic.up})
+        self.builder = WindowBuilder(self.path.flows, plan.window_ns, self.cfg.purity_ns)
+        self.metrics.set_nics(self.path.nics)
+
+    def _set_clock(self, clock: ClockModel) -> None:
+        self.clock = clock
+        self.path.engine.set_clock_model(clock.t0_ns, clock.offset_ns, clock.drift_ppb)  # type: ignore[union-attr]
+
+    # ---- main loop ----------------------------------------------------------------------
+    def run(self) -> int:
+        nics, plan = self._setup()
+        self._build(plan, nics)
+        state = self.cfg.state_dir / self.cfg.host_id
+        self.uploader = Uploader(
+            self.cfg.collector, self.cfg.host_id, self.cfg.token, state / "spill",
+            self.cfg.mem_batches, self.cfg.spill_max_bytes,
+        )  # fmt: skip
+        self.uploader.start()
+        control = threading.Thread(target=self._control_loop, name="control", daemon=True)
+        control.start()
+        if self.cfg.metrics_port:
+            self.metrics.serve(self.cfg.metrics_addr, self.cfg.metrics_port, self._snapshot)
+        log.info("probing %d flows to %d peers", len(self.path.flows), len(self.path.entries))  # type: ignore[union-attr]
+        try:
+            self._rounds()
+        finally:
+            self.stop.set()
+            control.join(timeout=10)  # before the client it uses is closed
+            self._shutdown()
+        return 0
+
+    def _rounds(self) -> None:
+        assert self.path is not None
+        period = self.path.plan.period_ns
+        start = time.monotonic()
+        deadline = time.monotonic_ns() + period
+        rnd = 0
+        while not self.stop.is_set():
+            if self.cfg.duration_s is not None and time.monotonic() - start >= self.cfg.duration_s:
+                return
+            self.path.engine.run_round(rnd, deadline)
+            rnd += 1
+            deadline += period
+            behind = time.monotonic_ns() - deadline
+            if behind > 0:  # missed whole rounds: skip them rather than burst to catch up
+                missed = behind // period + 1
+                rnd += missed
+                deadline += missed * period
+                self.rounds_skipped += missed
+            if rnd % 10 == 0:
+                self._collect(self.cfg.ack_timeout_ns + 200_000_000)
+            self._apply_changes()
+
+    def _collect(self, grace_ns: int) -> None:
+        eng = self.path.engine  # type: ignore[union-attr]
+        raw_now = eng.raw_now()
+        self.builder.add(eng.take_samples(), self.clock, raw_now)
+        table = self.builder.pop_complete(self.clock.to_fleet(raw_now), grace_ns)
+        if table is not None and table.num_rows:
+            self.metrics.observe_windows(table)
+            self.uploader.submit(table)  # type: ignore[union-attr]
+
+    def _apply_changes(self) -> None:
+        while True:
+            try:
+                ch = self.changes.get_nowait()
+            except queue.Empty:
+                return
+            if ch.plan is not None:
+                self._rebuild(ch.plan)
+            if ch.clock is not None:
+                self._set_clock(ch.clock)
+            if ch.up is not None:
+                self.path.apply(ch.up)  # type: ignore[union-attr]
+
+    def _rebuild(self, plan: HostPlan) -> None:
+        log.info("plan changed (%d entries): rebuilding the data path", len(plan.entries))
+        self._drain()
+        nics = list(self.path.nics.values())  # type: ignore[union-attr]
+        self.path.close()  # type: ignore[union-attr]
+        self._build(plan, nics)
+
+    def _drain(self) -> None:
+        """Collect the acks still in flight, then every window that can be completed."""
+        eng = self.path.engine  # type: ignore[union-attr]
+        eng.serve_until(time.monotonic_ns() + self.cfg.ack_timeout_ns + 50_000_000)
+        self._collect(grace_ns=0)
+
+    def _shutdown(self) -> None:
+        if self.path is not None:
+            self._drain()
+            self.path.close()
+        if self.uploader is not None:
+            if not self.uploader.flush(timeout_s=5.0):
+                log.warning("collector did not take everything; the rest is spilled for next time")
+            self.uploader.close(spill_rest=True)
+        self.client.close()
+
+    # ---- control thread -----------------------------------------------------------------
+    def _control_loop(self) -> None:
+        up_before: set[str] | None = None
+        while not self.stop.wait(self.cfg.control_interval_s):
+            ch = _Changes()
+            try:
+                plan = self.client.plan(self.cfg.host_id)
+                ch.clock = plan.clock
+                if self.path is not None and plan.entries != self.path.plan.entries:
+                    ch.plan = plan
+                self._write_decision(self.client.decision(self.cfg.host_id))
+            except CollectorError as e:
+                log.debug("control refresh skipped: %s", e)
+            states = link_states()
+            up = {
+                nid
+                for nid, nic in (self.path.nics.items() if self.path else [])
+                if states.get(nic.ifname)
+            }
+            if up != up_before:
+                if up_before is not None:
+                    log.warning("NICs up: %s", ", ".join(sorted(up)) or "none")
+                ch.up = up
+                up_before = up
+            self.changes.put(ch)
+
+    def _write_decision(self, decision: Decision) -> None:
+        if self.cfg.decision_file is None:
+            return
+        self.cfg.decision_file.parent.mkdir(parents=True, exist_ok=True)
+        decision.write_atomic(self.cfg.decision_file)
+
+    def _snapshot(self) -> dict[str, object]:
+        eng = self.path.engine if self.path else None
+        return {
+            "engine": eng.counters() if eng is not None else {},
+            "upload": self.uploader.stats if self.uploader else None,
+            "depth": self.uploader.depth if self.uploader else (0, 0),
+            "rounds_skipped": self.rounds_skipped,
+        }

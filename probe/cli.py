@@ -1,0 +1,95 @@
+"""``fleetlens agent``: run the probe agent on this host (inside a lab host: ``lab exec``)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from fleetlens.probe.agent import Agent, AgentConfig
+from fleetlens.probe.nics import ROCE_DSCP
+
+log = logging.getLogger("fleetlens.agent")
+# Lab convenience only: every agent started without a key file shares it, and says so.
+_LAB_KEY_SEED = b"fleetlens-insecure-lab-key"
+
+
+def read_key(path: Path | None) -> bytes:
+    """16-byte fleet key: 32 hex digits, or any other secret hashed down to 16 bytes."""
+    if path is None:
+        log.warning("no --fleet-key-file: using the INSECURE shared lab key")
+        return hashlib.blake2b(_LAB_KEY_SEED, digest_size=16).digest()
+    raw = path.read_bytes().strip()
+    try:
+        key = bytes.fromhex(raw.decode())
+        if len(key) == 16:
+            return key
+    except ValueError:
+        pass
+    if len(raw) < 16:
+        raise SystemExit(f"fleetlens agent: {path} holds fewer than 16 bytes of key material")
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetlens agent", description=__doc__)
+    p.add_argument("--collector", required=True, help="collector URL, e.g. http://10.254.0.1:8470")
+    p.add_argument("--host-id", default=os.environ.get("FLEETLENS_HOST_ID", socket.gethostname()))
+    p.add_argument("--nics", default="eth*", help="interface name pattern (default %(default)s)")
+    p.add_argument("--fleet-key-file", type=Path, help="key that authenticates probes and acks")
+    p.add_argument("--token-file", type=Path, help="ingest token (else $FLEETLENS_INGEST_TOKEN)")
+    p.add_argument(
+        "--dscp", type=int, default=ROCE_DSCP, help="DSCP of probes (default %(default)s, RoCE)"
+    )
+    p.add_argument("--state-dir", type=Path, default=Path("/run/fleetlens/agent"))
+    p.add_argument("--decision-file", type=Path, help="where to write LinkPass decisions")
+    p.add_argument("--metrics", default="127.0.0.1:0", help="ADDR:PORT of /metrics (port 0: off)")
+    p.add_argument(
+        "--clock-offset-ns", type=float, default=0.0, help="tests: distort this host's clock"
+    )
+    p.add_argument(
+        "--clock-drift-ppb", type=float, default=0.0, help="tests: distort this host's clock rate"
+    )
+    p.add_argument("--purity-ns", type=int, default=1_000, help="pair purity threshold")
+    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument(
+        "--mem-batches", type=int, default=120, help="batches held in memory before spilling"
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if a.verbose else logging.INFO,
+        format=f"%(asctime)s {a.host_id} %(name)s %(levelname)s %(message)s",
+    )
+    if not 0 <= a.dscp < 64:
+        raise SystemExit("fleetlens agent: --dscp must be 0..63")
+    token = (
+        a.token_file.read_text().strip()
+        if a.token_file
+        else os.environ.get("FLEETLENS_INGEST_TOKEN")
+    )
+    addr, _, port = a.metrics.rpartition(":")
+    cfg = AgentConfig(
+        collector=a.collector, host_id=a.host_id, key=read_key(a.fleet_key_file), token=token,
+        nics=a.nics, dscp=a.dscp, state_dir=a.state_dir, decision_file=a.decision_file,
+        metrics_addr=addr or "127.0.0.1", metrics_port=int(port or 0),
+        clock_offset_ns=a.clock_offset_ns, clock_drift_ppb=a.clock_drift_ppb,
+        purity_ns=a.purity_ns, duration_s=a.duration, mem_batches=a.mem_batches,
+    )  # fmt: skip
+    agent = Agent(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

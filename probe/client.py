@@ -1,0 +1,68 @@
+"""The agent's side of the collector API: register, plan, decisions."""
+
+from __future__ import annotations
+
+import httpx
+
+from fleetlens.records import ClockModel, Decision, DrainEntry, HostPlan, PlanEntry
+
+
+class CollectorError(RuntimeError):
+    pass
+
+
+class CollectorClient:
+    def __init__(self, url: str, token: str | None, timeout_s: float = 5.0) -> None:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def _call(self, method: str, path: str, **kw: object) -> dict:  # type: ignore[type-arg]
+        try:
+            r = self._http.request(method, path, **kw)  # type: ignore[arg-type]
+        except httpx.HTTPError as e:
+            raise CollectorError(f"{method} {path}: {e}") from e
+        if r.status_code != 200:
+            raise CollectorError(f"{method} {path}: {r.status_code} {r.text[:300]}")
+        return r.json()
+
+    def register(
+        self, host_id: str, nics: list[dict], ts_source: str, metrics_port: int | None
+    ) -> None:  # type: ignore[type-arg]
+        body = {
+            "host_id": host_id,
+            "nics": nics,
+            "ts_source": ts_source,
+            "agent_version": "fleetlens-agent/0.1",
+        }
+        if metrics_port:
+            body["metrics_port"] = metrics_port
+        self._call("POST", "/v1/register", json=body)
+
+    def plan(self, host_id: str) -> HostPlan:
+        d = self._call("GET", f"/v1/plan/{host_id}")
+        c = d["clock"]
+        clock = ClockModel(
+            host_id,
+            int(c.get("t0_ns") or 0),
+            float(c.get("offset_ns") or 0.0),
+            float(c.get("drift_ppb") or 0.0),
+            c.get("error_bound_ns"),
+            bool(c.get("synced", False)),
+        )
+        entries = [
+            PlanEntry(e["src_nic"], e["dst_nic"], e["dst_ip"], tuple(e["sports"]))
+            for e in d["entries"]
+        ]
+        return HostPlan(
+            host_id, int(d["dport"]), int(d["period_ns"]), int(d["window_ns"]), entries, clock
+        )
+
+    def decision(self, host_id: str) -> Decision:
+        d = self._call("GET", f"/v1/decisions/{host_id}")
+        drain = [
+            DrainEntry(e["nic_id"], e["reason"], int(e["since_ns"])) for e in d.get("drain", [])
+        ]
+        return Decision(host_id, int(d.get("generated_ns") or 0), drain)
+
+    def close(self) -> None:
+        self._http.close()

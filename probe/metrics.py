@@ -1,0 +1,98 @@
+"""The agent's own /metrics: probes, losses, late rounds, upload buffer, timestamp source.
+
+Values are read from a snapshot callback at scrape time, so the hot path never updates a
+Prometheus object. Counters exist from 0; units are base units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from fleetlens.probe.nics import LocalNic
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+_DROP_REASONS = {
+    "bad_length": "bad_length",
+    "bad_header": "bad_header",
+    "bad_mac": "bad_mac",
+    "replayed_probes": "replayed_probe",
+    "stale_acks": "stale_ack",
+}
+
+
+class AgentMetrics:
+    def __init__(self, host_id: str) -> None:
+        self.host_id = host_id
+        self.lost_packets = 0
+        self.windows = 0
+        self.nics: dict[str, LocalNic] = {}
+        self._snapshot: Callable[[], dict[str, object]] = dict
+        self.registry = CollectorRegistry()
+        self.registry.register(self)  # type: ignore[arg-type]
+
+    def set_nics(self, nics: dict[str, LocalNic]) -> None:
+        self.nics = nics
+
+    def observe_windows(self, table: pa.Table) -> None:
+        self.windows += table.num_rows
+        self.lost_packets += int(pc.sum(pc.subtract(table["sent"], table["received"])).as_py() or 0)
+
+    def serve(self, addr: str, port: int, snapshot: Callable[[], dict[str, object]]) -> None:
+        self._snapshot = snapshot
+        start_http_server(port, addr=addr, registry=self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        eng: dict[str, int] = snap.get("engine", {})  # type: ignore[assignment]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            m = CounterMetricFamily(f"fleetlens_agent_{name}", doc)
+            m.add_metric([], value)
+            return m
+
+        yield counter("probe_packets_sent", "Probe packets sent.", eng.get("packets_sent", 0))
+        yield counter(
+            "probe_packets_lost",
+            "Probe packets whose ack says they never arrived.",
+            self.lost_packets,
+        )
+        yield counter("acks_sent", "Acks sent for probes received.", eng.get("acks_sent", 0))
+        yield counter(
+            "pairs_expired",
+            "Probe pairs with no ack within the timeout.",
+            eng.get("pairs_expired", 0),
+        )
+        late = eng.get("late_rounds", 0) + int(snap.get("rounds_skipped", 0))  # type: ignore[arg-type]
+        yield counter("late_rounds", "Probe rounds started after their deadline or skipped.", late)
+        yield counter("windows", "Window records produced.", self.windows)
+        dropped = CounterMetricFamily(
+            "fleetlens_agent_dropped_packets",
+            "Received packets dropped, by reason.",
+            labels=["reason"],
+        )
+        for key, reason in _DROP_REASONS.items():
+            dropped.add_metric([reason], eng.get(key, 0))
+        yield dropped
+        up = snap.get("upload")
+        for field in ("uploaded_windows", "spilled_batches", "dropped_windows", "rejected_batches"):
+            yield counter(
+                f"upload_{field}", f"Upload: {field.replace('_', ' ')}.", getattr(up, field, 0)
+            )
+        depth = GaugeMetricFamily(
+            "fleetlens_agent_upload_buffer_batches", "Batches waiting to be sent.", labels=["where"]
+        )
+        mem, disk = snap.get("depth", (0, 0))  # type: ignore[misc]
+        depth.add_metric(["memory"], mem)
+        depth.add_metric(["disk"], disk)
+        yield depth
+        ts = GaugeMetricFamily(
+            "fleetlens_agent_timestamp_source",
+            "1 for the timestamp source each NIC uses.",
+            labels=["nic", "source"],
+        )
+        for nid, nic in self.nics.items():
+            ts.add_metric([nid, nic.ts_source], 1)
+        yield ts

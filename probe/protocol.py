@@ -1,0 +1,97 @@
+"""The probe wire format in plain Python: the same bytes ``packet.pxd`` reads and writes.
+
+Used by the tests (forged, truncated and replayed packets; cross-checks against the fast
+path) and by the pure-Python baseline in ``bench/``. See ``packet.pxd`` for the layout.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC, VERSION = 0x464C, 1
+KIND_PROBE0, KIND_PROBE1, KIND_ACK = 1, 2, 3
+PROBE_LEN, ACK_LEN = 40, 72
+ACK_RX0, ACK_RX1 = 1, 2
+_HEADER = struct.Struct("!HBBB3xQI4xQ")  # magic version kind flags | session pair | t
+_ACK_BODY = struct.Struct("!QQqq")
+_MASK = (1 << 64) - 1
+
+
+class WireError(ValueError):
+    pass
+
+
+def _rotl(x: int, b: int) -> int:
+    return ((x << b) | (x >> (64 - b))) & _MASK
+
+
+def _round(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int, int]:
+    v0 = (v0 + v1) & _MASK
+    v1 = _rotl(v1, 13) ^ v0
+    v0 = _rotl(v0, 32)
+    v2 = (v2 + v3) & _MASK
+    v3 = _rotl(v3, 16) ^ v2
+    v0 = (v0 + v3) & _MASK
+    v3 = _rotl(v3, 21) ^ v0
+    v2 = (v2 + v1) & _MASK
+    v1 = _rotl(v1, 17) ^ v2
+    v2 = _rotl(v2, 32)
+    return v0, v1, v2, v3
+
+
+def siphash24(key: bytes, msg: bytes) -> int:
+    """SipHash-2-4 of ``msg`` under a 16-byte key (Aumasson & Bernstein, 2012)."""
+    k0, k1 = struct.unpack("<QQ", key)
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261,
+         k1 ^ 0x7465646279746573]  # fmt: skip
+    tail = len(msg) % 8
+    for (w,) in struct.iter_unpack("<Q", msg[: len(msg) - tail]):
+        v[3] ^= w
+        v = list(_round(*_round(*v)))
+        v[0] ^= w
+    b = (len(msg) & 0xFF) << 56 | int.from_bytes(msg[len(msg) - tail :], "little")
+    v[3] ^= b
+    v = list(_round(*_round(*v)))
+    v[0] ^= b
+    v[2] ^= 0xFF
+    for _ in range(4):
+        v = list(_round(*v))
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+@dataclass(frozen=True)
+class Packet:
+    kind: int
+    session: int
+    pair: int
+    t: int = 0  # probe: sender raw send time
+    flags: int = 0  # ack: ACK_RX0 | ACK_RX1
+    rx0: int = 0
+    rx1: int = 0
+    rx0_fleet: int = 0
+    rx1_fleet: int = 0
+
+
+def encode(p: Packet, key: bytes) -> bytes:
+    body = _HEADER.pack(MAGIC, VERSION, p.kind, p.flags, p.session, p.pair, p.t)
+    if p.kind == KIND_ACK:
+        body += _ACK_BODY.pack(p.rx0, p.rx1, p.rx0_fleet, p.rx1_fleet)
+    return body + struct.pack("!Q", siphash24(key, body))
+
+
+def decode(data: bytes, key: bytes) -> Packet:
+    """Parse and authenticate; raises WireError saying what is wrong."""
+    if len(data) not in (PROBE_LEN, ACK_LEN):
+        raise WireError(f"length {len(data)}")
+    magic, version, kind, flags, session, pair, t = _HEADER.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        raise WireError("magic/version")
+    if (len(data) == ACK_LEN) != (kind == KIND_ACK) or kind not in (1, 2, 3):
+        raise WireError("kind")
+    if struct.unpack_from("!Q", data, len(data) - 8)[0] != siphash24(key, data[:-8]):
+        raise WireError("mac")
+    if kind != KIND_ACK:
+        return Packet(kind, session, pair, t)
+    rx0, rx1, f0, f1 = _ACK_BODY.unpack_from(data, _HEADER.size)
+    return Packet(kind, session, pair, t, flags, rx0, rx1, f0, f1)
