@@ -169,6 +169,80 @@ def test_no_nic_makes_init_fail(built: Path) -> None:
     assert all(e["init"] != 0 for e in events if e["event"] == "abi")
 
 
+class VProps8(ctypes.Structure):
+    _fields_ = [("ndevs", ctypes.c_int), ("devs", ctypes.c_int * 8)]
+
+
+class PropsV12(ctypes.Structure):
+    """ncclNetProperties_v12_t as NCCL's plugins/net documentation lays it out."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("pciPath", ctypes.c_char_p),
+        ("guid", ctypes.c_uint64),
+        ("ptrSupport", ctypes.c_int),
+        ("regIsGlobal", ctypes.c_int),
+        ("forceFlush", ctypes.c_int),
+        ("speed", ctypes.c_int),
+        ("port", ctypes.c_int),
+        ("latency", ctypes.c_float),
+        ("maxComms", ctypes.c_int),
+        ("maxRecvs", ctypes.c_int),
+        ("netDeviceType", ctypes.c_int),
+        ("netDeviceVersion", ctypes.c_int),
+        ("vProps", VProps8),
+        ("maxP2pBytes", ctypes.c_size_t),
+        ("maxCollBytes", ctypes.c_size_t),
+        ("maxMultiRequestSize", ctypes.c_int),
+        ("railId", ctypes.c_int16),
+        ("planeId", ctypes.c_int16),
+    ]
+
+
+RESULT = ctypes.c_int
+VOIDP = ctypes.c_void_p
+
+
+class NetV12(ctypes.Structure):
+    """The head of ncclNet_v12_t: name, init, devices, getProperties (22 members in all)."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        (
+            "init",
+            ctypes.CFUNCTYPE(RESULT, ctypes.POINTER(VOIDP), ctypes.c_uint64, VOIDP, VOIDP, VOIDP),
+        ),
+        ("devices", ctypes.CFUNCTYPE(RESULT, ctypes.POINTER(ctypes.c_int))),
+        ("getProperties", ctypes.CFUNCTYPE(RESULT, ctypes.c_int, ctypes.POINTER(PropsV12))),
+        ("rest", VOIDP * 16),  # listen .. makeVDevice
+        ("finalize", ctypes.CFUNCTYPE(RESULT, VOIDP)),
+        ("setNetAttr", VOIDP),
+    ]
+
+
+def test_v12_properties_layout_matches_nccls(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads getProperties through an independent ctypes transcription of NCCL's layout."""
+    monkeypatch.setenv("LINKPASS_NICS", "lo")
+    lib = ctypes.CDLL(str(built))
+    net = NetV12.in_dll(lib, "ncclNetPlugin_v12")
+    assert ctypes.sizeof(NetV12) == 22 * ctypes.sizeof(VOIDP)
+    ctx = VOIDP()
+    assert net.init(ctypes.byref(ctx), 7, None, None, None) == 0
+    try:
+        n = ctypes.c_int()
+        assert net.devices(ctypes.byref(n)) == 0 and n.value == 1
+        p = PropsV12()
+        assert net.getProperties(0, ctypes.byref(p)) == 0
+        assert p.name == b"linkpass" and p.pciPath is None
+        assert (p.ptrSupport, p.maxRecvs, p.speed) == (1, 1, 10000)
+        assert p.vProps.ndevs == 1 and p.vProps.devs[0] == 0
+        assert p.maxP2pBytes == p.maxCollBytes == 2048 * 512 * 1024
+        assert p.maxMultiRequestSize == 1 and (p.railId, p.planeId) == (-1, -1)
+        assert net.getProperties(1, ctypes.byref(p)) != 0
+    finally:
+        net.finalize(ctx)
+
+
 DECISION_OK = [
     Decision("h03", 1, [DrainEntry("h03/eth1", "faulty link", 5)]).to_json(),
     Decision("h03", 1, []).to_json(),
