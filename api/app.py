@@ -229,7 +229,8 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
             c.metrics.rejected.labels("backpressure").inc()
             raise ApiError(429, str(e), None, {"Retry-After": str(int(e.retry_after_s))}) from None
         try:
-            stored = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=120)
+            # shield: a client hanging up must not cancel the write (a retry is deduplicated).
+            stored = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), 120)
         except Exception as e:
             c.metrics.rejected.labels("write_error").inc()
             raise ApiError(503, f"batch not stored: {e}", None, {"Retry-After": "5"}) from None

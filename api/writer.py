@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,10 +166,10 @@ class Writer:
             self.errors += 1
             log.exception("writer: call failed")
             self._untrack(item)
-            item.future.set_exception(e)
+            _resolve(item.future, error=e)
             return
         self._untrack(item)
-        item.future.set_result(result)
+        _resolve(item.future, result)
 
     def _run_group(self, group: list[_Item]) -> None:
         t_cpu, t0 = time.thread_time(), time.perf_counter()
@@ -183,7 +183,7 @@ class Writer:
             self.errors += 1
             log.exception("writer: batch failed")
             self._untrack(group[0])
-            group[0].future.set_exception(RuntimeError("write failed; see collector log"))
+            _resolve(group[0].future, error=RuntimeError("write failed; see collector log"))
             return
         dt = time.perf_counter() - t0
         self.busy_cpu_s += time.thread_time() - t_cpu
@@ -198,4 +198,15 @@ class Writer:
                     self._on_commit(it.batch, stored, dt)
                 except Exception:  # metrics must never fail an acknowledged write
                     log.exception("writer: on_commit hook failed")
-            it.future.set_result(stored)
+            _resolve(it.future, stored)
+
+
+def _resolve(fut: Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve a future even if its waiter gave up (cancelled): the writer must never die."""
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:
+        pass

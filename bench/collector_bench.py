@@ -76,12 +76,16 @@ def batch_table(host: int, rows: int, second: int, rng: np.random.Generator) -> 
     return pa.table(cols).cast(WINDOW_SCHEMA)
 
 
-def make_batches(n_rows: int, batch_rows: int, seed: int) -> list[tuple[int, pa.Table]]:
+def make_batches(
+    n_rows: int, batch_rows: int, seed: int, per_second: int
+) -> list[tuple[int, pa.Table]]:
+    """Batches in time order, ``per_second`` of them per window second, as a fleet posts them
+    (the collector's loops read the newest two seconds, so this sets their load too)."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(max(1, n_rows // batch_rows)):
         host = i % HOSTS
-        out.append((host, batch_table(host, batch_rows, i // HOSTS, rng)))
+        out.append((host, batch_table(host, batch_rows, i // per_second, rng)))
     return out
 
 
@@ -260,14 +264,18 @@ def main() -> int:
         "--threads", type=int, default=1, help="DuckDB threads for ingest (1 = one core)"
     )
     ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--batches-per-second", type=int, default=10,
+                    help="batches stamped with the same window second (loop load)")  # fmt: skip
     ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
     ap.add_argument("--skip-api", action="store_true")
     ap.add_argument("--workdir", type=Path, help="default: a temporary directory")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
         work = Path(tmp)
-        batches = make_batches(int(a.ingest_rows), a.batch_rows, seed=1)
-        print(f"machine      : {os.cpu_count()} cores; batches of {a.batch_rows} rows")
+        batches = make_batches(int(a.ingest_rows), a.batch_rows, 1, a.batches_per_second)
+        load = os.getloadavg()[0]
+        print(f"machine      : {os.cpu_count()} cores, load average {load:.1f}; batches of "
+              f"{a.batch_rows} rows, {a.batches_per_second} per window second")  # fmt: skip
         w, w_cpu = bench_writer(work, batches, a.threads)
         h = bench_http(work, batches, a.threads, a.clients)
         print(f"ratio HTTP / writer-alone (wall rows/s) = {h / w:.2f}")
