@@ -53,6 +53,9 @@ def test_cli_rejects_bad_input_clearly(tmp_path: Path, capsys) -> None:
     assert "unknown topology kind" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--topology", SPEC])  # neither --out nor --collector
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    assert main(["--topology", SPEC, "--seconds", "1", "--collector", dead, "--fast"]) == 1
+    assert "refused" in capsys.readouterr().err.lower()
 
 
 def _free_port() -> int:
