@@ -76,3 +76,34 @@ def test_row_bound_backpressure(tmp_path: Path, topo: Topology) -> None:
     assert writer.queued_rows() == 0 and writer.lag_s() == 0
     writer.stop()
     store.close()
+
+
+def test_loop_state_survives_restart(tmp_path: Path, inventory: Path) -> None:
+    """Clock models, verdicts and decisions are reloaded from the file on start (newest row per
+    subject), so a restarted collector answers like the one that stopped."""
+    from fleetlens.api.config import Settings
+    from fleetlens.api.service import Collector
+
+    from fleetlens.records import ClockModel, Decision, DrainEntry, Verdict
+
+    settings = Settings(db_path=tmp_path / "s.duckdb", inventory=str(inventory),
+                        insecure_no_auth=True)  # fmt: skip
+    first = Collector(settings)
+    first.start(loops=False)
+    v_old = Verdict("leaf0->spine0", "link", "suspect", 5, 0.0, 0.1, 0.5, 1, ["a>b:1"])
+    v_new = Verdict("leaf0->spine0", "link", "faulty", 7, 0.0, 0.4, 1.0, 3, ["a>b:1", "c>d:2"])
+    clock = ClockModel("h01", 11, 250.0, -3.5, 40.0, True)
+    drain = Decision("h01", 9, [DrainEntry("h01/eth1", "link h01/eth1->leaf1 faulty", 7)])
+    first.writer.submit_call(lambda s: s.save_loop_outputs([], [v_old], [], 100)).result(30)
+    first.writer.submit_call(lambda s: s.save_loop_outputs([clock], [v_new], [drain], 200)).result(
+        30
+    )
+    first.stop()
+    again = Collector(settings)
+    try:
+        assert again.state.verdicts == {"leaf0->spine0": v_new}
+        assert again.state.clocks == {"h01": clock}
+        assert again.state.clock_updated["h01"] == 200
+        assert again.state.decisions["h01"] == drain
+    finally:
+        again.stop()
