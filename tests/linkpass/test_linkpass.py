@@ -126,6 +126,16 @@ def assert_clean_transfer(send: lpnet.Rank, recv: lpnet.Rank, rcs: tuple[int, in
     assert sd["max_stall_ms"] < 1000, sd
 
 
+def report(what: str, side: str, recv: lpnet.Rank, back: float | None) -> None:
+    """The measured figures, visible with `pytest -s` (quoted in the README/report)."""
+    d = recv.done() or {}
+    print(
+        f"\n[linkpass] {what} on side {side}: max stall {d.get('max_stall_ms', -1):.0f} ms, "
+        f"{d.get('bytes_verified', 0) / 1e9:.2f} GB verified, traffic back after "
+        f"{'never' if back is None else f'{back:.2f}'} s"
+    )
+
+
 def final_status(rank: lpnet.Rank) -> dict:
     return rank.of("sample")[-1]["status"]
 
@@ -382,12 +392,15 @@ def test_every_nic_drained_still_moves_data(built: Path, tmp_path: Path) -> None
 
 
 @needs_root
-def test_link_down_failover_and_failback(net: lpnet.NetnsPair, tmp_path: Path) -> None:
+@pytest.mark.parametrize("side", ["a", "b"], ids=["sender-nic", "receiver-nic"])
+def test_link_down_failover_and_failback(net: lpnet.NetnsPair, tmp_path: Path, side: str) -> None:
+    """eth1 goes down on the sender's host (seen at once by netlink) or on the receiver's host
+    (the sender only loses carrier late: heartbeats catch it first)."""
     send, recv, (t_down, t_up), rcs = run_with_faults(
         net,
         tmp_path,
         7.0,
-        [(2.0, lambda: net.link("a", 1, False)), (4.5, lambda: net.link("a", 1, True))],
+        [(2.0, lambda: net.link(side, 1, False)), (4.5, lambda: net.link(side, 1, True))],
     )
     assert_clean_transfer(send, recv, rcs)
     ts, tx = send.nic_series("tx_bytes")
@@ -395,10 +408,12 @@ def test_link_down_failover_and_failback(net: lpnet.NetnsPair, tmp_path: Path) -
     for nic in ("eth0", "eth2", "eth3"):
         assert delta(ts, tx[nic], t_down + 1.0, t_up) > 10 << 20, "survivors carried the load"
     back = first_growth(ts, tx["eth1"], t_up, 1 << 20)
+    report("link down", side, recv, back)
     assert back is not None and back < 2.0, f"traffic back on eth1 after {back} s"
     st = final_status(send)
     assert st["failovers"] >= 1 and st["failbacks"] >= 1
-    assert any("eth1" in e["msg"] and "failed" in e["msg"] for e in send.of("log"))
+    logs = send.of("log") + recv.of("log")
+    assert any("eth1" in e["msg"] and "failed" in e["msg"] for e in logs)
 
 
 @needs_root
@@ -415,6 +430,7 @@ def test_silent_drop_detected_by_heartbeat(net: lpnet.NetnsPair, tmp_path: Path)
     ts, tx = send.nic_series("tx_bytes")
     assert delta(ts, tx["eth2"], t_drop + 1.0, t_heal) < CHUNK_SLACK
     back = first_growth(ts, tx["eth2"], t_heal, 1 << 20)
+    report("silent drop", "a", recv, back)
     assert back is not None and back < 2.0, f"traffic back on eth2 after {back} s"
     st = final_status(send)
     assert st["failovers"] >= 1 and st["resent_chunks"] >= 1 and st["failbacks"] >= 1
@@ -453,6 +469,7 @@ def test_decision_file_drains_without_stall(net: lpnet.NetnsPair, tmp_path: Path
     for nic in ("eth3", "eth0"):
         assert delta(ts, tx[nic], t_drain + 1.0, t_undrain) < CHUNK_SLACK, nic
         back = first_growth(ts, tx[nic], t_undrain, 1 << 20)
+        report("drain/undrain", f"{nic}", recv, back)
         assert back is not None and back < 2.0, f"traffic back on {nic} after {back} s"
     for nic in ("eth1", "eth2"):
         assert delta(ts, tx[nic], t_drain + 1.0, t_undrain) > 10 << 20
@@ -478,5 +495,6 @@ def test_all_nics_down_errors_after_timeout(net: lpnet.NetnsPair, tmp_path: Path
         errs = rank.of("error")
         assert errs and errs[0]["call"] in ("test", "isend", "irecv"), errs
         after = errs[0]["wall"] - t_down
+        print(f"\n[linkpass] all NICs down: {errs[0]['call']} error after {after:.2f} s")
         assert timeout_ms / 1e3 - 0.1 <= after <= timeout_ms / 1e3 + slack, after
         assert rank.done()["mismatches"] == 0
