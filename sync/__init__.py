@@ -1,1 +1,6 @@
-"""Huygens clock sync: purity filter, per-edge max-margin fit, network-effect correction."""
+"""Huygens clock sync: purity filter, per-edge max-margin fit, network-effect correction,
+drift tracking. The collector plugs in ``HuygensSync()`` (stateful) or ``solve_clocks``."""
+
+from .solver import HuygensSync, SolveReport, solve_clocks
+
+__all__ = ["HuygensSync", "SolveReport", "solve_clocks"]

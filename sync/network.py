@@ -1,0 +1,174 @@
+"""Network effect: per-host offsets (and drifts) from all edge estimates at once.
+
+Every edge says ``x_hi − x_lo ≈ z_e``. Around any loop of the probe graph the true differences
+sum to zero, so the edge errors that do not sum to zero are visible and get averaged away: the
+weighted least-squares solution ``min Σ w_e (x_hi − x_lo − z_e)²`` over the whole graph keeps
+only the part of the edge errors that is a potential (a per-host constant, e.g. a host whose
+every path is asymmetric — unobservable by any two-way method) and cuts the rest by roughly the
+square root of the degree.
+
+Solve: the normal equations ``L x = Bᵀ W z`` with the weighted graph Laplacian ``L``. Probe
+graphs are expanders (random long peer offsets), whose Laplacians are well conditioned but fill
+in badly under a direct factorization, so conjugate gradients with a Jacobi preconditioner are
+used (tens of iterations, O(edges) memory), with two rounds of iterative refinement because
+the first-window offsets are ±50 ms and we want sub-ns agreement. Only the largest connected
+component is solved; hosts outside it have no common time with the fleet.
+
+Anchor: the solution is defined up to a constant. With a configured reference host, that
+host's value is 0. Otherwise the fleet mean: on the first solve the mean is 0, later the
+(20 %-trimmed) mean change from the prior is 0, so fleet time stays continuous from window to
+window and one host stepping its clock does not drag everybody.
+
+Outliers (asymmetric paths, a bad link, a stepped clock inside the window): iteratively
+reweighted least squares. The residual scale is ``s = 1.4826·MAD`` (robust) with a floor;
+residuals beyond ``HUBER_K·s`` get Huber weights, beyond ``OUTLIER_K·s`` (and beyond the floor)
+the edge is flagged and removed (``reject=False``: Huber weights only, used for drifts, whose
+edge slopes scatter with the clocks' wander rather than with path faults). Hosts left with
+fewer than ``MIN_EDGES`` edges are dropped as unsynchronized: with two edges a conflict
+cannot be told apart from a wrong edge; with three the majority wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
+from scipy.sparse.linalg import cg
+
+MIN_EDGES = 3
+HUBER_K = 2.5
+OUTLIER_K = 6.0
+IRLS_ROUNDS = 6
+CG_RTOL = 1e-10
+REFINE = 3
+TRIM = 0.2
+
+
+@dataclass
+class NetSolution:
+    x: np.ndarray  # per host (NaN where not solved)
+    solved: np.ndarray  # bool per host
+    weight: np.ndarray  # final per-edge weight (0: removed)
+    outlier: np.ndarray  # bool per edge
+    residual: np.ndarray  # per edge, z − (x_hi − x_lo)
+    scale: float  # robust residual scale
+    sigma: np.ndarray  # per-host standard error estimate (NaN where not solved)
+
+
+def solve_network(
+    n: int,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    z: np.ndarray,
+    w0: np.ndarray,
+    prior: np.ndarray,
+    has_prior: np.ndarray,
+    floor: float,
+    reference: int | None = None,
+    reject: bool = True,
+) -> NetSolution:
+    """Robust weighted LS of per-host values from edge differences ``z ≈ x[hi] − x[lo]``."""
+    w = w0.astype(np.float64).copy()
+    x, solved, s = prior.astype(np.float64).copy(), np.zeros(n, bool), floor
+    # Huber rounds first (every edge keeps a bounded pull, so no host is ever cut off by its
+    # own stale value), then one hard rejection on the converged M-estimate.
+    for _ in range(IRLS_ROUNDS):
+        active, solved = _active(n, lo, hi, w)
+        if not solved.any():
+            break
+        x = _solve(n, lo, hi, z, np.where(active, w, 0.0), x, solved)
+        x = _anchor(x, prior, has_prior, solved, reference)
+        r = z - (x[hi] - x[lo])
+        live = active & (w0 > 0)
+        s = max(1.4826 * float(np.median(np.abs(r[live]))) if live.any() else floor, floor)
+        new_w = w0 * np.minimum(1.0, HUBER_K * s / np.maximum(np.abs(r), 1e-12))
+        done = np.allclose(new_w, w, rtol=1e-3, atol=1e-6)
+        w = new_w
+        if done:
+            break
+    r = z - (np.nan_to_num(x)[hi] - np.nan_to_num(x)[lo])
+    judged = solved[lo] & solved[hi]
+    outlier = (np.abs(r) > OUTLIER_K * s) & (w0 > 0) & judged & reject
+    w = np.where(outlier, 0.0, w)
+    # The last round changed the weights: solve once more so x, weights and residuals agree
+    # (a host re-admitted in the last round would otherwise keep a stale value).
+    active, solved = _active(n, lo, hi, w)
+    w = np.where(active, w, 0.0)
+    if solved.any():
+        x = _anchor(_solve(n, lo, hi, z, w, x, solved), prior, has_prior, solved, reference)
+    r = z - (np.nan_to_num(x)[hi] - np.nan_to_num(x)[lo])
+    sigma = _sigma(n, lo, hi, r, w, s)
+    x = np.where(solved, x, np.nan)
+    return NetSolution(x, solved, w, outlier, r, s, np.where(solved, sigma, np.nan))
+
+
+def _active(n, lo, hi, w) -> tuple[np.ndarray, np.ndarray]:
+    """Edges and hosts kept: drop hosts with < MIN_EDGES edges until stable, then keep the
+    largest connected component."""
+    edge_on = w > 0
+    while True:
+        deg = np.bincount(lo[edge_on], minlength=n) + np.bincount(hi[edge_on], minlength=n)
+        host_ok = deg >= MIN_EDGES
+        keep = edge_on & host_ok[lo] & host_ok[hi]
+        if np.array_equal(keep, edge_on):
+            break
+        edge_on = keep
+    if not edge_on.any():
+        return edge_on, np.zeros(n, bool)
+    g = sp.coo_matrix((np.ones(int(edge_on.sum())), (lo[edge_on], hi[edge_on])), (n, n))
+    _, label = connected_components(g, directed=False)
+    used = np.zeros(n, bool)
+    used[lo[edge_on]] = used[hi[edge_on]] = True
+    big = np.bincount(label[used]).argmax()
+    solved = used & (label == big)
+    return edge_on & solved[lo], solved
+
+
+def _solve(n, lo, hi, z, w, x0, solved) -> np.ndarray:
+    idx = np.full(n, -1)
+    idx[solved] = np.arange(int(solved.sum()))
+    m = int(solved.sum())
+    on = w > 0
+    i, j, wz = idx[lo[on]], idx[hi[on]], w[on]
+    lap = sp.coo_matrix(
+        (np.concatenate([wz, wz, -wz, -wz]), (np.r_[i, j, i, j], np.r_[i, j, j, i])), (m, m)
+    ).tocsr()
+    diag = lap.diagonal()
+    precond = sp.diags(1.0 / np.where(diag > 0, diag, 1.0))
+    x = x0[solved].astype(np.float64).copy()
+    for _ in range(REFINE):
+        r = z[on] - (x[j] - x[i])
+        rhs = np.bincount(j, wz * r, minlength=m) - np.bincount(i, wz * r, minlength=m)
+        scale = float(np.abs(rhs).max())
+        if scale == 0.0:
+            break
+        dx, _ = cg(lap, rhs / scale, rtol=CG_RTOL, atol=0.0, maxiter=2000, M=precond)
+        x += (dx - dx.mean()) * scale
+    out = x0.astype(np.float64).copy()
+    out[solved] = x
+    return out
+
+
+def _anchor(x, prior, has_prior, solved, reference) -> np.ndarray:
+    if reference is not None and solved[reference]:
+        return x - x[reference]
+    both = solved & has_prior
+    if both.sum() >= 3:
+        d = np.sort(x[both] - prior[both])
+        k = int(TRIM * d.size)
+        shift = d[k : d.size - k].mean()
+    else:
+        shift = x[solved].mean()
+    return x - shift
+
+
+def _sigma(n, lo, hi, r, w, s) -> np.ndarray:
+    """Standard error per host: its weighted residual rms (at least the global scale) over
+    the square root of its effective edge count."""
+    wr2 = w * r * r
+    sw = np.bincount(lo, w, n) + np.bincount(hi, w, n)
+    swr2 = np.bincount(lo, wr2, n) + np.bincount(hi, wr2, n)
+    rms2 = np.where(sw > 0, swr2 / np.maximum(sw, 1e-12), np.inf)
+    return np.sqrt(np.maximum(rms2, s * s) / np.maximum(sw, 1e-12))

@@ -1,0 +1,242 @@
+"""The solve the collector runs every window: hulls in, one ClockModel per host out.
+
+``HuygensSync()`` instances are ``SolveClocks`` callables (``api/placeholders.py``) that keep
+the drift tracker between windows; ``solve_clocks`` is the stateless form, seeded only from
+the previous models it is handed.
+
+Steps per window:
+
+1. Purity/usable rows (:mod:`.purity`), hull points flattened.
+2. Common time axis: a hull's ``t`` is the sender's raw clock, and two senders differ by up
+   to 100 ms (±50 ms offsets). With drift differences up to 200 ppm that would move an edge's
+   line by up to 20 µs, so each point's ``t`` is mapped to fleet time through the sender's
+   current model. On the first window (no model) the solve is repeated with its own result
+   until the offsets used for the mapping agree with the solution within ``REMAP_NS`` (5 µs:
+   a residual ≤ 200 ppm × 5 µs = 1 ns); two or three passes.
+3. Max-margin fit per NIC pair (:mod:`.edgefit`). Edges are NIC pairs, not host pairs, so a
+   fault on one NIC's link shows up as disagreement between that host's NICs.
+4. Hosts with most of their edges overlapping (a clock step or broken stamps inside the
+   window) are left out of this window: they are reported unsynchronized, not guessed.
+   Soft-margin edges otherwise count with weight ``SOFT_WEIGHT``.
+5. Network effect (:mod:`.network`): robust weighted least squares for offsets, then drifts.
+6. Drift tracking and step detection (:mod:`.tracking`); models out, ``synced`` only for hosts
+   measured in this window. ``error_bound_ns`` is 3σ of the tracked offset.
+
+Window length: the probe plan's 1 s window (100 rounds at 10 ms) gives each NIC pair ~100 pure
+points per direction, enough for the minimum delays to be within tens of ns of the floor with
+software stamps, while drift wander over 1 s (≈ 20–50 ppb) keeps clocks linear to a few ns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from fleetlens.records import TS_HARDWARE, ClockModel
+from fleetlens.topology import Topology
+
+from .edgefit import EdgeFits, fit_edges
+from .network import NetSolution, solve_network
+from .purity import HullPoints, hull_points
+from .tracking import DriftTracker
+
+REMAP_NS = 5_000.0
+MAX_PASSES = 5
+SOFT_WEIGHT = 0.1
+UNSTABLE_FRACTION = 0.5
+# Residual-scale floors: below these, edges are never called outliers (noise, not faults).
+FLOOR_NS = {"software": 20.0, TS_HARDWARE: 5.0}
+# Drift: within-window wander (≈ 20 ppb/√s) dominates stamp noise in both modes.
+DRIFT_FLOOR_PPB = {"software": 20.0, TS_HARDWARE: 20.0}
+
+
+@dataclass
+class SolveReport:
+    """Diagnostics of the last solve (for tests, benchmarks and the collector's metrics)."""
+
+    t_ref_ns: int = 0
+    hosts: list[str] = field(default_factory=list)
+    edge_lo: np.ndarray | None = None  # host index per edge
+    edge_hi: np.ndarray | None = None
+    edge_nics: list[tuple[str, str]] = field(default_factory=list)
+    pairwise: np.ndarray | None = None  # per-edge offset difference at t_ref (ns)
+    fits: EdgeFits | None = None
+    offsets: NetSolution | None = None
+    drifts: NetSolution | None = None
+    unstable: list[str] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    passes: int = 0
+
+    @property
+    def outlier_edges(self) -> list[tuple[str, str]]:
+        if self.offsets is None:
+            return []
+        return [self.edge_nics[i] for i in np.flatnonzero(self.offsets.outlier)]
+
+
+class HuygensSync:
+    """Stateful ``SolveClocks``: call once per window with the newest windows."""
+
+    def __init__(self, reference_host: str | None = None) -> None:
+        self.reference_host = reference_host
+        self.tracker = DriftTracker()
+        self.report = SolveReport()
+
+    def __call__(
+        self, windows: pa.Table, topology: Topology | None, prev: dict[str, ClockModel]
+    ) -> list[ClockModel]:
+        for m in prev.values():
+            self.tracker.seed(m)
+        pts = hull_points(windows)
+        hosts = _host_list(pts, topology, prev, self.tracker)
+        if pts.t_raw.size == 0:
+            self.report = SolveReport(hosts=hosts, dropped=pts.dropped)
+            return [self._coast(h) for h in hosts]
+        floor_key = _ts_kind(windows)
+        rep = self._solve(pts, hosts, floor_key)
+        self.report = rep
+        return self._publish(rep)
+
+    # ---- one window ---------------------------------------------------------------------
+    def _solve(self, pts: HullPoints, hosts: list[str], kind: str) -> SolveReport:
+        hidx = {h: i for i, h in enumerate(hosts)}
+        src_h = np.array([hidx[h] for h in pts.src_host], np.int64)
+        geo = _EdgeGeometry(pts, hidx)
+        theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
+        ref = hidx.get(self.reference_host) if self.reference_host else None
+        npass, mapped = 0, known.copy()
+        while True:
+            npass += 1
+            t = _fleet_t(pts, src_h, theta, drift, t_ref)
+            y = np.where(geo.upper, pts.owd_raw, -pts.owd_raw).astype(np.float64)
+            b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
+            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior)
+            # Edges to a host whose time mapping is still a guess may look overlapped only
+            # because its points sit at the wrong t: take them at face value this pass.
+            lenient = ~(mapped[geo.lo] & mapped[geo.hi])
+            w0, unstable = _edge_weights(fits, geo, len(hosts), lenient)
+            off = solve_network(
+                len(hosts), geo.lo, geo.hi, fits.a, w0, theta, known, FLOOR_NS[kind], ref
+            )
+            w_drift = np.where(fits.slope_ok, (off.weight > 0).astype(np.float64), 0.0)
+            dft = solve_network(
+                len(hosts), geo.lo, geo.hi, fits.b * 1e9, w_drift, drift, known,
+                DRIFT_FLOOR_PPB[kind], ref, reject=False,
+            )  # fmt: skip
+            # How far the times used for this pass were off: offset change plus drift change
+            # over the half window.
+            moved = np.abs(off.x - theta) + np.abs(np.nan_to_num(dft.x - drift)) * 0.5
+            moved = moved[off.solved]
+            theta = np.where(off.solved, off.x, theta)
+            drift = np.where(dft.solved, dft.x, drift)
+            settled = moved.size == 0 or (moved.max() <= REMAP_NS and mapped[off.solved].all())
+            mapped |= off.solved
+            if settled or npass >= MAX_PASSES:
+                break
+        return SolveReport(
+            t_ref, hosts, geo.lo, geo.hi, geo.nics, fits.a.copy(), fits, off, dft,
+            [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
+        )  # fmt: skip
+
+    def _prior(self, hosts, pts: HullPoints, src_h: np.ndarray):
+        """Offsets/drifts to map times with, at a reference time near the window's middle."""
+        raw_mid = int(np.median(pts.t_raw))
+        theta = np.zeros(len(hosts))
+        drift = np.zeros(len(hosts))
+        known = np.zeros(len(hosts), bool)
+        # First guess of the reference time in fleet time: the median sender's view.
+        t_ref = raw_mid
+        for _ in range(2):
+            for i, h in enumerate(hosts):
+                p = self.tracker.predict(h, t_ref)
+                if p is not None and p[2][0, 0] < 1e12:
+                    theta[i], drift[i], known[i] = p[0], p[1], True
+            t_ref = int(np.median(pts.t_raw - np.rint(theta[src_h]).astype(np.int64)))
+        return theta, drift, known, t_ref
+
+    def _publish(self, rep: SolveReport) -> list[ClockModel]:
+        off, dft = rep.offsets, rep.drifts
+        steps = []
+        for i, h in enumerate(rep.hosts):
+            if not off.solved[i]:
+                continue
+            d_ok = bool(dft.solved[i])
+            d = float(dft.x[i]) if d_ok else 0.0
+            if not d_ok:  # slope unknown this window: keep the tracked drift
+                p = self.tracker.predict(h, rep.t_ref_ns)
+                d = p[1] if p is not None else 0.0
+            s_d = float(dft.sigma[i]) if d_ok else 1e4
+            # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
+            # over a host's edges: its offset is never known better than one edge's scatter.
+            s_th = float(np.hypot(off.sigma[i], off.scale))
+            if self.tracker.update(h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d):
+                steps.append(h)
+        rep.steps = steps
+        return [self.tracker.model(h, rep.t_ref_ns, bool(off.solved[i])) for i, h in
+                enumerate(rep.hosts)]  # fmt: skip
+
+    def _coast(self, host: str) -> ClockModel:
+        st = self.tracker.states.get(host)
+        return self.tracker.model(host, st.t_ns, False) if st else ClockModel.identity(host)
+
+
+def solve_clocks(
+    windows: pa.Table, topology: Topology | None, prev: dict[str, ClockModel]
+) -> list[ClockModel]:
+    """Stateless ``SolveClocks``: the tracker is rebuilt from ``prev`` on every call."""
+    return HuygensSync()(windows, topology, prev)
+
+
+# ---- helpers --------------------------------------------------------------------------------
+class _EdgeGeometry:
+    """NIC-pair edges: index per point, direction, and the hosts at both ends."""
+
+    def __init__(self, pts: HullPoints, hidx: dict[str, int]) -> None:
+        src, dst = pts.src_nic.astype(str), pts.dst_nic.astype(str)
+        self.upper = src < dst  # lo→hi points lie above the line
+        lo_nic, hi_nic = np.where(self.upper, src, dst), np.where(self.upper, dst, src)
+        keys, self.edge = np.unique(np.char.add(np.char.add(lo_nic, "|"), hi_nic),
+                                    return_inverse=True)  # fmt: skip
+        self.n = keys.size
+        self.nics = [tuple(k.split("|")) for k in keys.tolist()]
+        self.lo = np.array([hidx[a.partition("/")[0]] for a, _ in self.nics], np.int64)
+        self.hi = np.array([hidx[b.partition("/")[0]] for _, b in self.nics], np.int64)
+
+
+def _fleet_t(pts: HullPoints, src_h, theta, drift, t_ref: int) -> np.ndarray:
+    """Point times in fleet time relative to ``t_ref`` (float ns), through the given models
+    (θ at t_ref, δ): fleet = raw − θ − δ·(fleet − t_ref), solved for fleet."""
+    rel = (pts.t_raw - t_ref).astype(np.float64)
+    d = drift[src_h] * 1e-9
+    return (rel - theta[src_h]) / (1.0 + d)
+
+
+def _edge_weights(fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.ndarray):
+    w0 = np.where(fits.usable, np.where(fits.soft & ~lenient, SOFT_WEIGHT, 1.0), 0.0)
+    use = fits.usable & ~lenient
+    n_all = np.bincount(geo.lo[use], minlength=n_hosts) + np.bincount(
+        geo.hi[use], minlength=n_hosts
+    )
+    soft = use & fits.soft
+    n_soft = np.bincount(geo.lo[soft], minlength=n_hosts) + np.bincount(
+        geo.hi[soft], minlength=n_hosts
+    )
+    unstable = (n_all > 0) & (n_soft > UNSTABLE_FRACTION * n_all)
+    w0 = np.where((unstable[geo.lo] | unstable[geo.hi]) & ~lenient, 0.0, w0)
+    return w0, unstable
+
+
+def _host_list(pts: HullPoints, topology, prev, tracker) -> list[str]:
+    hosts = set(pts.src_host.tolist()) | set(pts.dst_host.tolist()) | set(prev)
+    hosts |= set(tracker.states)
+    if topology is not None:
+        hosts |= set(topology.hosts)
+    return sorted(hosts)
+
+
+def _ts_kind(windows: pa.Table) -> str:
+    vals = set(windows.column("ts_source").to_pylist()) if windows.num_rows else set()
+    return TS_HARDWARE if vals == {TS_HARDWARE} else "software"

@@ -1,0 +1,130 @@
+"""Drive the simulator through the Huygens solve and score the models against its truth.
+
+Offset error is measured the only way it is defined: fleet time is anchored to the fleet mean,
+so every model carries the same unknown constant. For each window we compare the model's
+offset at the true window start (``raw − fleet`` at raw = start + true offset) with the true
+offset, and remove the common-mode (mean over the scored hosts) error before taking |·|.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from fleetlens.fixtures.sim.config import SimConfig
+from fleetlens.fixtures.sim.engine import Simulator
+from fleetlens.sync import HuygensSync
+
+from fleetlens.records import ClockModel
+from fleetlens.topology import Topology
+
+
+def symmetrize_paths(sim: Simulator) -> None:
+    """Give both directions of every link the same base delay (their mean).
+
+    The simulator draws each link direction's fixed delay independently (NIC pipelines
+    300–900 ns per direction), so every host carries a fixed path asymmetry of a few hundred ns.
+    No two-way method (Huygens, PTP, NTP) can see a per-host asymmetry — it is identical to an
+    offset — so the issue's accuracy targets presuppose symmetric minimum delays, as Huygens
+    does. This makes the simulated fabric meet that assumption; queueing, noise, loss, faults
+    and clocks are untouched. ``bench/sync_sim.py`` reports both fabrics.
+    """
+    ids = sim.fabric.link_ids
+    pos = {lk: i for i, lk in enumerate(ids)}
+    rev = np.array([pos["->".join(reversed(lk.split("->")))] for lk in ids])
+    base = sim.link_base_ns.copy()
+    n = len(ids)
+    base[:n] = 0.5 * (base[:n] + base[rev])
+    sim.link_base_ns = base
+    sim.flow_base = base[sim.flow_links].sum(axis=1)
+
+
+def model_offsets(models: dict[str, ClockModel], hosts: list[str], truth: pa.Table) -> np.ndarray:
+    """Each model's ``raw − fleet`` at the true start of the truth's window (NaN if missing)."""
+    tr = {r["host_id"]: r for r in truth.to_pylist()}
+    out = np.full(len(hosts), np.nan)
+    for i, h in enumerate(hosts):
+        m = models.get(h)
+        if m is None or not m.synced:
+            continue
+        raw = tr[h]["start_ns"] + round(tr[h]["offset_ns"])
+        out[i] = m.offset_ns + m.drift_ppb * 1e-9 * (raw - m.t0_ns)
+    return out
+
+
+def centered_errors(est: np.ndarray, truth: np.ndarray, mask: np.ndarray | None = None):
+    """|error| after removing the common-mode error over the (finite, masked) hosts."""
+    err = est - truth
+    ok = np.isfinite(err) if mask is None else np.isfinite(err) & mask
+    return np.abs(err[ok] - err[ok].mean())
+
+
+@dataclass
+class Run:
+    hosts: list[str]
+    truth: list[np.ndarray] = field(default_factory=list)  # true offset per window
+    truth_drift: list[np.ndarray] = field(default_factory=list)
+    est: list[np.ndarray] = field(default_factory=list)  # solved (in-window) per window
+    ahead: list[np.ndarray] = field(default_factory=list)  # window w-1's model at window w
+    pairwise: list[np.ndarray] = field(default_factory=list)  # |edge error| pairwise-only
+    network: list[np.ndarray] = field(default_factory=list)  # |edge error| after the solve
+    synced: list[np.ndarray] = field(default_factory=list)
+    reports: list = field(default_factory=list)
+    bounds: list[np.ndarray] = field(default_factory=list)
+
+
+def run_sync(
+    topo: Topology, seconds: float, seed: int = 1, symmetric: bool = True, **cfg: object
+) -> Run:
+    cfg.setdefault("clock", "identity")
+    sim = Simulator(topo, SimConfig(**cfg), seed=seed)
+    if symmetric:
+        symmetrize_paths(sim)
+    sync = HuygensSync()
+    hosts = list(topo.hosts)
+    run = Run(hosts)
+    models: dict[str, ClockModel] = {}
+    for sw in sim.stream(seconds):
+        truth = {r["host_id"]: r for r in sw.truth_clocks.to_pylist()}
+        tru = np.array([truth[h]["offset_ns"] for h in hosts])
+        if models:
+            run.ahead.append(model_offsets(models, hosts, sw.truth_clocks))
+        out = sync(sw.windows.drop(["window"]), topo, models)
+        models = {m.host_id: m for m in out}
+        run.truth.append(tru)
+        run.truth_drift.append(np.array([truth[h]["drift_ppb"] for h in hosts]))
+        run.est.append(model_offsets(models, hosts, sw.truth_clocks))
+        run.synced.append(np.array([models[h].synced for h in hosts]))
+        run.bounds.append(np.array([models[h].error_bound_ns or np.nan for h in hosts]))
+        run.reports.append(sync.report)
+        _edge_errors(run, sync.report, hosts, truth)
+    return run
+
+
+def _edge_errors(run: Run, rep, hosts: list[str], truth: dict) -> None:
+    """Pairwise (edge fit alone) vs network (solved) error of each edge's offset difference,
+    both at the solve's reference time; a difference has no common mode to remove."""
+    if rep.offsets is None:
+        return
+    idx = np.array([rep.hosts.index(h) for h in hosts])
+    off0 = np.array([truth[h]["offset_ns"] for h in hosts])
+    drift = np.array([truth[h]["drift_ppb"] for h in hosts]) * 1e-9
+    start = truth[hosts[0]]["start_ns"]
+    x = rep.offsets.x[idx]
+    t_true = float(rep.t_ref_ns - start)  # fleet = true + (θ_true − x): iterate for the ref
+    for _ in range(3):
+        t_true = rep.t_ref_ns - start - float(np.nanmean(off0 + drift * t_true - x))
+    th = np.full(len(rep.hosts), np.nan)
+    th[idx] = off0 + drift * t_true
+    true_d = th[rep.edge_hi] - th[rep.edge_lo]
+    ok = rep.fits.usable & ~rep.fits.soft & rep.offsets.solved[rep.edge_lo]
+    ok &= rep.offsets.solved[rep.edge_hi]
+    x = rep.offsets.x
+    run.pairwise.append(np.abs(rep.pairwise - true_d)[ok])
+    run.network.append(np.abs(x[rep.edge_hi] - x[rep.edge_lo] - true_d)[ok])
+
+
+def p99(a) -> float:
+    a = np.concatenate(a) if isinstance(a, list) else a
+    return float(np.percentile(a, 99)) if a.size else float("nan")
