@@ -13,7 +13,7 @@ class TriangulateConfig:
     background_loss: float = 1e-6  # per-link loss the fit treats as normal (null hypothesis)
     loss_llr: float = 12.0  # log-likelihood ratio a link needs to be called lossy
     min_lost: float = 2.0  # lost packets a link must explain before it is reported
-    loss_decay_s: float = 10.0  # time constant of the long-horizon loss evidence
+    loss_decay_s: float = 30.0  # time constant of the long-horizon loss evidence
     max_links_per_fit: int = 64  # greedy stops after this many links per fit
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link

@@ -31,7 +31,7 @@ from .paths import SPORT_SPAN, FlowBatch
 from .quantile import group_quantile
 from .store import FlowStore
 
-_SIGMA0_NS = 300.0  # healthy spread assumed before a link has history
+_SIGMA0_NS = 500.0  # healthy spread assumed before a link has history
 _SIGMA_FLOOR_NS = 100.0
 
 
@@ -112,7 +112,7 @@ class DelayModel:
         sigma = np.maximum(np.sqrt(self.var), _SIGMA_FLOOR_NS)
         # Short windows hold few probes per flow: one queue burst moves a whole link's median.
         span_s = max(b.end_ns - b.start_ns, 1) * 1e-9
-        floor = cfg.delay_min_ns * max(1.0, (1.0 / span_s) ** 0.5)
+        floor = cfg.delay_min_ns * max(1.0, (1.0 / span_s) ** 0.7)
         chosen: dict[int, float] = {}
         z_of: dict[int, float] = {}
         med0, wt0 = None, None

@@ -6,12 +6,15 @@ is 1 on a known path, the ECMP share on a candidate path), so each link's lost c
 with that mean. The fit is a greedy sparse maximum-likelihood search (better suited than
 NetBouncer's dense least squares when few links are bad and access links see few flows):
 
-1. for every link, the log-likelihood ratio of "this link drops at the rate that explains its
-   lost packets" against "its flows' losses are already explained (plus background)";
+1. for every link, the log-likelihood gained, flow by flow, by letting it drop at the rate that
+   explains its unexplained lost packets (against "already explained, plus background");
 2. take the link with the largest ratio, estimate its rate, and explain its flows' losses;
-3. repeat until no link passes the threshold, then re-estimate the chosen links jointly and
-   prune any that no longer pass with the others held fixed (the first pick can be a link that
-   merely shares flows with two bad ones).
+3. after every pick, re-estimate all chosen links jointly by EM (maximum likelihood: each lost
+   packet is shared among its flow's links in proportion to their rates) and drop any link
+   whose removal costs less than the threshold in log-likelihood — an early pick can be a link
+   that merely shares flows with several bad ones (e.g. a spine uplink when many of that
+   spine's downlinks drop); dropped links are not picked again;
+4. stop when no link passes the threshold.
 
 Black holes (rate 1) fit the same way; the Poisson ratio is only used to rank and test.
 """
@@ -63,15 +66,51 @@ class _Fit:
         e = rows[self.row]
         return _Fit(self.row[e], self.link[e], self.w[e], self.sent, self.lost, self.n, self.p0)
 
+    def em(self, links: np.ndarray, rate: np.ndarray, iters: int = 30) -> np.ndarray:
+        """Maximum-likelihood rates of ``links`` (EM for the Poisson linear model): each lost
+        packet is shared among the links of its flow in proportion to their rates."""
+        if not links.size:
+            return rate
+        pos = np.full(self.n, -1)
+        pos[links] = np.arange(links.size)
+        on = pos[self.link] >= 0
+        r, li, w = self.row[on], pos[self.link[on]], self.w[on]
+        s = np.bincount(li, w * self.sent[r], links.size)
+        rate = rate.copy()
+        for _ in range(iters):
+            m = self.p0 + np.bincount(r, w * rate[li], self.sent.size)
+            share = np.bincount(li, w * self.lost[r] / m[r], links.size)
+            rate = np.minimum(rate * share / np.maximum(s, 1e-12), 1.0)
+        return rate
+
+    def drop_llr(self, links: np.ndarray, rate: np.ndarray) -> np.ndarray:
+        """Per chosen link: log-likelihood lost when its rate is set to 0, others fixed."""
+        pos = np.full(self.n, -1)
+        pos[links] = np.arange(links.size)
+        on = pos[self.link] >= 0
+        r, li, w = self.row[on], pos[self.link[on]], self.w[on]
+        m = self.p0 + np.bincount(r, w * rate[li], self.sent.size)
+        part = w * rate[li]
+        without = np.maximum(m[r] - part, self.p0)
+        gain = self.lost[r] * np.log(m[r] / without) - self.sent[r] * part
+        return np.bincount(li, gain, links.size)
+
+    def gain(self, rate_row: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """Per link: log-likelihood gained by giving it rate ``p``, flow by flow. Unexplained
+        losses weigh by how unexplained they are (an aggregate Poisson ratio would let a link
+        with a few lost packets and nothing explained beat the real, busier culprit)."""
+        m = self.p0 + rate_row[self.row]
+        add = self.w * p[self.link]
+        g = self.lost[self.row] * np.log1p(add / m) - self.sent[self.row] * add
+        return np.bincount(self.link, g, self.n)
+
     def expected(self, rate_row: np.ndarray) -> np.ndarray:
         """Per link: the lost packets its flows should show given the rows' explained rate."""
         return np.bincount(self.link, self.ws * (self.p0 + rate_row[self.row]), self.n)
 
-    def row_rate(self, links: np.ndarray, rate: np.ndarray, skip: int = -1) -> np.ndarray:
+    def row_rate(self, links: np.ndarray, rate: np.ndarray) -> np.ndarray:
         per_link = np.zeros(self.n)
         per_link[links] = rate
-        if skip >= 0:
-            per_link[skip] = 0.0
         r = np.bincount(self.row, self.w * per_link[self.link], self.sent.size)
         return np.minimum(r, 1.0)
 
@@ -89,45 +128,30 @@ def fit_loss(
     max_links: int = 64,
 ) -> LossFit:
     f = _Fit(row, link, w, sent, lost, n_links, p0)
-    chosen: list[int] = []
+    chosen = np.empty(0, np.int64)
+    rate = np.empty(0)
+    banned = min_lost > f.O
     rate_row = np.zeros(sent.size)
-    candidates = min_lost <= f.O
-    if candidates.any():
-        for _ in range(max_links):
-            exp = f.expected(rate_row)
-            llr = np.where(candidates, poisson_llr(f.O, exp), 0.0)
-            llr[chosen] = 0.0
-            best = int(np.argmax(llr))
-            if llr[best] < threshold:
-                break
-            chosen.append(best)
-            p = min(1.0, max(f.O[best] - exp[best], 0.0) / max(f.S[best], 1e-12))
-            on = link == best
-            np.add.at(rate_row, row[on], w[on] * p)
-            np.minimum(rate_row, 1.0, out=rate_row)
-    links = np.array(chosen, np.int64)
-    rate, llr = _refine(f.restrict(links), links, threshold, min_lost)
-    keep = llr >= threshold
-    return LossFit(links[keep], rate[keep], llr[keep], f.S, f.O)
-
-
-def _refine(f: _Fit, links: np.ndarray, threshold: float, min_lost: float):
-    """Joint re-estimate (a few Gauss-Seidel sweeps) and leave-one-out pruning."""
-    rate = np.zeros(links.size)
-    alive = np.ones(links.size, bool)
-    llr = np.zeros(links.size)
-    for _ in range(4):
-        for i, lk in enumerate(links.tolist()):
-            if not alive[i]:
-                continue
-            others = f.row_rate(links[alive], rate[alive], skip=lk)
-            exp = f.expected(others)[lk]
-            rate[i] = min(1.0, max(f.O[lk] - exp, 0.0) / max(f.S[lk], 1e-12))
-            llr[i] = poisson_llr(f.O[lk], exp)
-            if llr[i] < threshold or f.O[lk] - exp < min_lost:
-                alive[i] = False
-                rate[i] = 0.0
-                llr[i] = 0.0
-        if links.size <= 1:
+    for _ in range(max_links):
+        if banned.all():
             break
-    return rate, llr
+        exp = f.expected(rate_row)
+        p_hat = np.clip((f.O - exp) / np.maximum(f.S, 1e-12), 0.0, 1.0)
+        llr = np.where(banned, 0.0, f.gain(rate_row, p_hat))
+        llr[chosen] = 0.0
+        best = int(np.argmax(llr))
+        if llr[best] < threshold:
+            break
+        p = float(p_hat[best])
+        chosen, rate = np.append(chosen, best), np.append(rate, max(p, 1e-6))
+        sub = f.restrict(chosen)
+        rate = sub.em(chosen, rate)
+        keep = sub.drop_llr(chosen, rate) >= threshold
+        if not keep.all():  # a link that only shared flows with the bad ones: never again
+            banned[chosen[~keep]] = True
+            chosen, rate = chosen[keep], sub.em(chosen[keep], rate[keep])
+        rate_row = f.row_rate(chosen, rate)
+    sub = f.restrict(chosen)
+    llr = sub.drop_llr(chosen, rate) if chosen.size else np.empty(0)
+    keep = llr >= threshold
+    return LossFit(chosen[keep], rate[keep], llr[keep], f.S, f.O)

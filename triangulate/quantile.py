@@ -24,7 +24,7 @@ def to_bin(v: np.ndarray) -> np.ndarray:
 
 
 def from_bin(b: np.ndarray) -> np.ndarray:
-    t = np.asarray(b, np.float64) - _HALF
+    t = np.asarray(b, np.float64) - _HALF  # may be fractional (interpolated)
     a = np.abs(t)
     val = np.where(a < _LIN_BINS, a * _LIN_NS, _LIN_NS * _LIN_BINS * _GROWTH ** (a - _LIN_BINS))
     return np.sign(t) * val
@@ -39,5 +39,11 @@ def group_quantile(
     hist = np.bincount(cell, weight[ok], n_groups * N_BINS).reshape(n_groups, N_BINS)
     cum = np.cumsum(hist, axis=1)
     tot = cum[:, -1]
-    at = np.argmax(cum >= q * tot[:, None] - 1e-12, axis=1)
-    return np.where(tot > 0, from_bin(at), np.nan), tot
+    target = q * tot
+    at = np.argmax(cum >= target[:, None] - 1e-12, axis=1)
+    rows = np.arange(n_groups)
+    inside = hist[rows, at]
+    before = cum[rows, at] - inside
+    # linear interpolation inside the bin, in bin coordinates
+    frac = np.clip((target - before) / np.maximum(inside, 1e-300), 0.0, 1.0)
+    return np.where(tot > 0, from_bin(at - 0.5 + frac), np.nan), tot

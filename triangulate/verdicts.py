@@ -115,7 +115,7 @@ class VerdictTracker:
         t.streak = 0
         if t.state == "healthy":
             return
-        hold = self.cfg.clear_ns * (3 if self.flapping(t) else 1)
+        hold = self.cfg.clear_ns * (2 if self.flapping(t) else 1)
         if now - t.last_bad_ns >= hold:
             t.state, t.since_ns = "healthy", now
             t.loss = t.delay_ns = t.strength = 0.0

@@ -1,0 +1,108 @@
+"""Unit checks of the pieces: quantiles, the loss fit, the path model, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from fleetlens.triangulate.loss import fit_loss, poisson_llr
+from fleetlens.triangulate.paths import PathModel
+from fleetlens.triangulate.quantile import group_quantile
+from fleetlens.triangulate.store import FlowStore
+from tri_helpers import small
+
+from fleetlens.records import Window, windows_to_table
+
+
+def test_group_quantile_matches_numpy_median() -> None:
+    rng = np.random.default_rng(0)
+    g = rng.integers(0, 5, 4000)
+    v = np.concatenate([rng.normal(0, 800, 2000), rng.exponential(30_000, 2000)])
+    med, tot = group_quantile(g, v, np.ones(v.size), 6)
+    for k in range(5):
+        ref = np.median(v[g == k])
+        assert abs(med[k] - ref) <= max(60.0, 0.03 * abs(ref)), (k, med[k], ref)
+    assert tot[5] == 0 and np.isnan(med[5])
+
+
+def test_poisson_llr_zero_below_expectation() -> None:
+    assert poisson_llr(np.array([1.0]), np.array([5.0]))[0] == 0
+    assert poisson_llr(np.array([20.0]), np.array([0.1]))[0] > 50
+
+
+def test_loss_fit_explains_away_shared_links() -> None:
+    # links 0,1 bad; link 2 shared by flows through both; link 3 clean
+    rng = np.random.default_rng(1)
+    paths = [(0, 2), (1, 2), (3, 2), (0, 4), (1, 5), (3, 4)] * 40
+    sent = np.full(len(paths), 200.0)
+    rate = {0: 0.05, 1: 0.02}
+    lost = np.array([rng.binomial(200, 1 - np.prod([1 - rate.get(lk, 0) for lk in p]))
+                     for p in paths], float)  # fmt: skip
+    row = np.repeat(np.arange(len(paths)), 2)
+    link = np.array(paths).ravel()
+    fit = fit_loss(row, link, np.ones(row.size), sent, lost, 6)
+    assert set(fit.links.tolist()) == {0, 1}
+    est = dict(zip(fit.links.tolist(), fit.rate, strict=True))
+    assert est[0] == pytest.approx(0.05, rel=0.2) and est[1] == pytest.approx(0.02, rel=0.3)
+
+
+def test_flow_store_grows_and_keeps_values() -> None:
+    s = FlowStore({"x": (np.float64, np.nan, 0)})
+    at = s.locate(np.array([5, 1, 9]))
+    s.cols["x"][at] = [50, 10, 90]
+    at2 = s.locate(np.array([3, 9, 1]))
+    assert np.isnan(s.cols["x"][at2[0]]) and list(s.cols["x"][at2[1:]]) == [90, 10]
+    assert list(s.find(np.array([7, 5]))) == [-1, int(np.searchsorted(s.keys, 5))]
+
+
+def _w(src: str, dst: str, sport: int, sent: int, recv: int, path=None) -> Window:
+    return Window(src, dst, sport, 0, 10**9, sent, recv, 0, 1000.0, 1000.0, 1000.0, 1000.0,
+                  path=path)  # fmt: skip
+
+
+def test_bad_rows_are_dropped_and_counted() -> None:
+    topo = small()
+    pm = PathModel(topo)
+    good = topo.ecmp_paths("h00/eth0", "h09/eth0")[0]
+    t = windows_to_table(
+        [
+            _w("h00/eth0", "h09/eth0", 40000, 4, 4, good),
+            _w("nope/eth0", "h09/eth0", 40001, 4, 4),  # unknown NIC
+            _w("h00/eth0", "h09/eth0", 40002, 4, 9),  # received > sent
+            _w("h00/eth0", "h09/eth0", 40003, 4, 4, ["h00/eth0->leaf0", "bogus->x"]),
+        ]
+    )
+    b = pm.batch(t)
+    assert b.n == 2
+    assert b.dropped == {"unknown_nic_or_bad_key": 1, "bad_counts": 1, "bad_path": 1}
+    assert b.known.tolist() == [True, False]  # the bogus path falls back to ECMP candidates
+
+
+def test_path_remembered_for_stable_flows_and_candidates_weighted() -> None:
+    topo = small()
+    pm = PathModel(topo)
+    path = topo.ecmp_paths("h00/eth0", "h09/eth0")[2]
+    pm.batch(windows_to_table([_w("h00/eth0", "h09/eth0", 40000, 4, 4, path)]))
+    b = pm.batch(windows_to_table([_w("h00/eth0", "h09/eth0", 40000, 4, 4),
+                                   _w("h00/eth0", "h09/eth0", 40001, 4, 4)]))  # fmt: skip
+    assert b.known.tolist() == [True, False]
+    ids = np.array(pm.link_ids)
+    assert sorted(ids[b.ent_link[b.ent_row == 0]]) == sorted(path)
+    w_unknown = b.ent_w[b.ent_row == 1]
+    assert w_unknown.sum() == pytest.approx(4.0)  # 2 access + 2 hops spread over 4 spines
+    assert sorted(set(w_unknown.tolist())) == [0.25, 1.0]
+
+
+def test_engine_handles_empty_and_unknown_input() -> None:
+    from fleetlens.triangulate.engine import Triangulator
+
+    topo = small()
+    tri = Triangulator(topo)
+    empty = windows_to_table([])
+    assert tri(empty, None, {}) == []
+    junk = windows_to_table([_w("zz/eth0", "yy/eth0", 1, 4, 0)])
+    assert tri(junk, topo, {}) == []
+    assert tri.last.dropped["unknown_nic_or_bad_key"] == 1
+    with pytest.raises(ValueError, match="topology"):
+        Triangulator()(empty, None, {})
+    assert isinstance(empty, pa.Table)
