@@ -43,25 +43,18 @@ def pure_mask(
 
 @dataclass
 class HullPoints:
-    """Every hull point of the usable rows, flattened (one entry per point)."""
+    """Every hull point of the usable rows, flattened (one entry per point).
 
-    src_nic: np.ndarray  # (n,) object: NIC id of the sender
-    dst_nic: np.ndarray
+    NICs are numbered in sorted id order, so ``src < dst`` compares ids as strings.
+    """
+
+    nics: list[str]  # sorted NIC ids that occur
+    nic_host: list[str]  # host of each NIC
+    src: np.ndarray  # (n,) int64 NIC number of the sender
+    dst: np.ndarray
     t_raw: np.ndarray  # (n,) int64, sender's raw clock
     owd_raw: np.ndarray  # (n,) int64, rx0_raw - tx0_raw
     dropped: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def src_host(self) -> np.ndarray:
-        return _hosts(self.src_nic)
-
-    @property
-    def dst_host(self) -> np.ndarray:
-        return _hosts(self.dst_nic)
-
-
-def _hosts(nics: np.ndarray) -> np.ndarray:
-    return np.array([n.partition("/")[0] for n in nics], dtype=object)
 
 
 def hull_points(windows: pa.Table) -> HullPoints:
@@ -73,10 +66,15 @@ def hull_points(windows: pa.Table) -> HullPoints:
     n_y = pc.fill_null(pc.list_value_length(t["hull_owd_ns"]), -2)
     t = _drop(t, pc.equal(n_t, n_y), "hull_length_mismatch", dropped)
     t = _drop(t, pc.greater(pc.list_value_length(t["hull_t_ns"]), 0), "empty_hull", dropped)
-    src = t["src_nic"].to_numpy(zero_copy_only=False).astype(object)
-    dst = t["dst_nic"].to_numpy(zero_copy_only=False).astype(object)
-    ok = np.array([_nic_ok(s) and _nic_ok(d) for s, d in zip(src, dst, strict=True)], bool)
-    ok &= _hosts(np.where(ok, src, "x/y")) != _hosts(np.where(ok, dst, "z/y"))
+    # Ids are validated once per distinct NIC, not per row or point.
+    names = pc.unique(pa.concat_arrays([_flat(t["src_nic"]), _flat(t["dst_nic"])]))
+    names = sorted(n for n in names.to_pylist() if _nic_ok(n))
+    hosts = [n.partition("/")[0] for n in names]
+    src = _index(t["src_nic"], names)
+    dst = _index(t["dst_nic"], names)
+    host_arr = np.array([*hosts, ""], dtype=object)
+    ok = (src >= 0) & (dst >= 0)
+    ok &= host_arr[src] != host_arr[dst]
     t = _drop(t, pa.array(ok), "bad_nic_or_self_probe", dropped)
     src, dst = src[ok], dst[ok]
     ft, fy = pc.list_flatten(t["hull_t_ns"]), pc.list_flatten(t["hull_owd_ns"])
@@ -87,7 +85,17 @@ def hull_points(windows: pa.Table) -> HullPoints:
     ht = pc.fill_null(ft, 0).to_numpy().astype(np.int64)[good]
     hy = pc.fill_null(fy, 0).to_numpy().astype(np.int64)[good]
     row = row[good]
-    return HullPoints(src[row], dst[row], ht, hy, dropped)
+    return HullPoints(names, hosts, src[row], dst[row], ht, hy, dropped)
+
+
+def _flat(col: pa.ChunkedArray) -> pa.Array:
+    return col.combine_chunks() if col.num_chunks else pa.array([], pa.string())
+
+
+def _index(col: pa.ChunkedArray, names: list[str]) -> np.ndarray:
+    """Position of each row's id in ``names``; -1 for null or invalid ids."""
+    idx = pc.index_in(_flat(col), value_set=pa.array(names, pa.string()))
+    return pc.fill_null(idx, -1).to_numpy().astype(np.int64)
 
 
 def _nic_ok(nic: object) -> bool:

@@ -103,8 +103,9 @@ class HuygensSync:
     # ---- one window ---------------------------------------------------------------------
     def _solve(self, pts: HullPoints, hosts: list[str], kind: str) -> SolveReport:
         hidx = {h: i for i, h in enumerate(hosts)}
-        src_h = np.array([hidx[h] for h in pts.src_host], np.int64)
-        geo = _EdgeGeometry(pts, hidx)
+        nic_h = np.array([hidx[h] for h in pts.nic_host], np.int64)
+        src_h = nic_h[pts.src]
+        geo = _EdgeGeometry(pts, nic_h)
         theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
         ref = hidx.get(self.reference_host) if self.reference_host else None
         npass, mapped = 0, known.copy()
@@ -194,16 +195,15 @@ def solve_clocks(
 class _EdgeGeometry:
     """NIC-pair edges: index per point, direction, and the hosts at both ends."""
 
-    def __init__(self, pts: HullPoints, hidx: dict[str, int]) -> None:
-        src, dst = pts.src_nic.astype(str), pts.dst_nic.astype(str)
-        self.upper = src < dst  # lo→hi points lie above the line
-        lo_nic, hi_nic = np.where(self.upper, src, dst), np.where(self.upper, dst, src)
-        keys, self.edge = np.unique(np.char.add(np.char.add(lo_nic, "|"), hi_nic),
-                                    return_inverse=True)  # fmt: skip
+    def __init__(self, pts: HullPoints, nic_h: np.ndarray) -> None:
+        self.upper = pts.src < pts.dst  # lo→hi points lie above the line (ids in sorted order)
+        lo_nic = np.minimum(pts.src, pts.dst)
+        hi_nic = np.maximum(pts.src, pts.dst)
+        keys, self.edge = np.unique(lo_nic * len(pts.nics) + hi_nic, return_inverse=True)
         self.n = keys.size
-        self.nics = [tuple(k.split("|")) for k in keys.tolist()]
-        self.lo = np.array([hidx[a.partition("/")[0]] for a, _ in self.nics], np.int64)
-        self.hi = np.array([hidx[b.partition("/")[0]] for _, b in self.nics], np.int64)
+        lo, hi = keys // len(pts.nics), keys % len(pts.nics)
+        self.nics = [(pts.nics[a], pts.nics[b]) for a, b in zip(lo, hi, strict=True)]
+        self.lo, self.hi = nic_h[lo], nic_h[hi]
 
 
 def _fleet_t(pts: HullPoints, src_h, theta, drift, t_ref: int) -> np.ndarray:
@@ -230,7 +230,7 @@ def _edge_weights(fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.
 
 
 def _host_list(pts: HullPoints, topology, prev, tracker) -> list[str]:
-    hosts = set(pts.src_host.tolist()) | set(pts.dst_host.tolist()) | set(prev)
+    hosts = set(pts.nic_host) | set(prev)
     hosts |= set(tracker.states)
     if topology is not None:
         hosts |= set(topology.hosts)
