@@ -1,0 +1,162 @@
+"""Edge fits against a generic LP solver, soft margins, input hygiene, unsynced hosts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from fleetlens.sync import HuygensSync, solve_clocks
+from fleetlens.sync.edgefit import fit_edges, soft_margin
+from fleetlens.sync.purity import hull_points, pure_mask
+from scipy.optimize import linprog
+
+from fleetlens.records import WINDOW_SCHEMA, ClockModel, Window, lower_hull, windows_to_table
+
+
+def _lp_max_margin(tu, yu, tl, yl) -> tuple[float, float, float]:
+    """The hard-margin LP solved by HiGHS: max m s.t. yu − a − b·tu ≥ m, a + b·tl − yl ≥ m."""
+    s = 1e-9  # t in seconds for conditioning
+    a_ub = np.vstack(
+        [np.c_[np.ones_like(tu), tu * s, np.ones_like(tu)], np.c_[-np.ones_like(tl), -tl * s,
+                                                                  np.ones_like(tl)]]
+    )  # fmt: skip
+    b_ub = np.r_[yu, -yl]
+    res = linprog([0, 0, -1], A_ub=a_ub, b_ub=b_ub, bounds=[(None, None)] * 3, method="highs")
+    assert res.status == 0
+    return res.x[0], res.x[1] * s, res.x[2]
+
+
+def test_edge_fit_equals_the_lp_optimum_on_random_edges() -> None:
+    rng = np.random.default_rng(3)
+    n_edges, k = 40, 30
+    a_true = rng.uniform(-5e7, 5e7, n_edges)
+    b_true = rng.uniform(-2e-4, 2e-4, n_edges)
+    edge, upper, t, y = [], [], [], []
+    for e in range(n_edges):
+        for up in (True, False):
+            tt = np.sort(rng.uniform(-5e8, 5e8, k))
+            d = 1500 + rng.gamma(2.0, 75.0, k) * rng.uniform(0.5, 3.0)
+            line = a_true[e] + b_true[e] * tt
+            edge += [e] * k
+            upper += [up] * k
+            t.append(tt)
+            y.append(line + d if up else line - d)
+    edge, upper = np.array(edge), np.array(upper)
+    t, y = np.concatenate(t), np.concatenate(y)
+    fits = fit_edges(edge, upper, t, y, n_edges, np.zeros(n_edges))
+    for e in range(n_edges):
+        m = edge == e
+        u, lo = m & upper, m & ~upper
+        a, b, margin = _lp_max_margin(t[u], y[u], t[lo], y[lo])
+        assert fits.margin[e] == pytest.approx(margin, abs=1e-3)
+        # The optimum line is unique up to a degenerate set; compare it where it matters.
+        assert fits.a[e] == pytest.approx(a, abs=0.05)
+        assert fits.b[e] == pytest.approx(b, abs=1e-12)
+    assert fits.slope_ok.all() and not fits.soft.any()
+
+
+def test_overlapping_points_get_a_soft_margin_fit() -> None:
+    rng = np.random.default_rng(4)
+    t = np.sort(rng.uniform(-5e8, 5e8, 60))
+    upper = np.arange(60) % 2 == 0
+    y = np.where(upper, 1000.0, -1000.0) + rng.normal(0, 50, 60)
+    y[0] = -3000.0  # one upper point far below the lower set: not separable
+    fits = fit_edges(np.zeros(60, np.int64), upper, t, y, 1, np.zeros(1))
+    assert fits.soft[0] and fits.usable[0]
+    assert abs(fits.a[0]) < 200 and abs(fits.b[0]) < 1e-6  # the outlier did not drag it
+    assert soft_margin(t, y, upper, 0.0) is not None
+
+
+def test_pure_mask_compares_the_gaps() -> None:
+    tx0 = np.array([0, 0, 0])
+    tx1 = np.array([10_000, 10_000, 10_000])
+    rx0 = np.array([5_000, 5_000, 5_000])
+    rx1 = np.array([15_100, 15_900, 14_300])
+    assert pure_mask(tx0, tx1, rx0, rx1, 800).tolist() == [True, False, True]
+
+
+def _w(src, dst, t, y, **kw) -> Window:
+    return Window(src, dst, 40000, 0, 10**9, 200, 200, kw.pop("pure", 90), hull_t_ns=t,
+                  hull_owd_ns=y, **kw)  # fmt: skip
+
+
+def test_bad_rows_are_dropped_and_counted() -> None:
+    rows = [
+        _w("h1/eth0", "h2/eth0", [1, 2], [5, 6]),
+        _w("h1/eth0", "h2/eth0", [1, 2], [5]),  # length mismatch
+        _w("h1/eth0", "h2/eth0", [1], [5], pure=0),  # nothing pure
+        _w("h1/eth0", "h1/eth1", [1], [5]),  # same host
+        _w("bogus", "h2/eth0", [1], [5]),  # not a NIC id
+        _w("h1/eth0", "h2/eth0", [], []),
+    ]
+    pts = hull_points(windows_to_table(rows))
+    assert pts.t_raw.tolist() == [1, 2]
+    assert pts.dropped == {
+        "hull_length_mismatch": 1,
+        "no_pure_pair": 1,
+        "bad_nic_or_self_probe": 2,
+        "empty_hull": 1,
+    }
+    t = windows_to_table(rows[:1])
+    nulls = t.set_column(
+        t.schema.get_field_index("hull_t_ns"),
+        "hull_t_ns",
+        pa.array([[1, None]], pa.list_(pa.int64())),
+    )
+    assert hull_points(nulls).dropped == {"null_hull_point": 1}
+
+
+def _edge_windows(a: str, b: str, delta: float, rng, n: int = 100) -> list[Window]:
+    """Both directions of one NIC pair with clock difference ``delta`` (θ_b − θ_a)."""
+    out = []
+    for s, d, sign in ((a, b, 1.0), (b, a, -1.0)):
+        t = np.sort(rng.integers(0, 10**9, n)) + 10**18
+        owd = np.rint(2000 + rng.gamma(2, 75, n) + sign * delta).astype(np.int64)
+        idx = lower_hull(t, owd)
+        out.append(_w(s, d, t[idx].tolist(), owd[idx].tolist()))
+    return out
+
+
+def _ring(hosts: int, offsets: np.ndarray, rng, hops=(1, 2)) -> pa.Table:
+    rows = []
+    for i in range(hosts):
+        for h in hops:
+            j = (i + h) % hosts
+            rows += _edge_windows(f"h{i}/eth0", f"h{j}/eth0", offsets[j] - offsets[i], rng)
+    return windows_to_table(rows)
+
+
+def test_host_with_too_few_edges_is_unsynchronized_not_guessed() -> None:
+    rng = np.random.default_rng(5)
+    off = rng.uniform(-1e6, 1e6, 12)
+    table = _ring(12, off, rng)
+    # A 13th host probing just one peer: one edge, no way to check it.
+    extra = windows_to_table(_edge_windows("h0/eth0", "hx/eth0", 5000.0, rng))
+    models = {m.host_id: m for m in solve_clocks(pa.concat_tables([table, extra]), None, {})}
+    assert not models["hx"].synced
+    assert models["hx"] == ClockModel.identity("hx")
+    got = np.array([models[f"h{i}"].offset_ns for i in range(12)])
+    err = (got - off) - (got - off).mean()
+    assert all(models[f"h{i}"].synced for i in range(12))
+    assert np.abs(err).max() < 100
+
+
+def test_reference_host_anchors_fleet_time_and_stateless_solve_tracks_prev() -> None:
+    rng = np.random.default_rng(6)
+    off = rng.uniform(-1e6, 1e6, 10)
+    sync = HuygensSync(reference_host="h3")
+    models = {m.host_id: m for m in sync(_ring(10, off, rng), None, {})}
+    assert models["h3"].offset_ns == pytest.approx(0.0, abs=1e-6)
+    assert models["h7"].offset_ns == pytest.approx(off[7] - off[3], abs=100)
+    # Stateless: fed the previous models, the next window stays in the same fleet time.
+    again = {m.host_id: m for m in solve_clocks(_ring(10, off, rng), None, models)}
+    for h, m in again.items():
+        assert m.synced
+        assert m.offset_ns == pytest.approx(models[h].offset_ns, abs=100)
+
+
+def test_empty_input_keeps_previous_models_unsynchronized() -> None:
+    prev = {"h1": ClockModel("h1", 10, 5.0, 1.0, 30.0, True)}
+    out = HuygensSync()(WINDOW_SCHEMA.empty_table(), None, prev)
+    assert len(out) == 1 and out[0].host_id == "h1" and not out[0].synced
+    assert out[0].offset_ns == pytest.approx(5.0)
