@@ -72,7 +72,7 @@ def linkpass(net: lpnet.NetnsPair, work: Path, seconds: float, verify: int) -> d
         recv.kill()
     done = recv.done()
     assert done and done["errors"] == 0, (recv.events[-3:], recv.stderr[-3:])
-    return with_cpu(done, cpu0, send.done()["bytes_verified"])
+    return with_cpu(done, cpu0, send.done()["bytes"])
 
 
 def rates(ts: list[float], vals: list[int]) -> tuple[np.ndarray, np.ndarray]:

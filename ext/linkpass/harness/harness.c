@@ -480,10 +480,11 @@ out:
   t_sample = 0;
   sample(&t_sample, bytes, done_msgs);
   double el = last_prog - start;
-  emit("\"event\":\"done\",\"role\":\"%s\",\"version\":%d,\"bytes_verified\":%llu,"
+  emit("\"event\":\"done\",\"role\":\"%s\",\"version\":%d,\"bytes\":%llu,\"bytes_verified\":%llu,"
        "\"messages\":%llu,\"mismatches\":%llu,\"errors\":%llu,\"max_stall_ms\":%.3f,"
        "\"max_stall_at\":%.3f,\"elapsed_s\":%.3f,\"gbit_s\":%.3f,\"verify\":%d",
-       p->send ? "send" : "recv", o.version, (unsigned long long)(p->send || o.verify ? bytes : 0),
+       p->send ? "send" : "recv", o.version, (unsigned long long)bytes,
+       (unsigned long long)(p->send || o.verify ? bytes : 0),
        (unsigned long long)done_msgs, (unsigned long long)mismatches,
        (unsigned long long)errors, max_stall * 1e3, stall_at, el,
        el > 0 ? (double)bytes * 8 / el / 1e9 : 0.0, o.verify);
