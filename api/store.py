@@ -89,8 +89,14 @@ _VERDICT_SCHEMA = pa.schema(
 )  # fmt: skip
 
 
+# DuckDB checkpoints (folds the WAL into the file) when the WAL passes this size, inside a
+# commit. The 16 MB default meant a checkpoint every few agent batches and cut HTTP ingest
+# several-fold (bench/collector_bench.py); the price is a longer WAL replay after a crash.
+CHECKPOINT_THRESHOLD = "256MB"
+
+
 def connect(path: Path, threads: int | None = None, memory_limit: str | None = None):
-    config: dict[str, Any] = {}
+    config: dict[str, Any] = {"checkpoint_threshold": CHECKPOINT_THRESHOLD}
     if threads:
         config["threads"] = threads
     if memory_limit:

@@ -263,7 +263,7 @@ def main() -> int:
     ap.add_argument(
         "--threads", type=int, default=1, help="DuckDB threads for ingest (1 = one core)"
     )
-    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--clients", type=int, default=8, help="concurrent posting agents")
     ap.add_argument("--batches-per-second", type=int, default=10,
                     help="batches stamped with the same window second (loop load)")  # fmt: skip
     ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
