@@ -52,7 +52,7 @@ class DelayModel:
         self.nic_host = nic_host
         self.flows = FlowStore({"base": (np.float64, np.nan, 0), "t": (np.int64, 0, 0)})
         self.mu = np.zeros(n_links)
-        self.var = np.full(n_links, _SIGMA0_NS**2)
+        self.var = np.zeros(n_links)
 
     def observe(self, b: FlowBatch) -> DelayFit:
         at = self.flows.locate(b.key)
@@ -109,7 +109,7 @@ class DelayModel:
     def _locate(self, b: FlowBatch, d: np.ndarray) -> DelayFit:
         cfg = self.cfg
         e = d.copy()
-        sigma = np.maximum(np.sqrt(self.var), _SIGMA_FLOOR_NS)
+        sigma = None
         # Short windows hold few probes per flow: one queue burst moves a whole link's median.
         span_s = max(b.end_ns - b.start_ns, 1) * 1e-9
         floor = cfg.delay_min_ns * max(1.0, (1.0 / span_s) ** 0.7)
@@ -120,6 +120,7 @@ class DelayModel:
             med, wt = group_quantile(b.ent_link, e[b.ent_row], b.ent_w, self.n_links)
             if med0 is None:
                 med0, wt0 = med, wt
+                sigma = self._sigma(med, wt)
             ex = med - self.mu
             z = ex / sigma
             ok = (wt >= cfg.delay_min_flows) & (ex >= floor) & (z >= cfg.delay_z)
@@ -141,6 +142,14 @@ class DelayModel:
             d,
         )
 
+    def _sigma(self, med: np.ndarray, wt: np.ndarray) -> np.ndarray:
+        """Healthy spread per link: its own learned spread, but at least the robust spread of
+        all links this window (links are alike; this also scales with the window length)."""
+        ok = np.isfinite(med) & (wt >= self.cfg.delay_min_flows)
+        dev = (med - self.mu)[ok]
+        mad = 1.4826 * np.median(np.abs(dev - np.median(dev))) if dev.size >= 8 else _SIGMA0_NS
+        return np.maximum(np.sqrt(self.var), max(mad, _SIGMA_FLOOR_NS))
+
     # ---- state ----------------------------------------------------------------------------
     def _update_baselines(self, b: FlowBatch, at: np.ndarray) -> None:
         base, t = self.flows.cols["base"], self.flows.cols["t"]
@@ -157,7 +166,7 @@ class DelayModel:
         clean[fit.links] = False
         a = self.cfg.delay_ewma
         # Clip at 4 sigma: queue bursts widen the spread, a fault must not become "normal".
-        sig = np.sqrt(self.var[clean])
+        sig = np.maximum(np.sqrt(self.var[clean]), _SIGMA0_NS)
         dev = np.clip(fit.median[clean] - self.mu[clean], -4 * sig, 4 * sig)
         self.mu[clean] += a * dev
         self.var[clean] = (1 - a) * (self.var[clean] + a * dev**2)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 from fleetlens.fixtures.sim.config import SimConfig
-from fleetlens.fixtures.sim.engine import SimWindow, Simulator
+from fleetlens.fixtures.sim.engine import Simulator, SimWindow
 from fleetlens.triangulate.config import TriangulateConfig
 from fleetlens.triangulate.engine import Triangulator
 

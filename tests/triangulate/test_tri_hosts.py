@@ -1,0 +1,67 @@
+"""Host-side faults only: rule the network out and name the host or NIC (issue 7)."""
+
+from __future__ import annotations
+
+import numpy as np
+from tri_helpers import drive, small
+
+TOPO = small()
+NICS = [n.id for n in TOPO.nics]
+STEADY_CLOCKS = {"clock": "identity", "max_drift_ppb": 0.0, "drift_walk_ppb": 0.0,
+                 "temp_step_rate": 0.0}  # fmt: skip
+
+
+def _trial(kind: str, rng: np.random.Generator, seed: int):
+    nic = NICS[rng.integers(len(NICS))]
+    host = nic.split("/")[0]
+    if kind == "drop":
+        return drive(TOPO, (f"{nic}:drop=0.3:start_s=1",), seconds=5, seed=seed), host, nic
+    if kind == "stall":
+        spec = f"{host}:stall:start_s=1,end_s=2.5"
+        return drive(TOPO, (spec,), seconds=5, seed=seed), host, None
+    spec = f"{host}:clock_step_us=1000:start_s=2"
+    return drive(TOPO, (spec,), seconds=5, seed=seed, **STEADY_CLOCKS), host, None
+
+
+def test_host_faults_blame_the_endpoint_not_links() -> None:
+    rng = np.random.default_rng(41)
+    windows = false_links = 0
+    attributed = faults = 0
+    for trial in range(18):
+        kind = ("drop", "stall", "clock")[trial % 3]
+        steps, host, nic = _trial(kind, rng, 500 + trial)
+        windows += len(steps)
+        right = {host} | ({nic} if nic else {n.id for n in TOPO.nics_by_host[host]})
+        for s in steps:
+            false_links += sum(
+                1 for v in s.bad.values() if v.kind in ("link", "switch") and v.state == "faulty"
+            )
+        active = [s for s in steps if s.window.truth_devices.num_rows]
+        faults += 1
+        attributed += any(s.reported(("nic", "host")) & right for s in active)
+        wrong = set().union(*(s.reported(("nic", "host")) for s in steps)) - right
+        assert not wrong, (kind, host, nic, wrong)
+    assert false_links <= windows / 100, (false_links, windows)
+    assert attributed >= 0.95 * faults, (attributed, faults)
+
+
+def test_nic_drop_reported_as_nic_with_its_loss() -> None:
+    steps = drive(TOPO, ("h05/eth1:drop=0.2:start_s=1",), seconds=4, seed=8)
+    v = steps[-1].bad["h05/eth1"]
+    assert v.kind == "nic" and v.state == "faulty" and steps[-1].reported() == {"h05/eth1"}
+    # probes lose 20% at either end: flows through this NIC lose ~20%
+    assert 0.15 <= v.loss_rate <= 0.25, v.loss_rate
+    assert v.evidence > 10 and all("h05/eth1" in f for f in v.flows)
+
+
+def test_access_link_delay_is_the_nic_round_trip() -> None:
+    steps = drive(TOPO, ("leaf1->h09/eth0:delay_us=20:start_s=2",), seconds=4, seed=4)
+    v = steps[-1].bad.get("h09/eth0")
+    assert v is not None and v.kind == "nic", steps[-1].bad
+    assert abs(v.excess_delay_ns - 20_000) <= 4_000
+    assert steps[-1].reported() == {"h09/eth0"}
+
+
+def test_one_way_access_link_loss_is_that_link() -> None:
+    steps = drive(TOPO, ("h09/eth0->leaf1:loss=0.05:start_s=1",), seconds=3, seed=4)
+    assert steps[-1].reported() == {"h09/eth0->leaf1"}, steps[-1].bad
