@@ -29,6 +29,7 @@ software stamps, while drift wander over 1 s (≈ 20–50 ppb) keeps clocks line
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,8 +81,18 @@ class SolveReport:
 class HuygensSync:
     """Stateful ``SolveClocks``: call once per window with the newest windows."""
 
-    def __init__(self, reference_host: str | None = None) -> None:
+    def __init__(
+        self,
+        reference_host: str | None = None,
+        nic_latency: Mapping[str, tuple[float, float]] | None = None,
+    ) -> None:
+        """``nic_latency``: optional calibrated fixed ``(egress_ns, ingress_ns)`` per NIC id,
+        the part of each NIC's send and receive delay that differs between directions (what
+        ptp4l calls egressLatency/ingressLatency). A per-host path asymmetry is invisible to
+        any two-way method — it looks exactly like an offset — so it can only be calibrated
+        away, never estimated; NICs not listed are taken as symmetric."""
         self.reference_host = reference_host
+        self.nic_latency = dict(nic_latency or {})
         self.tracker = DriftTracker()
         self.report = SolveReport()
 
@@ -108,11 +119,13 @@ class HuygensSync:
         geo = _EdgeGeometry(pts, nic_h)
         theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
         ref = hidx.get(self.reference_host) if self.reference_host else None
+        lat_out, lat_in = self._latency(pts)
         npass, mapped = 0, known.copy()
         while True:
             npass += 1
             t = _fleet_t(pts, src_h, theta, drift, t_ref)
-            y = np.where(geo.upper, pts.owd_raw, -pts.owd_raw).astype(np.float64)
+            owd = pts.owd_raw - lat_out[pts.src] - lat_in[pts.dst]
+            y = np.where(geo.upper, owd, -owd)
             b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
             fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior)
             # Edges to a host whose time mapping is still a guess may look overlapped only
@@ -141,6 +154,10 @@ class HuygensSync:
             t_ref, hosts, geo.lo, geo.hi, geo.nics, fits.a.copy(), fits, off, dft,
             [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
         )  # fmt: skip
+
+    def _latency(self, pts: HullPoints) -> tuple[np.ndarray, np.ndarray]:
+        lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
+        return lat.reshape(-1, 2)[:, 0], lat.reshape(-1, 2)[:, 1]
 
     def _prior(self, hosts, pts: HullPoints, src_h: np.ndarray):
         """Offsets/drifts to map times with, at a reference time near the window's middle."""

@@ -74,14 +74,30 @@ class Run:
     bounds: list[np.ndarray] = field(default_factory=list)
 
 
+def nic_latencies(sim: Simulator) -> dict[str, tuple[float, float]]:
+    """Per NIC (egress, ingress) fixed delays of its access link in each direction: what a
+    calibration of each NIC's pipelines would measure."""
+    pos = {lk: i for i, lk in enumerate(sim.fabric.link_ids)}
+    out = {}
+    for nic in sim.topo.nics:
+        up, down = pos[f"{nic.id}->{nic.leaf}"], pos[f"{nic.leaf}->{nic.id}"]
+        out[nic.id] = (float(sim.link_base_ns[up]), float(sim.link_base_ns[down]))
+    return out
+
+
 def run_sync(
-    topo: Topology, seconds: float, seed: int = 1, symmetric: bool = True, **cfg: object
+    topo: Topology,
+    seconds: float,
+    seed: int = 1,
+    symmetric: bool = True,
+    calibrated: bool = False,
+    **cfg: object,
 ) -> Run:
     cfg.setdefault("clock", "identity")
     sim = Simulator(topo, SimConfig(**cfg), seed=seed)
     if symmetric:
         symmetrize_paths(sim)
-    sync = HuygensSync()
+    sync = HuygensSync(nic_latency=nic_latencies(sim) if calibrated else None)
     hosts = list(topo.hosts)
     run = Run(hosts)
     models: dict[str, ClockModel] = {}
