@@ -68,6 +68,7 @@ def solve_network(
     floor: float,
     reference: int | None = None,
     reject: bool = True,
+    min_edges: int = MIN_EDGES,
 ) -> NetSolution:
     """Robust weighted LS of per-host values from edge differences ``z ≈ x[hi] − x[lo]``."""
     w = w0.astype(np.float64).copy()
@@ -75,7 +76,7 @@ def solve_network(
     # Huber rounds first (every edge keeps a bounded pull, so no host is ever cut off by its
     # own stale value), then one hard rejection on the converged M-estimate.
     for _ in range(IRLS_ROUNDS):
-        active, solved = _active(n, lo, hi, w)
+        active, solved = _active(n, lo, hi, w, min_edges)
         if not solved.any():
             break
         x = _solve(n, lo, hi, z, np.where(active, w, 0.0), x, solved)
@@ -94,7 +95,7 @@ def solve_network(
     w = np.where(outlier, 0.0, w)
     # The last round changed the weights: solve once more so x, weights and residuals agree
     # (a host re-admitted in the last round would otherwise keep a stale value).
-    active, solved = _active(n, lo, hi, w)
+    active, solved = _active(n, lo, hi, w, min_edges)
     w = np.where(active, w, 0.0)
     if solved.any():
         x = _anchor(_solve(n, lo, hi, z, w, x, solved), prior, has_prior, solved, reference)
@@ -104,13 +105,13 @@ def solve_network(
     return NetSolution(x, solved, w, outlier, r, s, np.where(solved, sigma, np.nan))
 
 
-def _active(n, lo, hi, w) -> tuple[np.ndarray, np.ndarray]:
+def _active(n, lo, hi, w, min_edges: int) -> tuple[np.ndarray, np.ndarray]:
     """Edges and hosts kept: drop hosts with < MIN_EDGES edges until stable, then keep the
     largest connected component."""
     edge_on = w > 0
     while True:
         deg = np.bincount(lo[edge_on], minlength=n) + np.bincount(hi[edge_on], minlength=n)
-        host_ok = deg >= MIN_EDGES
+        host_ok = deg >= min_edges
         keep = edge_on & host_ok[lo] & host_ok[hi]
         if np.array_equal(keep, edge_on):
             break

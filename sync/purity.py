@@ -57,6 +57,30 @@ class HullPoints:
     dropped: dict[str, int] = field(default_factory=dict)
 
 
+def newest_generation(windows: pa.Table, quorum: float = 0.8) -> tuple[pa.Table, int | None]:
+    """The rows of one window generation: the newest one that is nearly complete.
+
+    The collector hands the solve everything within a look-back (2 s by default), called every
+    second, so a table holds two or three windows per flow and the same window on consecutive
+    calls. A generation is ``round(start_ns / duration_ns)`` (agents align windows to their
+    fleet-time clock; even unsynchronized raw clocks within ±50 ms round to the same one). The
+    newest generation may still be arriving, so take the newest with at least ``quorum`` of the
+    rows of the fullest one. Returns ``(rows, generation)``; generation None when empty.
+    """
+    if windows.num_rows == 0:
+        return windows, None
+    dur = pc.fill_null(windows["duration_ns"], 0).to_numpy().astype(np.int64)
+    start = pc.fill_null(windows["start_ns"], 0).to_numpy().astype(np.int64)
+    ok = dur > 0
+    gen = np.where(ok, np.floor_divide(start + dur // 2, np.maximum(dur, 1)), -1)
+    ids, counts = np.unique(gen[ok], return_counts=True)
+    if ids.size == 0:
+        return windows.slice(0, 0), None
+    full = ids[counts >= quorum * counts.max()]
+    g = int(full.max())
+    return windows.filter(pa.array(gen == g)), g
+
+
 def hull_points(windows: pa.Table) -> HullPoints:
     """Flatten the hulls of the rows worth using; count what was dropped and why."""
     dropped: dict[str, int] = {}

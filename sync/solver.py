@@ -39,8 +39,8 @@ from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
 from .edgefit import EdgeFits, fit_edges
-from .network import NetSolution, solve_network
-from .purity import HullPoints, hull_points
+from .network import MIN_EDGES, NetSolution, solve_network
+from .purity import HullPoints, hull_points, newest_generation
 from .tracking import DriftTracker
 
 REMAP_NS = 5_000.0
@@ -85,6 +85,7 @@ class HuygensSync:
         self,
         reference_host: str | None = None,
         nic_latency: Mapping[str, tuple[float, float]] | None = None,
+        min_edges: int = MIN_EDGES,
     ) -> None:
         """``nic_latency``: optional calibrated fixed ``(egress_ns, ingress_ns)`` per NIC id,
         the part of each NIC's send and receive delay that differs between directions (what
@@ -93,6 +94,9 @@ class HuygensSync:
         away, never estimated; NICs not listed are taken as symmetric."""
         self.reference_host = reference_host
         self.nic_latency = dict(nic_latency or {})
+        self.min_edges = min_edges  # 1: accept pairwise-only hosts (e.g. a two-host lab)
+        self.generation: int | None = None
+        self.models: list[ClockModel] = []
         self.tracker = DriftTracker()
         self.report = SolveReport()
 
@@ -101,6 +105,10 @@ class HuygensSync:
     ) -> list[ClockModel]:
         for m in prev.values():
             self.tracker.seed(m)
+        windows, gen = newest_generation(windows)
+        if gen is not None and gen == self.generation and self.models:
+            return list(self.models)  # this window was already folded in: measure it once
+        self.generation = gen
         pts = hull_points(windows)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
@@ -109,7 +117,8 @@ class HuygensSync:
         floor_key = _ts_kind(windows)
         rep = self._solve(pts, hosts, floor_key)
         self.report = rep
-        return self._publish(rep)
+        self.models = self._publish(rep)
+        return list(self.models)
 
     # ---- one window ---------------------------------------------------------------------
     def _solve(self, pts: HullPoints, hosts: list[str], kind: str) -> SolveReport:
@@ -133,12 +142,21 @@ class HuygensSync:
             lenient = ~(mapped[geo.lo] & mapped[geo.hi])
             w0, unstable = _edge_weights(fits, geo, len(hosts), lenient)
             off = solve_network(
-                len(hosts), geo.lo, geo.hi, fits.a, w0, theta, known, FLOOR_NS[kind], ref
+                len(hosts),
+                geo.lo,
+                geo.hi,
+                fits.a,
+                w0,
+                theta,
+                known,
+                FLOOR_NS[kind],
+                ref,
+                min_edges=self.min_edges,
             )
             w_drift = np.where(fits.slope_ok, (off.weight > 0).astype(np.float64), 0.0)
             dft = solve_network(
                 len(hosts), geo.lo, geo.hi, fits.b * 1e9, w_drift, drift, known,
-                DRIFT_FLOOR_PPB[kind], ref, reject=False,
+                DRIFT_FLOOR_PPB[kind], ref, reject=False, min_edges=self.min_edges,
             )  # fmt: skip
             # How far the times used for this pass were off: offset change plus drift change
             # over the half window.

@@ -160,3 +160,35 @@ def test_empty_input_keeps_previous_models_unsynchronized() -> None:
     out = HuygensSync()(WINDOW_SCHEMA.empty_table(), None, prev)
     assert len(out) == 1 and out[0].host_id == "h1" and not out[0].synced
     assert out[0].offset_ns == pytest.approx(5.0)
+
+
+def test_collector_lookback_is_solved_one_window_generation_at_a_time() -> None:
+    """The collector passes ~2 s of windows every second: each generation is measured once."""
+    rng = np.random.default_rng(7)
+    off = rng.uniform(-1e6, 1e6, 8)
+    gen0 = _ring(8, off, rng)
+    gen1 = _ring(8, off, rng)
+    gen1 = gen1.set_column(3, "start_ns", pa.array(np.full(gen1.num_rows, 10**9), pa.int64()))
+    sync = HuygensSync()
+    first = sync(gen0, None, {})
+    assert sync.generation == 0
+    both = pa.concat_tables([gen0, gen1])
+    second = sync(both, None, {m.host_id: m for m in first})
+    assert sync.generation == 1 and second != first
+    again = sync(both, None, {m.host_id: m for m in second})
+    assert again == second  # same generation: not folded in twice
+    # A newest generation with only a few rows (still arriving) is not taken yet.
+    partial = gen1.slice(0, 3).set_column(
+        3, "start_ns", pa.array(np.full(3, 2 * 10**9), pa.int64())
+    )
+    sync(pa.concat_tables([both, partial]), None, {})
+    assert sync.generation == 1
+
+
+def test_two_hosts_sync_pairwise_when_allowed() -> None:
+    rng = np.random.default_rng(8)
+    table = windows_to_table(_edge_windows("a/eth0", "b/eth0", 12_345.0, rng))
+    assert not any(m.synced for m in HuygensSync()(table, None, {}))
+    got = {m.host_id: m for m in HuygensSync(min_edges=1)(table, None, {})}
+    assert got["a"].synced and got["b"].synced
+    assert got["b"].offset_ns - got["a"].offset_ns == pytest.approx(12_345.0, abs=60)
