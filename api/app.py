@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fleetlens.api import models as m
 from fleetlens.api import queries as q
+from fleetlens.api.config import MINUTE_NS
 from fleetlens.api.service import Collector
 from fleetlens.api.timeparse import TimeParamError, parse_duration, parse_instant
 from fleetlens.api.writer import Backpressure
@@ -387,6 +388,8 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
             raise ApiError(422, str(e), "step") from None
         if st < 1_000_000:
             raise ApiError(422, "step must be at least 1ms", "step")
+        if since is None and st % MINUTE_NS == 0:
+            s = s // MINUTE_NS * MINUTE_NS  # default range on minute bounds: served from rollups
         if (u - s) // st > c.settings.max_points:
             raise ApiError(422, f"more than {c.settings.max_points} points: raise step", "step")
         points = q.pair_owd(c, src_nic, dst_nic, s, u, st)

@@ -169,15 +169,15 @@ WITH raw AS (
            sum(sent) AS sent, sum(received) AS received, min(owd_min_ns) AS mn,
            median(owd_p50_ns) AS p50, max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
     FROM windows
-    WHERE src_nic = $src AND dst_nic = $dst AND start_ns >= $since AND start_ns < $until
+    WHERE src_nic = $src AND dst_nic = $dst AND start_ns >= $raw_lo AND start_ns < $until
     GROUP BY 1),
 agg AS (
-    SELECT $since + (minute_ns - $since) // $step * $step AS t, sum(windows) AS windows,
-           sum(sent) AS sent, sum(received) AS received, min(owd_min_ns) AS mn,
-           sum(owd_p50_ns * windows) / sum(windows) AS p50, max(owd_p99_ns) AS p99,
-           max(owd_max_ns) AS mx
+    SELECT $since + (greatest(minute_ns, $since) - $since) // $step * $step AS t,
+           sum(windows) AS windows, sum(sent) AS sent, sum(received) AS received,
+           min(owd_min_ns) AS mn, sum(owd_p50_ns * windows) / sum(windows) AS p50,
+           max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
     FROM windows_minute
-    WHERE src_nic = $src AND dst_nic = $dst AND minute_ns >= $lo_min AND minute_ns < $until
+    WHERE src_nic = $src AND dst_nic = $dst AND minute_ns >= $min_lo AND minute_ns < $split
     GROUP BY 1)
 SELECT t, sum(windows)::BIGINT, sum(sent)::BIGINT, sum(received)::BIGINT, min(mn),
        sum(p50 * windows) / sum(windows), max(p99), max(mx)
@@ -187,11 +187,17 @@ GROUP BY t ORDER BY t
 
 
 def pair_owd(c: Collector, src: str, dst: str, since: int, until: int, step: int) -> list[OwdPoint]:
+    """Minutes come from windows_minute, the rest from raw windows, split at a minute boundary
+    both tables cover: the rollup watermark when buckets are whole minutes from a minute
+    boundary (exact; a long history then reads ~60x fewer rows), else the oldest raw minute."""
+    store = c.store
+    aligned = since % MINUTE_NS == 0 and step % MINUTE_NS == 0
+    split = min(max(store.watermark_ns if aligned else store.raw_floor_ns, since), until)
     params = {
         "src": src, "dst": dst, "since": since, "until": until, "step": step,
-        "lo_min": since // MINUTE_NS * MINUTE_NS,
+        "raw_lo": split, "split": split, "min_lo": since // MINUTE_NS * MINUTE_NS,
     }  # fmt: skip
-    rows = c.store.read().execute(_OWD_SQL, params).fetchall()
+    rows = store.read().execute(_OWD_SQL, params).fetchall()
     return [
         OwdPoint(
             t=t, windows=w, sent=s, received=r,

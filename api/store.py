@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 from fleetlens.api.codec import LinkDict, from_storage, to_storage
 from fleetlens.api.config import MINUTE_NS
 
@@ -30,6 +31,8 @@ CREATE TABLE IF NOT EXISTS windows (
     owd_min_ns DOUBLE, owd_p50_ns DOUBLE, owd_p99_ns DOUBLE, owd_max_ns DOUBLE,
     hull_t_ns BLOB, hull_owd_ns BLOB, ts_source VARCHAR, path BLOB);
 CREATE TABLE IF NOT EXISTS link_dict (idx INTEGER PRIMARY KEY, link_id VARCHAR);
+CREATE TABLE IF NOT EXISTS rollup (
+    id INTEGER PRIMARY KEY, watermark_ns BIGINT, raw_floor_ns BIGINT);
 CREATE TABLE IF NOT EXISTS batches (
     batch_id VARCHAR PRIMARY KEY, host_id VARCHAR, rows INTEGER, received_ns BIGINT);
 CREATE TABLE IF NOT EXISTS windows_minute (
@@ -56,14 +59,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     name VARCHAR PRIMARY KEY, hosts VARCHAR[], created_ns BIGINT);
 """
 
-# Per-minute aggregate of raw windows per NIC pair. Percentiles of percentiles are not exact:
-# p50 is the median of window medians, p99 the largest window p99 (an upper bound).
-_AGGREGATE = f"""
+
+# Per-minute aggregate of windows per NIC pair. Percentiles of percentiles are not exact:
+# p50 is the median of window medians (merged as a window-weighted mean), p99 the largest
+# window p99 (an upper bound).
+def _aggregate_sql(source: str, where: str) -> str:
+    return f"""
 INSERT INTO windows_minute
 SELECT src_nic, dst_nic, (start_ns // {MINUTE_NS}) * {MINUTE_NS} AS minute_ns, count(*),
        sum(sent), sum(received), sum(pure), min(owd_min_ns), median(owd_p50_ns),
        max(owd_p99_ns), max(owd_max_ns)
-FROM windows WHERE start_ns < $cutoff GROUP BY ALL
+FROM {source} WHERE {where} GROUP BY ALL
 ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
     owd_p50_ns = (coalesce(owd_p50_ns, EXCLUDED.owd_p50_ns) * windows
                   + coalesce(EXCLUDED.owd_p50_ns, owd_p50_ns) * EXCLUDED.windows)
@@ -74,6 +80,7 @@ ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
     owd_p99_ns = greatest(owd_p99_ns, EXCLUDED.owd_p99_ns),
     owd_max_ns = greatest(owd_max_ns, EXCLUDED.owd_max_ns)
 """
+
 
 _INSERT_COLS = ", ".join(WINDOW_SCHEMA.names)
 _I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
@@ -114,6 +121,10 @@ class Store:
         self.con = connect(self.path, threads, memory_limit)
         self._local = threading.local()
         self.links = self._load_links()
+        row = self.con.execute("SELECT watermark_ns, raw_floor_ns FROM rollup").fetchone()
+        # Every window that started before `watermark_ns` is in windows_minute; windows_raw
+        # holds every window that started at or after `raw_floor_ns` (<= watermark).
+        self.watermark_ns, self.raw_floor_ns = row if row else (0, 0)
 
     def _load_links(self) -> LinkDict:
         rows = self.con.execute("SELECT link_id FROM link_dict ORDER BY idx").fetchall()
@@ -175,6 +186,10 @@ class Store:
         self.con.register("_incoming", stored)
         try:
             self.con.execute(f"INSERT INTO windows SELECT {_INSERT_COLS} FROM _incoming")
+            if table.num_rows and pc.min(table["start_ns"]).as_py() < self.watermark_ns:
+                # Late windows of minutes already rolled up go into their minute right away.
+                where = f"start_ns < {int(self.watermark_ns)}"
+                self.con.execute(_aggregate_sql("_incoming", where))
         finally:
             self.con.unregister("_incoming")
 
@@ -258,19 +273,27 @@ class Store:
     def save_job(self, name: str, hosts: list[str], now_ns: int) -> None:
         self.con.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)", [name, hosts, now_ns])
 
-    def retention_pass(self, now_ns: int, raw_ns: int, agg_ns: int) -> dict[str, int]:
-        """Fold raw windows older than ``raw_ns`` into per-minute rows; drop rows older than
-        ``agg_ns``. Only whole minutes are folded, so a minute is never split between tables."""
-        cutoff = (now_ns - raw_ns) // MINUTE_NS * MINUTE_NS
+    def retention_pass(
+        self, now_ns: int, raw_ns: int, agg_ns: int, grace_ns: int = 2 * MINUTE_NS
+    ) -> dict[str, int]:
+        """Roll every minute that closed ``grace_ns`` ago into ``windows_minute`` (continuously,
+        so long histories read minutes, not raw rows), then drop raw windows older than
+        ``raw_ns`` and minutes older than ``agg_ns``. A minute is rolled up exactly once; later
+        (late) windows of it are merged at insert time."""
+        mark = max(self.watermark_ns, (now_ns - grace_ns) // MINUTE_NS * MINUTE_NS)
+        cutoff = min(mark, (now_ns - raw_ns) // MINUTE_NS * MINUTE_NS)
+        cutoff = max(cutoff, self.raw_floor_ns)
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
-            folded = con.execute(
+            rng = f"start_ns >= {int(self.watermark_ns)} AND start_ns < {int(mark)}"
+            rolled = con.execute(f"SELECT count(*) FROM windows WHERE {rng}").fetchone()[0]
+            if rolled:
+                con.execute(_aggregate_sql("windows", rng))
+            deleted = con.execute(
                 "SELECT count(*) FROM windows WHERE start_ns < ?", [cutoff]
             ).fetchone()[0]
-            if folded:
-                con.execute(_AGGREGATE, {"cutoff": cutoff})
-                con.execute("DELETE FROM windows WHERE start_ns < ?", [cutoff])
+            con.execute("DELETE FROM windows WHERE start_ns < ?", [cutoff])
             con.execute("DELETE FROM batches WHERE received_ns < ?", [now_ns - raw_ns])
             old = now_ns - agg_ns
             dropped = con.execute(
@@ -279,8 +302,13 @@ class Store:
             con.execute("DELETE FROM windows_minute WHERE minute_ns < ?", [old])
             con.execute("DELETE FROM verdicts WHERE updated_ns < ?", [old])
             con.execute("DELETE FROM clocks WHERE updated_ns < ?", [old])
+            con.execute("INSERT OR REPLACE INTO rollup VALUES (1, ?, ?)", [mark, cutoff])
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        return {"folded_windows": int(folded), "dropped_minutes": int(dropped), "cutoff_ns": cutoff}
+        self.watermark_ns, self.raw_floor_ns = mark, cutoff
+        return {
+            "rolled_windows": int(rolled), "deleted_windows": int(deleted),
+            "dropped_minutes": int(dropped), "watermark_ns": mark, "raw_floor_ns": cutoff,
+        }  # fmt: skip
