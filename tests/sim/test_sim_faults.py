@@ -224,3 +224,18 @@ def test_link_load_truth_tracks_queueing(small_topo) -> None:
          zip(column(t, "window"), t.column("path").to_pylist(), strict=True)]
     )  # fmt: skip
     assert np.corrcoef(expected, excess_p50)[0, 1] > 0.3
+
+
+def test_faults_on_a_three_tier_fat_tree() -> None:
+    topo = from_spec("fattree:k=4")
+    sim, res = _run(topo, "core1:fail", "agg3->core2:delay_us=50", seconds=1)
+    t = res.windows
+    paths = t.column("path").to_pylist()
+    via_core1 = np.array([any("core1" in hop for hop in p) for p in paths])
+    slow = crosses(t, "agg3->core2")
+    assert via_core1.sum() > 10 and slow.sum() > 10
+    assert (_loss(t)[via_core1] == 1).all() and (_loss(t)[~via_core1] == 0).all()
+    ex = _excess(sim, t)
+    assert (ex[slow] >= 50_000 - 1).all() and (ex[~slow & ~via_core1] < 15_000).all()
+    faulty = {r["link_id"] for r in res.truth_links.to_pylist() if r["faulty"]}
+    assert faulty == {lk.id for lk in topo.links if "core1" in lk.id} | {"agg3->core2"}
