@@ -44,6 +44,7 @@ enum { CH_FREE = 0, CH_QUEUED, CH_INFLIGHT };
  * are shared, so test() and isend() never wait for the I/O thread's lock. */
 enum { R_FREE = 0, R_POSTED, R_ACTIVE, R_DONE };
 #define CTRL_DRAINED 1u
+#define CTRL_BYE 2u /* the peer is closing the comm: what follows is not a failure */
 
 typedef struct {
   uint32_t magic;
@@ -125,7 +126,7 @@ typedef struct lp_comm {
   pthread_t thr;
   int thr_started, efd;
   atomic_int stop;
-  int nlanes, nup, nclean, returned, rr, warned_all_drained;
+  int nlanes, nup, nclean, returned, rr, warned_all_drained, peer_closed;
   lp_lane_t lanes[LP_MAX_NICS];
   uint32_t rip[LP_MAX_NICS];
   uint16_t rport[LP_MAX_NICS];
@@ -275,7 +276,10 @@ static void lane_dead(lp_comm_t *c, int idx, const char *why, uint64_t now) {
     atomic_fetch_add(&lp_stats.resent_chunks, n);
     atomic_fetch_add(&lp_stats.resent_bytes, bytes);
   }
-  if (was_up) {
+  if (was_up && c->peer_closed) {
+    LP_INFO("LinkPass: %s lane %d (%s) closed by the peer", c->is_send ? "send" : "recv", idx,
+            lp_nics[l->nic].name);
+  } else if (was_up) {
     atomic_fetch_add(&lp_stats.failovers, 1);
     LP_WARN("LinkPass: %s lane %d (%s) failed: %s; %llu chunks re-queued on other NICs",
             c->is_send ? "send" : "recv", idx, lp_nics[l->nic].name, why,
@@ -547,6 +551,7 @@ static void lane_read(lp_comm_t *c, int idx, uint64_t now) {
       return;
     }
     if (l->rxh.type == F_CTRL) {
+      if (l->rxh.flags & CTRL_BYE) c->peer_closed = 1;
       if (c->is_send) {
         sender_ack(c, l->rxh.seq);
         l->remote_drained = (l->rxh.flags & CTRL_DRAINED) != 0;
@@ -631,7 +636,7 @@ static void lane_timers(lp_comm_t *c, int idx, uint64_t now) {
     lane_dead(c, idx, "connect timeout", now);
     return;
   }
-  if (l->state == LANE_DOWN && c->rport[idx] && lp_nic_usable(l->nic) &&
+  if (l->state == LANE_DOWN && c->rport[idx] && !c->peer_closed && lp_nic_usable(l->nic) &&
       (l->t_state == 0 || now - l->t_state >= ms_ns(lp_cfg.reconnect_ms))) {
     l->t_state = now;
     l->fd = tp->connect_start(&lp_nics[l->nic], c->rip[idx], c->rport[idx]);
@@ -848,12 +853,29 @@ static int comm_start(lp_comm_t *c) {
   return 0;
 }
 
+/* Best effort: tell the peer on every lane at a frame boundary that this is an orderly close,
+ * so its lanes ending now are not failovers (nor WARN lines in NCCL's log). */
+static void say_bye(lp_comm_t *c) {
+  for (int i = 0; i < c->nlanes; i++) {
+    lp_lane_t *l = &c->lanes[i];
+    if (l->fd < 0 || l->state != LANE_UP || l->tx_busy) continue;
+    lp_frame_t f;
+    frame_init(&f, F_CTRL);
+    f.seq = c->is_send ? 0 : c->cum;
+    f.flags = CTRL_BYE;
+    struct iovec iov = {.iov_base = &f, .iov_len = sizeof(f)};
+    if (tp->sendv(l->fd, &iov, 1) != (ssize_t)sizeof(f)) { /* full socket: the peer will see EOF */
+    }
+  }
+}
+
 static void comm_free(lp_comm_t *c) {
   if (c->thr_started) {
     atomic_store(&c->stop, 1);
     wake(c);
     pthread_join(c->thr, NULL);
   }
+  say_bye(c);
   for (int i = 0; i < LP_MAX_NICS; i++) {
     if (c->lanes[i].fd >= 0) tp->close(c->lanes[i].fd);
     if (c->lanes[i].rx_unexp) {

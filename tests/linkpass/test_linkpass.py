@@ -97,10 +97,12 @@ def run_with_faults(
     env_a: dict[str, str] | None = None,
     env_b: dict[str, str] | None = None,
     finish_timeout: float = 60,
+    extra: list[str] | None = None,
 ) -> tuple[lpnet.Rank, lpnet.Rank, list[float], tuple[int, int]]:
     """Starts both ranks, runs each fault at its offset after the sender is ready (recording
     the wall time it took effect), and waits for both ranks to exit."""
-    send, recv = lpnet.start_pair(net, workdir, seconds, env_a, env_b, ["--sample-ms", "100"])
+    args = ["--sample-ms", "100", *(extra or [])]
+    send, recv = lpnet.start_pair(net, workdir, seconds, env_a, env_b, args)
     try:
         ready = send.wait_event("ready", 20)
         assert ready, f"sender never ready: {send.events} {send.stderr} {recv.stderr}"
@@ -362,8 +364,10 @@ def test_loopback_transfer_through_each_version(built: Path, tmp_path: Path, ver
             ["--inflight", "16", "--msg-bytes", "262144"],
             ["--inflight", "1", "--msg-bytes", "262144"],
         ),
+        # eight comms in one process, each with its own I/O thread and pattern
+        (["--conns", "8", "--msg-bytes", "262144"],) * 2,
     ],
-    ids=["32-inflight", "partial-chunk", "sender-ahead"],
+    ids=["32-inflight", "partial-chunk", "sender-ahead", "8-comms"],
 )
 def test_loopback_request_shapes(
     built: Path, tmp_path: Path, send_args: list[str], recv_args: list[str]
@@ -399,15 +403,21 @@ def test_every_nic_drained_still_moves_data(built: Path, tmp_path: Path) -> None
 
 
 @needs_root
-@pytest.mark.parametrize("side", ["a", "b"], ids=["sender-nic", "receiver-nic"])
-def test_link_down_failover_and_failback(net: lpnet.NetnsPair, tmp_path: Path, side: str) -> None:
+@pytest.mark.parametrize(
+    ("side", "conns"), [("a", 1), ("b", 3)], ids=["sender-nic-1comm", "receiver-nic-3comms"]
+)
+def test_link_down_failover_and_failback(
+    net: lpnet.NetnsPair, tmp_path: Path, side: str, conns: int
+) -> None:
     """eth1 goes down on the sender's host (seen at once by netlink) or on the receiver's host
-    (the sender only loses carrier late: heartbeats catch it first)."""
+    (the sender only loses carrier late: heartbeats catch it first), under one comm or three
+    comms driven by one progress thread as NCCL's proxy does."""
     send, recv, (t_down, t_up), rcs = run_with_faults(
         net,
         tmp_path,
         7.0,
         [(2.0, lambda: net.link(side, 1, False)), (4.5, lambda: net.link(side, 1, True))],
+        extra=["--conns", str(conns)],
     )
     assert_clean_transfer(send, recv, rcs)
     ts, tx = send.nic_series("tx_bytes")
@@ -418,7 +428,7 @@ def test_link_down_failover_and_failback(net: lpnet.NetnsPair, tmp_path: Path, s
     report("link down", side, recv, back)
     assert back is not None and back < 2.0, f"traffic back on eth1 after {back} s"
     st = final_status(send)
-    assert st["failovers"] >= 1 and st["failbacks"] >= 1
+    assert st["failovers"] >= conns and st["failbacks"] >= conns and st["comms"] == conns
     logs = send.of("log") + recv.of("log")
     assert any("eth1" in e["msg"] and "failed" in e["msg"] for e in logs)
 

@@ -34,12 +34,12 @@ typedef struct {
   const char *plugin, *role, *handle_path;
   size_t msg_bytes;
   double seconds;
-  int inflight, sample_ms, verify, version, rank;
+  int inflight, sample_ms, verify, version, rank, conns;
   double deadline_s;
 } opts_t;
 
 static opts_t o = {.msg_bytes = 4u << 20, .seconds = 5, .inflight = 8, .sample_ms = 100,
-                   .verify = 1, .version = 12, .rank = -1, .deadline_s = 120};
+                   .verify = 1, .version = 12, .rank = -1, .conns = 1, .deadline_s = 120};
 static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
 static double t0;
 static int (*status_json)(char *, size_t);
@@ -322,30 +322,41 @@ static void fix_old_ops(ops_t *ops, int version) {
 
 /* ---------------------------------------------------------------- data pattern */
 
-static void fill(uint64_t *w, size_t words, uint64_t k) {
-  for (size_t i = 0; i < words; i++) w[i] = (k << 32) ^ i ^ SALT;
+/* Word i of message k on connection ci: distinct for every (k, i) of a connection, and every
+ * connection has its own salt, so a byte landing in the wrong message, place or connection
+ * is caught. */
+static uint64_t salt(int ci) { return SALT ^ ((uint64_t)ci * 0xA24BAED4963EE407ull); }
+static void fill(uint64_t *w, size_t words, uint64_t k, uint64_t s) {
+  for (size_t i = 0; i < words; i++) w[i] = ((k << 32) | (i & 0xffffffffu)) ^ s;
 }
-static long check(const uint64_t *w, size_t words, uint64_t k) {
+static long check(const uint64_t *w, size_t words, uint64_t k, uint64_t s) {
   for (size_t i = 0; i < words; i++)
-    if (w[i] != ((k << 32) ^ i ^ SALT)) return (long)i;
+    if (w[i] != (((k << 32) | (i & 0xffffffffu)) ^ s)) return (long)i;
   return -1;
 }
 
 /* ---------------------------------------------------------------- progress thread */
 
 typedef struct {
-  ops_t *ops;
-  void *comm, *mh;
-  char *buf;
-  int send;
-  int rc; /* exit code */
-} prog_t;
-
-typedef struct {
   void *req;
   uint64_t msg;
-  double t_post;
 } slot_t;
+
+/* One connection as NCCL's proxy sees it: its buffer, registration and requests in flight. */
+typedef struct {
+  void *comm, *lc, *mh;
+  char *buf;
+  slot_t slot[MAX_INFLIGHT];
+  uint64_t next, end_msg, bytes, msgs, mismatches;
+  int ended, end_posted;
+} conn_t;
+
+typedef struct {
+  ops_t *ops;
+  conn_t *conns;
+  int nconns, send;
+  int rc; /* exit code */
+} prog_t;
 
 static void sample(double *t_last, uint64_t bytes, uint64_t msgs) {
   double t = now_s();
@@ -357,110 +368,136 @@ static void sample(double *t_last, uint64_t bytes, uint64_t msgs) {
        (unsigned long long)bytes, (unsigned long long)msgs, st);
 }
 
+typedef struct {
+  const char *call;
+  ncclResult_t rc;
+} fail_t;
+
+/* Posts what fits, then tests oldest-first; returns 1 if anything completed. */
+static int drive(prog_t *p, int ci, double t, double end, fail_t *f) {
+  ops_t *ops = p->ops;
+  conn_t *c = &p->conns[ci];
+  size_t words = o.msg_bytes / 8;
+  int progressed = 0;
+  for (int s = 0; s < o.inflight && !c->ended; s++) {
+    if (c->slot[s].req) continue;
+    char *b = c->buf + (size_t)s * o.msg_bytes;
+    void *req = NULL;
+    ncclResult_t r;
+    if (p->send) {
+      if (c->end_posted) break;
+      size_t sz = o.msg_bytes;
+      if (t >= end) {
+        sz = 0; /* end marker */
+      } else if (o.verify) {
+        fill((uint64_t *)b, words, c->next, salt(ci));
+      }
+      r = ops->isend(c->comm, b, sz, o.rank, c->mh, &req);
+      f->call = "isend";
+      if (req && sz == 0) {
+        c->end_posted = 1;
+        c->end_msg = c->next;
+      }
+    } else {
+      r = ops->irecv(c->comm, b, o.msg_bytes, 1 - o.rank, c->mh, &req);
+      f->call = "irecv";
+    }
+    if (r != ncclSuccess) {
+      f->rc = r;
+      return -1;
+    }
+    if (!req) break; /* plugin busy: retry later, as NCCL does */
+    c->slot[s].req = req;
+    c->slot[s].msg = c->next++;
+  }
+  while (!c->ended) {
+    int best = -1;
+    for (int s = 0; s < o.inflight; s++)
+      if (c->slot[s].req && (best < 0 || c->slot[s].msg < c->slot[best].msg)) best = s;
+    if (best < 0) break;
+    int done = 0, size = -1;
+    ncclResult_t r = ops->test(c->slot[best].req, &done, &size);
+    if (r != ncclSuccess) {
+      f->call = "test";
+      f->rc = r;
+      return -1;
+    }
+    if (!done) break;
+    progressed = 1;
+    uint64_t k = c->slot[best].msg;
+    c->slot[best].req = NULL;
+    c->msgs++;
+    if (p->send) {
+      if (c->end_posted && k == c->end_msg) c->ended = 1;
+      else c->bytes += (uint64_t)size;
+    } else if (size == 0) {
+      c->ended = 1;
+    } else if ((size_t)size != o.msg_bytes) {
+      c->mismatches++;
+      emit("\"event\":\"mismatch\",\"conn\":%d,\"message\":%llu,\"size\":%d", ci,
+           (unsigned long long)k, size);
+    } else {
+      const uint64_t *w = (const uint64_t *)(c->buf + (size_t)best * o.msg_bytes);
+      long bad = o.verify ? check(w, words, k, salt(ci)) : -1;
+      if (bad >= 0) {
+        if (c->mismatches++ < 5)
+          emit("\"event\":\"mismatch\",\"conn\":%d,\"message\":%llu,\"word\":%ld", ci,
+               (unsigned long long)k, bad);
+      } else if (!c->mismatches) {
+        c->bytes += (uint64_t)size;
+      }
+    }
+  }
+  return progressed;
+}
+
 static void *progress(void *arg) {
   prog_t *p = arg;
   pthread_setname_np(pthread_self(), "progress");
-  ops_t *ops = p->ops;
-  slot_t slot[MAX_INFLIGHT];
-  memset(slot, 0, sizeof(slot));
-  size_t words = o.msg_bytes / 8;
-  uint64_t next = 0, done_msgs = 0, bytes = 0, mismatches = 0, errors = 0;
   double start = now_s(), end = start + o.seconds, last_prog = start, max_stall = 0;
-  double stall_at = 0, t_sample = 0, first_done = 0;
-  int ended = 0, end_posted = 0;
+  double stall_at = 0, t_sample = 0;
+  int first = 1;
   long idle_ns = 10000;
-  const char *err_call = NULL;
-  ncclResult_t err_rc = ncclSuccess;
-  uint64_t end_msg = UINT64_MAX;
-  if (p->send && !o.verify) fill((uint64_t *)p->buf, words, 0);
-  while (!ended) {
+  fail_t f = {NULL, ncclSuccess};
+  uint64_t bytes = 0, msgs = 0, mismatches = 0;
+  if (p->send && !o.verify)
+    for (int ci = 0; ci < p->nconns; ci++)
+      for (int s = 0; s < o.inflight; s++)
+        fill((uint64_t *)(p->conns[ci].buf + (size_t)s * o.msg_bytes), o.msg_bytes / 8, 0, 0);
+  for (;;) {
     double t = now_s();
     if (t - start > o.deadline_s) {
-      err_call = "harness-deadline";
+      f.call = "harness-deadline";
+      f.rc = ncclInternalError;
       break;
     }
-    int progressed = 0;
-    /* post */
-    for (int s = 0; s < o.inflight; s++) {
-      if (slot[s].req) continue;
-      char *b = p->buf + (size_t)s * o.msg_bytes;
-      void *req = NULL;
-      ncclResult_t r;
-      if (p->send) {
-        if (end_posted) break;
-        size_t sz = o.msg_bytes;
-        if (t >= end) {
-          sz = 0; /* end marker */
-          end_posted = 1;
-          end_msg = next;
-        } else if (o.verify) {
-          fill((uint64_t *)b, words, next);
-        }
-        r = ops->isend(p->comm, b, sz, o.rank, p->mh, &req);
-        if (r == ncclSuccess && !req && sz == 0) end_posted = 0;
-        err_call = "isend";
-      } else {
-        r = ops->irecv(p->comm, b, o.msg_bytes, 1 - o.rank, p->mh, &req);
-        err_call = "irecv";
-      }
-      if (r != ncclSuccess) {
-        err_rc = r;
-        goto out;
-      }
-      if (!req) break; /* plugin busy: retry later, as NCCL does */
-      slot[s].req = req;
-      slot[s].msg = next++;
-      slot[s].t_post = t;
+    int progressed = 0, ended = 1;
+    for (int ci = 0; ci < p->nconns; ci++) {
+      int r = drive(p, ci, t, end, &f);
+      if (r < 0) goto out;
+      progressed |= r;
+      ended &= p->conns[ci].ended;
     }
-    /* test, oldest first */
-    for (;;) {
-      int best = -1;
-      for (int s = 0; s < o.inflight; s++)
-        if (slot[s].req && (best < 0 || slot[s].msg < slot[best].msg)) best = s;
-      if (best < 0) break;
-      int done = 0, size = -1;
-      ncclResult_t r = ops->test(slot[best].req, &done, &size);
-      if (r != ncclSuccess) {
-        err_call = "test";
-        err_rc = r;
-        goto out;
-      }
-      if (!done) break;
+    if (progressed) {
       t = now_s();
-      if (first_done == 0) first_done = t;
-      if (t - last_prog > max_stall && first_done != t) {
+      if (!first && t - last_prog > max_stall) {
         max_stall = t - last_prog;
         stall_at = last_prog - t0;
       }
+      first = 0;
       last_prog = t;
-      progressed = 1;
-      uint64_t k = slot[best].msg;
-      slot[best].req = NULL;
-      if (p->send) {
-        if (k == end_msg) ended = 1;
-        else bytes += (uint64_t)size;
-      } else if (size == 0) {
-        ended = 1;
-        end_msg = k;
-      } else {
-        if ((size_t)size != o.msg_bytes) {
-          mismatches++;
-          emit("\"event\":\"mismatch\",\"message\":%llu,\"size\":%d", (unsigned long long)k, size);
-        } else if (o.verify) {
-          long bad = check((const uint64_t *)(p->buf + (size_t)best * o.msg_bytes), words, k);
-          if (bad >= 0) {
-            mismatches++;
-            if (mismatches < 5)
-              emit("\"event\":\"mismatch\",\"message\":%llu,\"word\":%ld", (unsigned long long)k,
-                   bad);
-          }
-        }
-        if (!mismatches) bytes += (uint64_t)size;
-      }
-      done_msgs++;
-      if (ended) break;
     }
-    sample(&t_sample, bytes, done_msgs);
+    bytes = msgs = mismatches = 0;
+    for (int ci = 0; ci < p->nconns; ci++) {
+      bytes += p->conns[ci].bytes;
+      msgs += p->conns[ci].msgs;
+      mismatches += p->conns[ci].mismatches;
+    }
+    if (ended) {
+      f.call = NULL;
+      break;
+    }
+    sample(&t_sample, bytes, msgs);
     /* Back off 10 us .. 200 us while nothing completes: a 4 MiB message takes milliseconds,
      * and a tight loop would steal the CPU the plugin's I/O thread needs. */
     if (!progressed) {
@@ -471,51 +508,102 @@ static void *progress(void *arg) {
       idle_ns = 10000;
     }
   }
-  err_call = err_call && strcmp(err_call, "harness-deadline") == 0 ? err_call : NULL;
 out:
-  if (err_call) {
-    errors++;
-    emit("\"event\":\"error\",\"call\":\"%s\",\"rc\":%d", err_call, (int)err_rc);
-  }
+  if (f.call) emit("\"event\":\"error\",\"call\":\"%s\",\"rc\":%d", f.call, (int)f.rc);
   t_sample = 0;
-  sample(&t_sample, bytes, done_msgs);
+  sample(&t_sample, bytes, msgs);
   double el = last_prog - start;
-  emit("\"event\":\"done\",\"role\":\"%s\",\"version\":%d,\"bytes\":%llu,\"bytes_verified\":%llu,"
-       "\"messages\":%llu,\"mismatches\":%llu,\"errors\":%llu,\"max_stall_ms\":%.3f,"
-       "\"max_stall_at\":%.3f,\"elapsed_s\":%.3f,\"gbit_s\":%.3f,\"verify\":%d",
-       p->send ? "send" : "recv", o.version, (unsigned long long)bytes,
-       (unsigned long long)(p->send || o.verify ? bytes : 0),
-       (unsigned long long)done_msgs, (unsigned long long)mismatches,
-       (unsigned long long)errors, max_stall * 1e3, stall_at, el,
+  emit("\"event\":\"done\",\"role\":\"%s\",\"version\":%d,\"conns\":%d,\"bytes\":%llu,"
+       "\"bytes_verified\":%llu,\"messages\":%llu,\"mismatches\":%llu,\"errors\":%d,"
+       "\"max_stall_ms\":%.3f,\"max_stall_at\":%.3f,\"elapsed_s\":%.3f,\"gbit_s\":%.3f,"
+       "\"verify\":%d",
+       p->send ? "send" : "recv", o.version, p->nconns, (unsigned long long)bytes,
+       (unsigned long long)(p->send || o.verify ? bytes : 0), (unsigned long long)msgs,
+       (unsigned long long)mismatches, f.call ? 1 : 0, max_stall * 1e3, stall_at, el,
        el > 0 ? (double)bytes * 8 / el / 1e9 : 0.0, o.verify);
-  p->rc = errors ? 2 : mismatches ? 3 : 0;
+  p->rc = f.call ? 2 : mismatches ? 3 : 0;
   return NULL;
 }
 
 /* ---------------------------------------------------------------- roles */
 
-static int write_handle(const char *path, const void *h) {
+static int write_handles(const char *path, const char *h, int n) {
   char tmp[4096];
   snprintf(tmp, sizeof(tmp), "%s.tmp", path);
   FILE *f = fopen(tmp, "wb");
   if (!f) return -1;
-  int ok = fwrite(h, 1, LP_HANDLE_BYTES, f) == LP_HANDLE_BYTES;
+  int ok = fwrite(h, LP_HANDLE_BYTES, (size_t)n, f) == (size_t)n;
   ok &= fclose(f) == 0;
   return ok && rename(tmp, path) == 0 ? 0 : -1;
 }
 
-static int read_handle(const char *path, void *h, double timeout) {
+static int read_handles(const char *path, char *h, int n, double timeout) {
   double until = now_s() + timeout;
   while (now_s() < until) {
     FILE *f = fopen(path, "rb");
     if (f) {
-      size_t n = fread(h, 1, LP_HANDLE_BYTES, f);
+      size_t got = fread(h, LP_HANDLE_BYTES, (size_t)n, f);
       fclose(f);
-      if (n == LP_HANDLE_BYTES) return 0;
+      if (got == (size_t)n) return 0;
     }
     usleep(10000);
   }
   return -1;
+}
+
+/* Setup thread, as NCCL's: listen on all, publish the handles, then accept / connect every
+ * connection with non-blocking calls until each returns a comm. */
+static int setup(ops_t *ops, void *ctx, conn_t *conns, int send) {
+  char *handles = calloc((size_t)o.conns, LP_HANDLE_BYTES);
+  ncclResult_t r;
+  double ts = now_s();
+  if (!send) {
+    for (int i = 0; i < o.conns; i++) {
+      if ((r = ops->listen(ctx, handles + i * LP_HANDLE_BYTES, &conns[i].lc)) != ncclSuccess) {
+        emit("\"event\":\"error\",\"call\":\"listen\",\"rc\":%d", (int)r);
+        return 2;
+      }
+    }
+    if (write_handles(o.handle_path, handles, o.conns) != 0) {
+      emit("\"event\":\"error\",\"call\":\"write-handle\",\"rc\":-1");
+      return 1;
+    }
+  } else if (read_handles(o.handle_path, handles, o.conns, 60) != 0) {
+    emit("\"event\":\"error\",\"call\":\"read-handle\",\"rc\":-1");
+    return 1;
+  }
+  for (int pending = o.conns; pending > 0;) {
+    pending = 0;
+    for (int i = 0; i < o.conns; i++) {
+      if (conns[i].comm) continue;
+      r = send ? ops->connect(ctx, handles + i * LP_HANDLE_BYTES, &conns[i].comm)
+               : ops->accept(conns[i].lc, &conns[i].comm);
+      if (r != ncclSuccess) {
+        emit("\"event\":\"error\",\"call\":\"%s\",\"rc\":%d", send ? "connect" : "accept",
+             (int)r);
+        return 2;
+      }
+      pending += conns[i].comm == NULL;
+    }
+    if (pending) usleep(1000);
+    if (now_s() - ts > 60) {
+      emit("\"event\":\"error\",\"call\":\"setup-timeout\",\"rc\":-1");
+      return 2;
+    }
+  }
+  free(handles);
+  size_t bytes = (size_t)o.inflight * o.msg_bytes;
+  for (int i = 0; i < o.conns; i++) {
+    conns[i].buf = aligned_alloc(4096, bytes);
+    if (!conns[i].buf || (r = ops->reg(conns[i].comm, conns[i].buf, bytes, &conns[i].mh))) {
+      emit("\"event\":\"error\",\"call\":\"regMr\",\"rc\":%d", (int)r);
+      return 2;
+    }
+    memset(conns[i].buf, 0, bytes);
+  }
+  emit("\"event\":\"ready\",\"role\":\"%s\",\"conns\":%d,\"setup_ms\":%.1f",
+       send ? "send" : "recv", o.conns, (now_s() - ts) * 1e3);
+  return 0;
 }
 
 static int run_rank(ops_t *ops, int send) {
@@ -536,62 +624,21 @@ static int run_rank(ops_t *ops, int send) {
   emit("\"event\":\"props\",\"plugin\":\"%s\",\"ndev\":%d,\"dev_name\":\"%s\",\"speed\":%d,"
        "\"ptr_support\":%d,\"max_recvs\":%d",
        ops->name, ndev, name ? name : "", speed, ptr, maxr);
-  char handle[LP_HANDLE_BYTES];
-  void *lc = NULL, *comm = NULL;
-  double ts = now_s();
-  if (!send) {
-    memset(handle, 0, sizeof(handle));
-    if ((r = ops->listen(ctx, handle, &lc)) != ncclSuccess) {
-      emit("\"event\":\"error\",\"call\":\"listen\",\"rc\":%d", (int)r);
-      return 2;
-    }
-    if (write_handle(o.handle_path, handle) != 0) {
-      emit("\"event\":\"error\",\"call\":\"write-handle\",\"rc\":-1");
-      return 1;
-    }
-    while (!comm) { /* setup thread: accept never blocks */
-      if ((r = ops->accept(lc, &comm)) != ncclSuccess) {
-        emit("\"event\":\"error\",\"call\":\"accept\",\"rc\":%d", (int)r);
-        return 2;
-      }
-      if (!comm) usleep(1000);
-      if (now_s() - ts > 60) {
-        emit("\"event\":\"error\",\"call\":\"accept-timeout\",\"rc\":-1");
-        return 2;
-      }
-    }
-  } else {
-    if (read_handle(o.handle_path, handle, 60) != 0) {
-      emit("\"event\":\"error\",\"call\":\"read-handle\",\"rc\":-1");
-      return 1;
-    }
-    while (!comm) {
-      if ((r = ops->connect(ctx, handle, &comm)) != ncclSuccess) {
-        emit("\"event\":\"error\",\"call\":\"connect\",\"rc\":%d", (int)r);
-        return 2;
-      }
-      if (!comm) usleep(1000);
-    }
-  }
-  size_t bytes = (size_t)o.inflight * o.msg_bytes;
-  char *buf = aligned_alloc(4096, bytes);
-  void *mh = NULL;
-  if (!buf || (r = ops->reg(comm, buf, bytes, &mh)) != ncclSuccess) {
-    emit("\"event\":\"error\",\"call\":\"regMr\",\"rc\":%d", (int)r);
-    return 2;
-  }
-  memset(buf, 0, bytes);
-  emit("\"event\":\"ready\",\"role\":\"%s\",\"setup_ms\":%.1f", send ? "send" : "recv",
-       (now_s() - ts) * 1e3);
-  prog_t p = {.ops = ops, .comm = comm, .mh = mh, .buf = buf, .send = send};
+  conn_t *conns = calloc((size_t)o.conns, sizeof(conn_t));
+  int rc = setup(ops, ctx, conns, send);
+  if (rc != 0) return rc;
+  prog_t p = {.ops = ops, .conns = conns, .nconns = o.conns, .send = send};
   pthread_t th;
   pthread_create(&th, NULL, progress, &p);
   pthread_join(th, NULL);
-  ops->dereg(comm, mh);
-  if (send) ops->close_send(comm);
-  else ops->close_recv(comm);
-  if (lc) ops->close_listen(lc);
-  free(buf);
+  for (int i = 0; i < o.conns; i++) {
+    ops->dereg(conns[i].comm, conns[i].mh);
+    if (send) ops->close_send(conns[i].comm);
+    else ops->close_recv(conns[i].comm);
+    if (conns[i].lc) ops->close_listen(conns[i].lc);
+    free(conns[i].buf);
+  }
+  free(conns);
   if (o.version >= 11 && n12 && n12->finalize) n12->finalize(ctx);
   return p.rc;
 }
@@ -626,7 +673,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: linkpass_harness --plugin SO --role send|recv|abi [--handle FILE]\n"
           "  [--msg-bytes N] [--seconds S] [--inflight K<=32] [--sample-ms MS] [--verify 0|1]\n"
-          "  [--version 8..12] [--deadline S]\n");
+          "  [--version 8..12] [--deadline S] [--conns N<=64]\n");
 }
 
 int main(int argc, char **argv) {
@@ -646,6 +693,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--verify")) o.verify = atoi(v);
     else if (!strcmp(a, "--version")) o.version = atoi(v);
     else if (!strcmp(a, "--deadline")) o.deadline_s = atof(v);
+    else if (!strcmp(a, "--conns")) o.conns = atoi(v);
     else {
       usage();
       return 1;
@@ -653,6 +701,7 @@ int main(int argc, char **argv) {
     i++;
   }
   if (!o.plugin || !o.role || o.inflight < 1 || o.inflight > MAX_INFLIGHT || o.msg_bytes % 8 ||
+      o.conns < 1 || o.conns > 64 ||
       o.msg_bytes == 0) {
     usage();
     return 1;
