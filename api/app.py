@@ -347,8 +347,8 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
         offset: Offset = 0,
     ) -> list[m.NicOut]:
         """Known NICs (inventory and registered) with their verdicts."""
-        out = [n for n in q.nics(c, host_id) if not state or n.state == state]
-        return _page(out, limit, offset, response)
+        rows = [n for n in q.nic_rows(c, host_id) if not state or n.state == state]
+        return [q.nic_out(n) for n in _page(rows, limit, offset, response)]
 
     @app.get("/v1/hosts", response_model=list[m.HostOut], dependencies=deps, responses=ERRORS,
              tags=["fabric"])  # fmt: skip
@@ -356,8 +356,9 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
         response: Response, state: m.State | None = None, limit: Limit = 100, offset: Offset = 0
     ) -> list[m.HostOut]:
         """Known hosts with their NICs, verdicts and clock model."""
-        out = [h for h in q.hosts(c) if not state or h.state == state]
-        return _page(out, limit, offset, response)
+        total, page = q.hosts(c, state, limit, offset)
+        response.headers["X-Total-Count"] = str(total)
+        return page
 
     @app.get("/v1/clocks", response_model=list[m.ClockOut], dependencies=deps, responses=ERRORS,
              tags=["clocks"])  # fmt: skip

@@ -30,7 +30,6 @@ class Settings:
     # The loops look at windows that started within this span before the newest one.
     loop_lookback_ns: int = 2_000_000_000
     top_k_links: int = 20
-    page_max: int = 1000
     max_range_ns: int = 31 * DAY_NS
     max_points: int = 10_000
     plan_peers: int = 16

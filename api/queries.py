@@ -8,6 +8,7 @@ a per-thread read cursor.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import pyarrow.compute as pc
 from fleetlens.api.config import MINUTE_NS
@@ -106,7 +107,23 @@ def nic_verdicts(c: Collector) -> dict[str, list[Verdict]]:
     return out
 
 
-def nics(c: Collector, host: str | None = None) -> list[NicOut]:
+@dataclass(frozen=True)
+class NicRow:
+    """A NIC before it becomes a response model: lists filter and page on these."""
+
+    nic_id: str
+    host_id: str
+    ifname: str
+    ip: str | None
+    leaf: str | None
+    bad: Verdict | None  # the worst non-healthy verdict concerning it
+
+    @property
+    def state(self) -> str:
+        return self.bad.state if self.bad else "healthy"
+
+
+def nic_rows(c: Collector, host: str | None = None) -> list[NicRow]:
     reg = registered_nics(c)
     inv = c.topology.nic_by_id if c.topology else {}
     concern = nic_verdicts(c)
@@ -117,18 +134,23 @@ def nics(c: Collector, host: str | None = None) -> list[NicOut]:
             continue
         vs = [v for v in concern.get(nic, []) if v.state != "healthy"]
         bad = max(vs, key=lambda v: (_SEVERITY[v.state], v.loss_rate), default=None)
-        out.append(
-            NicOut(
-                nic_id=nic, host_id=h, ifname=ifname,
-                ip=reg[nic][1] if nic in reg else inv[nic].ip,
-                leaf=inv[nic].leaf if nic in inv else None,
-                state=bad.state if bad else "healthy", since=bad.since_ns if bad else None,
-                loss_rate=bad.loss_rate if bad else 0.0,
-                excess_delay_ns=bad.excess_delay_ns if bad else 0.0,
-                reason=f"{bad.kind} {bad.subject} {bad.state}" if bad else None,
-            )
-        )  # fmt: skip
+        ip = reg[nic][1] if nic in reg else inv[nic].ip
+        out.append(NicRow(nic, h, ifname, ip, inv[nic].leaf if nic in inv else None, bad))
     return out
+
+
+def nic_out(r: NicRow) -> NicOut:
+    b = r.bad
+    return NicOut(
+        nic_id=r.nic_id, host_id=r.host_id, ifname=r.ifname, ip=r.ip, leaf=r.leaf,
+        state=r.state, since=b.since_ns if b else None, loss_rate=b.loss_rate if b else 0.0,
+        excess_delay_ns=b.excess_delay_ns if b else 0.0,
+        reason=f"{b.kind} {b.subject} {b.state}" if b else None,
+    )  # fmt: skip
+
+
+def nics(c: Collector, host: str | None = None) -> list[NicOut]:
+    return [nic_out(r) for r in nic_rows(c, host)]
 
 
 def clock_out(c: Collector, m: ClockModel) -> ClockOut:
@@ -139,27 +161,32 @@ def clock_out(c: Collector, m: ClockModel) -> ClockOut:
     )  # fmt: skip
 
 
-def hosts(c: Collector) -> list[HostOut]:
+def hosts(c: Collector, state: str | None, limit: int, offset: int) -> tuple[int, list[HostOut]]:
+    """(total matching, one page); models only for the page (fleets have 10^4 hosts)."""
     rows = (
         c.store.read()
         .execute("SELECT host_id, registered_ns, agent_version, ts_source FROM hosts")
         .fetchall()
     )
     meta = {r[0]: r[1:] for r in rows}
-    by_host = {h: list(g) for h, g in itertools.groupby(nics(c), key=lambda n: n.host_id)}
-    out = []
+    by_host = {h: list(g) for h, g in itertools.groupby(nic_rows(c), key=lambda n: n.host_id)}
+    listed = []
     for h in sorted(set(c.known_hosts()) | set(meta)):
-        ns = by_host.get(h, [])
+        st = worst([n.state for n in by_host.get(h, [])])
+        if not state or st == state:
+            listed.append((h, st))
+    out = []
+    for h, st in listed[offset : offset + limit]:
         reg, version, ts = meta.get(h, (None, None, None))
         clock = c.state.clocks.get(h)
         out.append(
             HostOut(
-                host_id=h, state=worst([n.state for n in ns]), nics=ns, registered=reg,
-                agent_version=version, ts_source=ts,
+                host_id=h, state=st, nics=[nic_out(n) for n in by_host.get(h, [])],
+                registered=reg, agent_version=version, ts_source=ts,
                 clock=clock_out(c, clock) if clock else None,
             )
         )  # fmt: skip
-    return out
+    return len(listed), out
 
 
 # ---- one pair's one-way-delay series ---------------------------------------------------------

@@ -180,7 +180,11 @@ class Collector:
     def _loop(self) -> None:
         last_retention = 0.0
         while not self._stop.wait(self.settings.loop_interval_s):
-            self.run_round(time.time_ns())
+            try:
+                self.run_round(time.time_ns())
+            except Exception:  # e.g. the writer failed to store a round: try again next time
+                self.metrics.loop_errors.labels("triangulate").inc()
+                log.exception("loop round failed")
             if time.monotonic() - last_retention >= self.settings.retention_interval_s:
                 last_retention = time.monotonic()
                 self.run_retention(time.time_ns())

@@ -91,7 +91,13 @@ def test_hosts_nics_clocks(fed: Server, topo: Topology) -> None:
         nics = c.get("/v1/nics", params={"state": "faulty"}).json()
         all_nics = c.get("/v1/nics", params={"limit": 1000})
         clocks = c.get("/v1/clocks").json()
+        bad_hosts = c.get("/v1/hosts", params={"state": "faulty"})
+        page = c.get("/v1/hosts", params={"limit": 2, "offset": 1})
     assert sorted(hosts) == topo.hosts
+    assert [h["host_id"] for h in bad_hosts.json()] == ["h01"]
+    assert bad_hosts.headers["X-Total-Count"] == "1"
+    assert [h["host_id"] for h in page.json()] == topo.hosts[1:3]
+    assert page.headers["X-Total-Count"] == str(len(topo.hosts))
     assert hosts["h01"]["state"] == "faulty" and hosts["h00"]["state"] == "healthy"
     assert {n["nic_id"] for n in hosts["h01"]["nics"]} == {"h01/eth0", "h01/eth1"}
     assert [n["nic_id"] for n in nics] == ["h01/eth1"]
