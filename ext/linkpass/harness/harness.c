@@ -594,7 +594,7 @@ static int setup(ops_t *ops, void *ctx, conn_t *conns, int send) {
   free(handles);
   size_t bytes = (size_t)o.inflight * o.msg_bytes;
   for (int i = 0; i < o.conns; i++) {
-    conns[i].buf = aligned_alloc(4096, bytes);
+    conns[i].buf = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095); /* C11: size % align */
     if (!conns[i].buf || (r = ops->reg(conns[i].comm, conns[i].buf, bytes, &conns[i].mh))) {
       emit("\"event\":\"error\",\"call\":\"regMr\",\"rc\":%d", (int)r);
       return 2;
