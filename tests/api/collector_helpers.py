@@ -58,11 +58,15 @@ class Server:
                 self.proc.wait(5)
 
 
-def start_server(tmp: Path, inventory: Path, *extra: str, db: Path | None = None) -> Server:
+def start_server(
+    tmp: Path, inventory: Path, *extra: str, db: Path | None = None, env_tokens: bool = True
+) -> Server:
     port = free_port()
     db = db or tmp / "fleet.duckdb"
     log = tmp / f"collector-{port}.log"
-    env = dict(os.environ, FLEETLENS_INGEST_TOKEN=INGEST, FLEETLENS_READ_TOKEN=READ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
+    if env_tokens:
+        env.update(FLEETLENS_INGEST_TOKEN=INGEST, FLEETLENS_READ_TOKEN=READ)
     cmd = [FLEETLENS, "collector", "--db", str(db), "--listen", f"127.0.0.1:{port}",
            "--inventory", str(inventory), "--loop-interval", "0.2", *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)

@@ -192,3 +192,19 @@ def test_register_makes_nics_known(server: Server, topo: Topology) -> None:
             "/v1/register", json={"host_id": "h02", "nics": [{"ifname": "a/b", "ip": "x"}]}
         )
     assert bad.status_code == 422 and bad.json()["field"] in ("ifname", "ip")
+
+
+def test_tokens_from_files(inventory: Path, tmp_path: Path, topo: Topology) -> None:
+    (tmp_path / "ingest").write_text("file-ingest\n")
+    (tmp_path / "read").write_text("file-read\n")
+    files = ["--ingest-token-file", str(tmp_path / "ingest"),
+             "--read-token-file", str(tmp_path / "read")]  # fmt: skip
+    server = start_server(tmp_path, inventory, *files, env_tokens=False)
+    try:
+        t = make_windows(topo, "h00", time.time_ns() - 20 * 10**9)
+        assert post(server, "h00", t, token="file-ingest").status_code == 200
+        assert post(server, "h00", t, token=INGEST).status_code == 401
+        with server.client("file-read") as c:
+            assert c.get("/v1/links").status_code == 200
+    finally:
+        server.stop()
