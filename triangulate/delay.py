@@ -28,7 +28,7 @@ import numpy as np
 
 from .config import TriangulateConfig
 from .paths import SPORT_SPAN, FlowBatch
-from .quantile import group_quantile
+from .quantile import bins_of, group_quantile, group_quantile_bins
 from .store import FlowStore
 
 _SIGMA0_NS = 500.0  # healthy spread assumed before a link has history
@@ -58,11 +58,13 @@ class DelayModel:
         at = self.flows.locate(b.key)
         base = self.flows.cols["base"][at]
         d = b.owd_min - base
-        clock = self._clock_events(b, d)
+        meds = self._nic_medians(b, d)
+        clock = self._clock_events(meds)
         if clock:
             self._rebase(clock)
             d = b.owd_min - self.flows.cols["base"][at]
-        d = d - self._access_split(b, d)
+            meds = self._nic_medians(b, d)
+        d = d - self._access_split(b, meds)
         fit = self._locate(b, d)
         fit.clock_hosts = clock
         self._update_baselines(b, at)
@@ -77,9 +79,9 @@ class DelayModel:
         enough = (n_in >= self.cfg.delay_min_flows) & (n_out >= self.cfg.delay_min_flows)
         return med_in, med_out, enough
 
-    def _clock_events(self, b: FlowBatch, d: np.ndarray) -> dict[int, float]:
+    def _clock_events(self, meds) -> dict[int, float]:
         """Hosts whose NICs all show in = -out (round trip unchanged) beyond the step size."""
-        med_in, med_out, enough = self._nic_medians(b, d)
+        med_in, med_out, enough = meds
         c = (med_in - med_out) / 2
         s = med_in + med_out
         step = enough & (np.abs(c) >= self.cfg.clock_step_min_ns) & (np.abs(s) <= 0.5 * np.abs(c))
@@ -99,9 +101,9 @@ class DelayModel:
             base[dst_h == h] += c
             base[src_h == h] -= c
 
-    def _access_split(self, b: FlowBatch, d: np.ndarray) -> np.ndarray:
+    def _access_split(self, b: FlowBatch, meds) -> np.ndarray:
         """Per row, the possible clock term of its two endpoints (see the module doc)."""
-        med_in, med_out, enough = self._nic_medians(b, d)
+        med_in, med_out, enough = meds
         a = np.where(enough, (med_in - med_out) / 2, 0.0)
         return a[b.dst] - a[b.src]
 
@@ -109,6 +111,7 @@ class DelayModel:
     def _locate(self, b: FlowBatch, d: np.ndarray) -> DelayFit:
         cfg = self.cfg
         e = d.copy()
+        row_bins = bins_of(e)
         sigma = None
         # Short windows hold few probes per flow: one queue burst moves a whole link's median.
         span_s = max(b.end_ns - b.start_ns, 1) * 1e-9
@@ -117,7 +120,7 @@ class DelayModel:
         z_of: dict[int, float] = {}
         med0, wt0 = None, None
         for _ in range(16):
-            med, wt = group_quantile(b.ent_link, e[b.ent_row], b.ent_w, self.n_links)
+            med, wt = group_quantile_bins(b.ent_link, row_bins[b.ent_row], b.ent_w, self.n_links)
             if med0 is None:
                 med0, wt0 = med, wt
                 sigma = self._sigma(med, wt)
@@ -132,6 +135,8 @@ class DelayModel:
             z_of[best] = float(z[best])
             on = b.ent_link == best
             np.subtract.at(e, b.ent_row[on], b.ent_w[on] * ex[best])
+            moved = np.unique(b.ent_row[on])
+            row_bins[moved] = bins_of(e[moved])
         links = np.array(list(chosen), np.int64)
         return DelayFit(
             links,

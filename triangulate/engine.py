@@ -63,6 +63,8 @@ class Triangulator:
         self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})
         self.tracker = VerdictTracker(self.cfg)
         self.sending = np.zeros(p.n_nics)
+        self._acc_stamp: tuple = ()
+        self._acc_inc: tuple = ()
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, Verdict]
@@ -115,7 +117,11 @@ class Triangulator:
         np.add.at(acc.cols["sent"], at, b.sent)
         np.add.at(acc.cols["lost"], at, b.lost)
         acc.drop(acc.cols["sent"] >= 0.05)
-        row, link, w = self.paths.incidence_for_keys(acc.keys)
+        keys, version = self._acc_stamp or (None, -1)
+        if keys is not acc.keys or version != self.paths.version:  # else reuse the incidence
+            self._acc_inc = self.paths.incidence_for_keys(acc.keys)
+            self._acc_stamp = (acc.keys, self.paths.version)
+        row, link, w = self._acc_inc
         slow = fit_loss(
             row, link, w, acc.cols["sent"], acc.cols["lost"], self.paths.n_links,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,

@@ -59,6 +59,12 @@ class _Fit:
         self.S = np.bincount(link, self.ws, n_links)
         self.O = np.bincount(link, w * lost[row], n_links)
 
+    def on_links(self, mask: np.ndarray) -> _Fit:
+        """The same fit over only the entries of links where ``mask`` is set (their link sums
+        are unchanged; everything else reads 0) — the greedy scores only these."""
+        e = mask[self.link]
+        return _Fit(self.row[e], self.link[e], self.w[e], self.sent, self.lost, self.n, self.p0)
+
     def restrict(self, links: np.ndarray) -> _Fit:
         """The same fit over only the rows that cross one of ``links`` (cheap refinement)."""
         rows = np.zeros(self.sent.size, bool)
@@ -131,13 +137,14 @@ def fit_loss(
     chosen = np.empty(0, np.int64)
     rate = np.empty(0)
     banned = min_lost > f.O
+    cand = f.on_links(~banned)  # links with no lost packets can never be picked
     rate_row = np.zeros(sent.size)
     for _ in range(max_links):
         if banned.all():
             break
-        exp = f.expected(rate_row)
+        exp = cand.expected(rate_row)
         p_hat = np.clip((f.O - exp) / np.maximum(f.S, 1e-12), 0.0, 1.0)
-        llr = np.where(banned, 0.0, f.gain(rate_row, p_hat))
+        llr = np.where(banned, 0.0, cand.gain(rate_row, p_hat))
         llr[chosen] = 0.0
         best = int(np.argmax(llr))
         if llr[best] < threshold:
@@ -150,7 +157,7 @@ def fit_loss(
         if not keep.all():  # a link that only shared flows with the bad ones: never again
             banned[chosen[~keep]] = True
             chosen, rate = chosen[keep], sub.em(chosen[keep], rate[keep])
-        rate_row = f.row_rate(chosen, rate)
+        rate_row = f.restrict(chosen).row_rate(chosen, rate)
     sub = f.restrict(chosen)
     llr = sub.drop_llr(chosen, rate) if chosen.size else np.empty(0)
     keep = llr >= threshold

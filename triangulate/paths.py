@@ -29,6 +29,7 @@ from fleetlens.topology import Topology
 from .store import FlowStore
 
 SPORT_SPAN = 1 << 16
+_RECHECK = 16
 
 
 @dataclass
@@ -80,6 +81,8 @@ class PathModel:
         self._cand: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.max_hops = 2 + 2 * max(1, _depth(topo))
         self.paths = FlowStore({"links": (np.int32, -1, self.max_hops)})
+        self.version = 0  # bumped whenever a remembered path is added or changes
+        self._tick = 0
 
     # ---- keys -----------------------------------------------------------------------------
     def flow_key(self, src: np.ndarray, dst: np.ndarray, sport: np.ndarray) -> np.ndarray:
@@ -126,6 +129,13 @@ class PathModel:
 
     def _remember(self, table: pa.Table, rows: np.ndarray, key: np.ndarray, dropped) -> None:
         """Store the paths the records carry (only rows whose every link is in the topology)."""
+        # Paths are stable per flow: decode only flows not remembered yet, plus a rotating
+        # 1/16 of the others so a re-learned (changed) path is picked up within 16 windows.
+        self._tick += 1
+        need = (self.paths.find(key) < 0) | (key % _RECHECK == self._tick % _RECHECK)
+        if not need.any():
+            return
+        rows, key = rows[need], key[need]
         col = table["path"].combine_chunks().take(pa.array(rows))
         has = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool)
         if not has.any():
@@ -147,6 +157,8 @@ class PathModel:
         pad[owner[fits], col_in_row[fits]] = links[fits]
         k = key[has][good]
         at = self.paths.locate(k)
+        if k.size and not np.array_equal(self.paths.cols["links"][at], pad[good]):
+            self.version += 1
         self.paths.cols["links"][at] = pad[good]
 
     def _recall(self, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -34,8 +34,23 @@ def group_quantile(
     group: np.ndarray, value: np.ndarray, weight: np.ndarray, n_groups: int, q: float = 0.5
 ) -> tuple[np.ndarray, np.ndarray]:
     """(quantile per group, total weight per group); NaN where a group has no weight."""
+    return group_quantile_bins(group, bins_of(value), weight, n_groups, q)
+
+
+def bins_of(value: np.ndarray) -> np.ndarray:
+    """Bin of each value, -1 for NaN (computed once, reused when values are gathered)."""
     ok = np.isfinite(value)
-    cell = group[ok] * N_BINS + to_bin(value[ok])
+    out = np.full(value.shape, -1, np.int64)
+    out[ok] = to_bin(value[ok])
+    return out
+
+
+def group_quantile_bins(
+    group: np.ndarray, bins: np.ndarray, weight: np.ndarray, n_groups: int, q: float = 0.5
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`group_quantile` from precomputed :func:`bins_of`."""
+    ok = bins >= 0
+    cell = group[ok] * N_BINS + bins[ok]
     hist = np.bincount(cell, weight[ok], n_groups * N_BINS).reshape(n_groups, N_BINS)
     cum = np.cumsum(hist, axis=1)
     tot = cum[:, -1]

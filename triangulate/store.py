@@ -54,5 +54,7 @@ class FlowStore:
 
     def drop(self, keep: np.ndarray) -> None:
         """Forget the rows where ``keep`` is False (flows not seen for a long time)."""
+        if keep.all():
+            return
         self.keys = self.keys[keep]
         self.cols = {name: col[keep] for name, col in self.cols.items()}
