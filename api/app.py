@@ -212,18 +212,24 @@ _INGEST_ERRORS = {
 
 
 def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
+    decoding = asyncio.Semaphore(c.settings.ingest_concurrency)
+
     @app.post("/v1/ingest", response_model=m.IngestOut, dependencies=[ingest_auth],
               responses=_INGEST_ERRORS, openapi_extra=_INGEST_BODY, tags=["ingest"])  # fmt: skip
     async def ingest(request: Request) -> m.IngestOut:
         """Store one agent's batch whole (200 after commit) or not at all (4xx naming the field)."""
-        body = await _read_body(request, c)
-        ctype = request.headers.get("content-type", "")
-        try:
-            batch = await run_in_threadpool(_decode_and_check, c, body, ctype)
-        except BatchError as e:
-            c.metrics.rejected.labels(e.reason).inc()
-            status = {"content_type": 415, "decode": 400}.get(e.reason, 422)
-            raise ApiError(status, str(e), e.field) from None
+        # At most `ingest_concurrency` bodies are read and decoded at once: with the writer
+        # queue bound, memory stays bounded whatever the number of connected agents.
+        async with decoding:
+            body = await _read_body(request, c)
+            ctype = request.headers.get("content-type", "")
+            try:
+                batch = await run_in_threadpool(_decode_and_check, c, body, ctype)
+            except BatchError as e:
+                c.metrics.rejected.labels(e.reason).inc()
+                status = {"content_type": 415, "decode": 400}.get(e.reason, 422)
+                raise ApiError(status, str(e), e.field) from None
+            del body
         try:
             fut = c.writer.submit_batch(batch)
         except Backpressure as e:

@@ -25,6 +25,7 @@ class Settings:
     queue_max_batches: int = 256
     queue_max_rows: int = 4_000_000
     max_body_bytes: int = 64 * 1024 * 1024
+    ingest_concurrency: int = 16  # bodies read/decoded at once (memory bound: 16 x 64 MiB)
     loop_interval_s: float = 1.0
     retention_interval_s: float = 60.0
     # The loops look at windows that started within this span before the newest one.
