@@ -239,3 +239,53 @@ def test_faults_on_a_three_tier_fat_tree() -> None:
     assert (ex[slow] >= 50_000 - 1).all() and (ex[~slow & ~via_core1] < 15_000).all()
     faulty = {r["link_id"] for r in res.truth_links.to_pylist() if r["faulty"]}
     assert faulty == {lk.id for lk in topo.links if "core1" in lk.id} | {"agg3->core2"}
+
+
+def test_switch_failure_with_reroute_moves_flows_after_convergence(small_topo) -> None:
+    fault = "spine1:fail:start_s=1,end_s=2.5,reroute_ms=300"
+    sim = Simulator(small_topo, SimConfig(faults=(fault,), paths_known=True, load=0.1), seed=4)
+    wins = list(sim.stream(3))
+    base = {
+        (r["src_nic"], r["dst_nic"], r["sport"]): r["path"] for r in sim.truth_paths().to_pylist()
+    }
+
+    def via_spine1(path: list[str]) -> bool:
+        return any("spine1" in hop for hop in path)
+
+    moved_loss, other_loss = [], []
+    for win in wins:
+        rows = win.windows.to_pylist()
+        for r in rows:
+            key = (r["src_nic"], r["dst_nic"], r["sport"])
+            loss = 1 - r["received"] / r["sent"]
+            if win.index == 1 and via_spine1(base[key]):
+                moved_loss.append(loss)
+                assert not via_spine1(r["path"])  # at the window's end: routed around
+            else:
+                other_loss.append(loss)
+                if not via_spine1(base[key]):
+                    assert r["path"] == base[key]  # resilient hashing: others stay put
+        assert win.routed_around == (["spine1"] if win.index == 1 else [])
+    # Black-holed for the first 300 ms of the failure only, then no loss at all.
+    assert 0.2 < np.mean(moved_loss) < 0.4 and max(other_loss) == 0
+    dev = {d["window"]: d for d in pa.concat_tables([w.truth_devices for w in wins]).to_pylist()}
+    assert dev[1]["rerouted_fraction"] == pytest.approx(0.7)
+    assert dev[2]["active_fraction"] == pytest.approx(0.5)
+    assert dev[2]["rerouted_fraction"] == pytest.approx(0.5)
+    # In window 2 routing is back to normal by the end: every path is the planned one.
+    assert all(r["path"] == base[(r["src_nic"], r["dst_nic"], r["sport"])]
+               for r in wins[2].windows.to_pylist())  # fmt: skip
+
+
+def test_reroute_with_no_alternative_keeps_the_black_hole() -> None:
+    topo = from_spec("leafspine:hosts=8,nics=2,leaves=4,spines=1")
+    _, res = _run(topo, "spine0:fail:reroute_ms=0", seconds=1)
+    t = res.windows
+    cross = np.array([len(p) > 2 for p in t.column("path").to_pylist()])
+    assert cross.sum() > 10
+    assert (_loss(t)[cross] == 1).all() and (_loss(t)[~cross] == 0).all()
+
+
+def test_reroute_only_for_switch_failures(small_topo) -> None:
+    with pytest.raises(ValueError, match="reroute_ms"):
+        Simulator(small_topo, SimConfig(faults=("leaf0->spine0:blackhole,reroute_ms=5",)))
