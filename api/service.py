@@ -218,12 +218,13 @@ class Collector:
                 lambda s: s.save_loop_outputs(new_clocks, new_verdicts, new_decisions, now_ns)
             )
             fut.result(timeout=60)
-        for c in new_clocks:
-            self.state.clocks[c.host_id], self.state.clock_updated[c.host_id] = c, now_ns
-        for v in new_verdicts:
-            self.state.verdicts[v.subject], self.state.verdict_updated[v.subject] = v, now_ns
-        for d in new_decisions:
-            self.state.decisions[d.host_id] = d
+        # Copy, update, swap: API threads iterate these dicts while the loop runs.
+        st = self.state
+        st.clocks = {**st.clocks, **{c.host_id: c for c in new_clocks}}
+        st.clock_updated = {**st.clock_updated, **{c.host_id: now_ns for c in new_clocks}}
+        st.verdicts = {**st.verdicts, **{v.subject: v for v in new_verdicts}}
+        st.verdict_updated = {**st.verdict_updated, **{v.subject: now_ns for v in new_verdicts}}
+        st.decisions = {**st.decisions, **{d.host_id: d for d in new_decisions}}
 
     def _placeholder_triangulation(self, windows, topology, prev) -> list[Verdict]:
         return placeholder_lossy_path_triangulation(
