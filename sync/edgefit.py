@@ -73,7 +73,9 @@ def fit_edges(
     slope_ok = usable & (span >= MIN_SPAN_NS) & ~at_edge
     b = np.where(slope_ok, b, b_prior)
     f, g = _f(tu, yu, b), _g(tl, yl, b)
-    a, margin = 0.5 * (f + g), 0.5 * (f - g)
+    with np.errstate(invalid="ignore"):  # an edge with one side empty: inf − inf
+        a, margin = 0.5 * (f + g), 0.5 * (f - g)
+    a, margin = np.where(usable, a, 0.0), np.where(usable, margin, 0.0)
     fits = EdgeFits(a, b, margin, nu, nl, slope_ok, np.zeros(n_edges, bool), usable)
     _soft_fallback(fits, edge, upper, t, y)
     return fits

@@ -46,6 +46,7 @@ from .tracking import DriftTracker
 REMAP_NS = 5_000.0
 MAX_PASSES = 5
 SOFT_WEIGHT = 0.1
+SLOPE_BASE_S = 0.5  # effective time between the hull points that fix a window's slope
 UNSTABLE_FRACTION = 0.5
 # Residual-scale floors: below these, edges are never called outliers (noise, not faults).
 FLOOR_NS = {"software": 20.0, TS_HARDWARE: 5.0}
@@ -200,14 +201,16 @@ class HuygensSync:
             if not off.solved[i]:
                 continue
             d_ok = bool(dft.solved[i])
+            # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
+            # over a host's edges: its offset is never known better than one edge's scatter.
             d = float(dft.x[i]) if d_ok else 0.0
             if not d_ok:  # slope unknown this window: keep the tracked drift
                 p = self.tracker.predict(h, rep.t_ref_ns)
                 d = p[1] if p is not None else 0.0
-            s_d = float(dft.sigma[i]) if d_ok else 1e4
-            # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
-            # over a host's edges: its offset is never known better than one edge's scatter.
+            # A window's slope rests on the extreme hull points half a window apart: its error
+            # is at least ~2 offset errors over 0.5 s, whatever the (maybe single) edge says.
             s_th = float(np.hypot(off.sigma[i], off.scale))
+            s_d = max(float(dft.sigma[i]), 2.0 * s_th / SLOPE_BASE_S) if d_ok else 1e4
             if self.tracker.update(h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d):
                 steps.append(h)
         rep.steps = steps

@@ -33,11 +33,11 @@ def symmetrize_paths(sim: Simulator) -> None:
     ids = sim.fabric.link_ids
     pos = {lk: i for i, lk in enumerate(ids)}
     rev = np.array([pos["->".join(reversed(lk.split("->")))] for lk in ids])
-    base = sim.link_base_ns.copy()
+    base = sim.link_base_ns
     n = len(ids)
+    # In place: the simulator keeps references to these arrays (e.g. per routing state).
     base[:n] = 0.5 * (base[:n] + base[rev])
-    sim.link_base_ns = base
-    sim.flow_base = base[sim.flow_links].sum(axis=1)
+    sim.flow_base[:] = base[sim.flow_links].sum(axis=1)
 
 
 def model_offsets(models: dict[str, ClockModel], hosts: list[str], truth: pa.Table) -> np.ndarray:
