@@ -538,3 +538,35 @@ def test_all_nics_down_briefly_is_survived(net: lpnet.NetnsPair, tmp_path: Path)
         f"\n[linkpass] all NICs down for {t_up - t_down:.2f} s: max stall "
         f"{recv.done()['max_stall_ms']:.0f} ms, no error"
     )
+
+
+@needs_root
+def test_drained_nic_fails_without_resends(net: lpnet.NetnsPair, tmp_path: Path) -> None:
+    """FleetLens drains eth2, then eth2 dies: nothing was in flight on it, so nothing is re-sent
+    and the job does not stall; after the undrain it carries traffic again."""
+    dec = tmp_path / "decision.json"
+
+    def drain(nics: list[str]) -> Callable[[], None]:
+        return lambda: Decision(
+            "lpa", time.time_ns(), [DrainEntry(f"lpa/{n}", "test", 0) for n in nics]
+        ).write_atomic(dec)
+
+    send, recv, (_t_drain, _t_down, _t_up, t_undrain), rcs = run_with_faults(
+        net,
+        tmp_path,
+        6.0,
+        [
+            (1.5, drain(["eth2"])),
+            (2.5, lambda: net.link("a", 2, False)),
+            (3.5, lambda: net.link("a", 2, True)),
+            (4.0, drain([])),
+        ],
+        env_a={"LINKPASS_DECISION_FILE": str(dec)},
+    )
+    assert_clean_transfer(send, recv, rcs)
+    st = final_status(send)
+    assert st["failovers"] >= 1 and st["resent_chunks"] == 0, st
+    ts, tx = send.nic_series("tx_bytes")
+    back = first_growth(ts, tx["eth2"], t_undrain, 1 << 20)
+    report("drained then failed", "a", recv, back)
+    assert back is not None and back < 2.0
