@@ -30,8 +30,8 @@ from libc.errno cimport errno
 import numpy as np
 
 from packet cimport (
-    ACK_LEN, ACK_RX0, ACK_RX1, KIND_ACK, KIND_PROBE0, KIND_PROBE1, PROBE_LEN,
-    check, get_u32, get_u64, put_u64, seal, write_header,
+    ACK_LEN, ACK_RECORDS, ACK_RX0, ACK_RX1, KIND_ACK, KIND_PROBE0, KIND_PROBE1, PROBE_LEN,
+    RECORD_LEN, check, get_u32, get_u64, put_u32, put_u64, seal, write_header,
 )
 
 
@@ -130,6 +130,7 @@ cdef enum:
     NSLOTS = 65536          # outstanding pairs: > peers x rounds in one ack timeout
     TSRING = 2048           # TX-timestamp keys remembered per socket
     RXTAB = 16384           # receiver-side pairing table
+    HIST = 8192             # receiver-side per-flow history of answered pairs
     WAITQ = 16384
     MAX_EVENTS = 256
 
@@ -147,11 +148,12 @@ COUNTER_NAMES = (
     "pairs_sent", "packets_sent", "send_errors", "probes_received", "acks_sent", "acks_received",
     "bad_length", "bad_header", "bad_mac", "replayed_probes", "stale_acks", "tx_timestamps",
     "tx_timestamps_unmatched", "rx_without_timestamp", "pairs_expired", "late_rounds",
+    "acks_recovered",
 )
 cdef enum:
     C_PAIRS_SENT, C_PACKETS_SENT, C_SEND_ERRORS, C_PROBES_RX, C_ACKS_SENT, C_ACKS_RX,
     C_BAD_LEN, C_BAD_HDR, C_BAD_MAC, C_REPLAY, C_STALE_ACK, C_TX_TS, C_TX_TS_UNMATCHED,
-    C_RX_NO_TS, C_EXPIRED, C_LATE, N_COUNTERS
+    C_RX_NO_TS, C_EXPIRED, C_LATE, C_RECOVERED, N_COUNTERS
 
 
 cdef struct Slot:
@@ -185,6 +187,13 @@ cdef struct RxEntry:
     int sock
     uint8_t got
     uint8_t state        # 0 empty, 1 waiting for the second probe, 2 acked
+
+
+cdef struct Hist:
+    uint32_t ip
+    uint16_t port
+    uint64_t session
+    uint8_t rec[2][RECORD_LEN]   # the flow's last two answered pairs, as sent
 
 
 cdef struct Waiting:
@@ -227,6 +236,7 @@ cdef class Engine:
     cdef int64_t timeout_ns, pair_wait_ns
     # receiver
     cdef RxEntry* rxtab
+    cdef Hist* hist
     cdef Waiting* waitq
     cdef uint32_t wq_head, wq_tail
     # clocks
@@ -264,8 +274,9 @@ cdef class Engine:
         self.socks = <Sock*>calloc(max_sockets, sizeof(Sock))
         self.slots = <Slot*>calloc(NSLOTS, sizeof(Slot))
         self.rxtab = <RxEntry*>calloc(RXTAB, sizeof(RxEntry))
+        self.hist = <Hist*>calloc(HIST, sizeof(Hist))
         self.waitq = <Waiting*>calloc(WAITQ, sizeof(Waiting))
-        self.bufs = <uint8_t*>malloc(BATCH * ACK_LEN * 2)
+        self.bufs = <uint8_t*>malloc(BATCH * ACK_LEN * 2)  # rx: room to see oversize datagrams
         self.ctrl = <uint8_t*>malloc(BATCH * CTRL)
         self.addrs = <sockaddr_in*>calloc(BATCH, sizeof(sockaddr_in))
         self.iovs = <iovec*>calloc(BATCH, sizeof(iovec))
@@ -280,7 +291,8 @@ cdef class Engine:
         self.s_ts = <int64_t*>malloc(self.cap_samples * 6 * sizeof(int64_t))
         self.s_flags = <uint8_t*>malloc(self.cap_samples)
         self.epfd = epoll_create1(0)
-        if (not self.socks or not self.slots or not self.rxtab or not self.waitq or not self.bufs
+        if (not self.socks or not self.slots or not self.rxtab or not self.hist or not self.waitq
+                or not self.bufs
                 or not self.s_ts or self.epfd < 0):
             raise MemoryError("probe engine buffers")
         self.timeout_ns = 500_000_000
@@ -293,7 +305,7 @@ cdef class Engine:
         for i in range(self.nsocks):
             free(self.socks[i].ts_pair)
             free(self.socks[i].ts_which)
-        free(self.socks); free(self.slots); free(self.rxtab); free(self.waitq)
+        free(self.socks); free(self.slots); free(self.rxtab); free(self.hist); free(self.waitq)
         free(self.bufs); free(self.ctrl); free(self.addrs); free(self.iovs); free(self.msgs)
         free(self.ackbuf); free(self.ackaddr); free(self.ackiov); free(self.ackmsg)
         free(self.s_flow); free(self.s_pair); free(self.s_ts); free(self.s_flags)
@@ -571,24 +583,30 @@ cdef class Engine:
                     self._on_probe(s, p, stamp, &self.addrs[i])
 
     cdef void _on_ack(self, const uint8_t* p) noexcept nogil:
-        cdef uint32_t pair = get_u32(p + 16)
-        cdef Slot* slot = &self.slots[pair % NSLOTS]
-        cdef uint8_t fl = p[4]
-        if get_u64(p + 8) != self.session or not slot.busy or slot.pair != pair \
-                or slot.flags & F_ACKED:
-            self.cnt[C_STALE_ACK] += 1  # a replay, a duplicate, or for an expired pair
-            return
-        self.cnt[C_ACKS_RX] += 1
-        slot.flags |= F_ACKED
-        if fl & ACK_RX0:
-            slot.rx[0] = <int64_t>get_u64(p + 32)
-            slot.rxf[0] = <int64_t>get_u64(p + 48)
-            slot.flags |= F_RX0
-        if fl & ACK_RX1:
-            slot.rx[1] = <int64_t>get_u64(p + 40)
-            slot.rxf[1] = <int64_t>get_u64(p + 56)
-            slot.flags |= F_RX1
-        self._maybe_complete(slot)
+        cdef int k
+        cdef const uint8_t* rec
+        cdef uint32_t pair
+        cdef Slot* slot
+        cdef bint mine = get_u64(p + 8) == self.session
+        for k in range(ACK_RECORDS):
+            rec = p + 32 + k * RECORD_LEN
+            pair = get_u32(rec)
+            slot = &self.slots[pair % NSLOTS]
+            if not (mine and rec[4] and slot.busy and slot.pair == pair and not slot.flags & F_ACKED):
+                if k == 0:
+                    self.cnt[C_STALE_ACK] += 1  # a replay, a duplicate, or for an expired pair
+                continue
+            self.cnt[C_ACKS_RX if k == 0 else C_RECOVERED] += 1
+            slot.flags |= F_ACKED
+            if rec[4] & ACK_RX0:
+                slot.rx[0] = <int64_t>get_u64(rec + 8)
+                slot.rxf[0] = <int64_t>get_u64(rec + 24)
+                slot.flags |= F_RX0
+            if rec[4] & ACK_RX1:
+                slot.rx[1] = <int64_t>get_u64(rec + 16)
+                slot.rxf[1] = <int64_t>get_u64(rec + 32)
+                slot.flags |= F_RX1
+            self._maybe_complete(slot)
 
     cdef void _on_probe(self, int s, const uint8_t* p, int64_t stamp, sockaddr_in* src) noexcept nogil:
         cdef uint64_t session = get_u64(p + 8)
@@ -639,7 +657,10 @@ cdef class Engine:
 
     cdef void _queue_ack(self, RxEntry* r) noexcept nogil:
         cdef uint8_t* p
+        cdef uint8_t* rec
         cdef uint8_t flags = 0
+        cdef uint64_t h = (r.session * 0x9E3779B97F4A7C15ULL) ^ (<uint64_t>r.ip << 16) ^ r.port
+        cdef Hist* hi = &self.hist[(h ^ (h >> 31)) % HIST]
         if self.nacks and (self.ack_sock != r.sock or self.nacks == BATCH):
             self._flush_acks()
         self.ack_sock = r.sock
@@ -648,11 +669,22 @@ cdef class Engine:
             flags |= ACK_RX0
         if r.got & 2:
             flags |= ACK_RX1
-        write_header(p, KIND_ACK, flags, r.session, r.pair, 0)
-        put_u64(p + 32, <uint64_t>r.rx[0])
-        put_u64(p + 40, <uint64_t>r.rx[1])
-        put_u64(p + 48, <uint64_t>r.rxf[0])
-        put_u64(p + 56, <uint64_t>r.rxf[1])
+        write_header(p, KIND_ACK, 0, r.session, r.pair, 0)
+        rec = p + 32
+        memset(rec, 0, ACK_RECORDS * RECORD_LEN)
+        put_u32(rec, r.pair)
+        rec[4] = flags
+        put_u64(rec + 8, <uint64_t>r.rx[0])
+        put_u64(rec + 16, <uint64_t>r.rx[1])
+        put_u64(rec + 24, <uint64_t>r.rxf[0])
+        put_u64(rec + 32, <uint64_t>r.rxf[1])
+        if hi.ip != r.ip or hi.port != r.port or hi.session != r.session:
+            memset(hi, 0, sizeof(Hist))  # a new flow in this slot: no history to repeat
+            hi.ip, hi.port, hi.session = r.ip, r.port, r.session
+        memcpy(rec + RECORD_LEN, hi.rec[0], RECORD_LEN)
+        memcpy(rec + 2 * RECORD_LEN, hi.rec[1], RECORD_LEN)
+        memcpy(hi.rec[1], hi.rec[0], RECORD_LEN)
+        memcpy(hi.rec[0], rec, RECORD_LEN)
         seal(p, ACK_LEN, self.k0, self.k1)
         self.ackaddr[self.nacks].sin_family = AF_INET
         self.ackaddr[self.nacks].sin_port = r.port

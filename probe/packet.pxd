@@ -12,8 +12,13 @@ Layout (offsets in bytes, integers big-endian):
     8  session u64 (the sending agent's random session id)
     16 pair u32 (pair id, unique per session)                20 reserved u32 (zero)
     24 t u64 (probe: sender raw send time; ack: zero)
-    probe: 32 mac u64                                                      -> 40 bytes
-    ack:   32 rx0 raw  40 rx1 raw  48 rx0 fleet  56 rx1 fleet (i64)  64 mac  -> 72 bytes
+    probe: 32 mac u64                                                        -> 40 bytes
+    ack:   32 three receive records of 40 bytes, then 152 mac u64            -> 160 bytes
+           record: pair u32, flags u8 (bit0 rx0, bit1 rx1; 0 = empty), 3 zero bytes,
+                   rx0 raw u64, rx1 raw u64, rx0 fleet i64, rx1 fleet i64
+           record 0 answers the pair in the header; records 1-2 repeat the previous two
+           pairs of the same flow, so one lost ack is repaired by the next one and a lost
+           ack on the reverse path does not read as a lost probe.
 
 The MAC is SipHash-2-4 (a keyed PRF built for short messages) of every byte before it, keyed
 with the 128-bit fleet key; a 64-bit tag makes a forgery a 2^-64 guess per packet.
@@ -28,7 +33,9 @@ cdef enum:
     KIND_PROBE1 = 2
     KIND_ACK = 3
     PROBE_LEN = 40
-    ACK_LEN = 72
+    ACK_LEN = 160
+    ACK_RECORDS = 3
+    RECORD_LEN = 40
     ACK_RX0 = 1
     ACK_RX1 = 2
 

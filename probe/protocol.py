@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 MAGIC, VERSION = 0x464C, 1
 KIND_PROBE0, KIND_PROBE1, KIND_ACK = 1, 2, 3
-PROBE_LEN, ACK_LEN = 40, 72
+PROBE_LEN, ACK_LEN, ACK_RECORDS = 40, 160, 3
 ACK_RX0, ACK_RX1 = 1, 2
 _HEADER = struct.Struct("!HBBB3xQI4xQ")  # magic version kind flags | session pair | t
-_ACK_BODY = struct.Struct("!QQqq")
+_RECORD = struct.Struct("!IB3xQQqq")  # pair, flags, rx0, rx1, rx0 fleet, rx1 fleet
 _MASK = (1 << 64) - 1
 
 
@@ -61,22 +61,33 @@ def siphash24(key: bytes, msg: bytes) -> int:
 
 
 @dataclass(frozen=True)
-class Packet:
-    kind: int
-    session: int
-    pair: int
-    t: int = 0  # probe: sender raw send time
-    flags: int = 0  # ack: ACK_RX0 | ACK_RX1
+class Record:
+    """What the receiver saw of one pair (an ack carries three: this pair and two before)."""
+
+    pair: int = 0
+    flags: int = 0  # ACK_RX0 | ACK_RX1; 0: empty
     rx0: int = 0
     rx1: int = 0
     rx0_fleet: int = 0
     rx1_fleet: int = 0
 
 
+@dataclass(frozen=True)
+class Packet:
+    kind: int
+    session: int
+    pair: int
+    t: int = 0  # probe: sender raw send time
+    records: tuple[Record, ...] = ()  # ack only
+
+
 def encode(p: Packet, key: bytes) -> bytes:
-    body = _HEADER.pack(MAGIC, VERSION, p.kind, p.flags, p.session, p.pair, p.t)
+    body = _HEADER.pack(MAGIC, VERSION, p.kind, 0, p.session, p.pair, p.t)
     if p.kind == KIND_ACK:
-        body += _ACK_BODY.pack(p.rx0, p.rx1, p.rx0_fleet, p.rx1_fleet)
+        recs = (list(p.records) + [Record()] * ACK_RECORDS)[:ACK_RECORDS]
+        body += b"".join(
+            _RECORD.pack(r.pair, r.flags, r.rx0, r.rx1, r.rx0_fleet, r.rx1_fleet) for r in recs
+        )
     return body + struct.pack("!Q", siphash24(key, body))
 
 
@@ -84,7 +95,7 @@ def decode(data: bytes, key: bytes) -> Packet:
     """Parse and authenticate; raises WireError saying what is wrong."""
     if len(data) not in (PROBE_LEN, ACK_LEN):
         raise WireError(f"length {len(data)}")
-    magic, version, kind, flags, session, pair, t = _HEADER.unpack_from(data)
+    magic, version, kind, _flags, session, pair, t = _HEADER.unpack_from(data)
     if magic != MAGIC or version != VERSION:
         raise WireError("magic/version")
     if (len(data) == ACK_LEN) != (kind == KIND_ACK) or kind not in (1, 2, 3):
@@ -93,5 +104,8 @@ def decode(data: bytes, key: bytes) -> Packet:
         raise WireError("mac")
     if kind != KIND_ACK:
         return Packet(kind, session, pair, t)
-    rx0, rx1, f0, f1 = _ACK_BODY.unpack_from(data, _HEADER.size)
-    return Packet(kind, session, pair, t, flags, rx0, rx1, f0, f1)
+    recs = tuple(
+        Record(*_RECORD.unpack_from(data, _HEADER.size + i * _RECORD.size))
+        for i in range(ACK_RECORDS)
+    )
+    return Packet(kind, session, pair, t, recs)
