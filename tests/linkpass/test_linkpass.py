@@ -13,6 +13,7 @@ import ctypes
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -570,3 +571,18 @@ def test_drained_nic_fails_without_resends(net: lpnet.NetnsPair, tmp_path: Path)
     back = first_growth(ts, tx["eth2"], t_undrain, 1 << 20)
     report("drained then failed", "a", recv, back)
     assert back is not None and back < 2.0
+
+
+@needs_root
+def test_nic_discovery_without_env(net: lpnet.NetnsPair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No LINKPASS_NICS: every non-loopback UP interface with an IPv4 address is a NIC."""
+    monkeypatch.delenv("LINKPASS_NICS", raising=False)
+    rank = lpnet.Rank(
+        net.popen("a", [str(lpnet.HARNESS), "--plugin", str(lpnet.PLUGIN), "--role", "abi"], {})
+    )
+    assert rank.finish(30) == 0, rank.stderr
+    v12 = next(e for e in rank.of("abi") if e["version"] == 12)
+    assert v12["ndev"] == 1 and v12["speed"] == 4 * 10000  # veth reports no speed: 10G each
+    found = (re.match(r"LinkPass: NIC \d+ (\S+) link", e["msg"]) for e in rank.of("log"))
+    named = {m.group(1) for m in found if m}
+    assert {f"eth{i}" for i in range(4)} <= named and "lo" not in named
