@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--public-metrics", action="store_true", help="serve /metrics without a token")
     p.add_argument("--raw-retention-hours", type=float, default=24.0)
     p.add_argument("--agg-retention-days", type=float, default=30.0)
+    p.add_argument("--batch-id-retention-minutes", type=float, default=60.0,
+                   help="a retried batch within this time is stored once")  # fmt: skip
     p.add_argument("--max-future-seconds", type=float, default=5.0, help="allowed clock skew")
     p.add_argument("--queue-batches", type=int, default=256, help="writer queue bound (batches)")
     p.add_argument("--queue-rows", type=int, default=4_000_000, help="writer queue bound (rows)")
@@ -52,6 +54,7 @@ def settings_from_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         public_metrics=a.public_metrics,
         raw_retention_ns=int(a.raw_retention_hours * HOUR_NS),
         agg_retention_ns=int(a.agg_retention_days * DAY_NS),
+        batch_id_retention_ns=int(a.batch_id_retention_minutes * 60e9),
         max_future_ns=int(a.max_future_seconds * 1e9),
         queue_max_batches=a.queue_batches,
         queue_max_rows=a.queue_rows,

@@ -20,6 +20,8 @@ class Settings:
     public_metrics: bool = False
     raw_retention_ns: int = DAY_NS
     agg_retention_ns: int = 30 * DAY_NS
+    # How long a batch id is remembered: a retry within this time is stored once.
+    batch_id_retention_ns: int = HOUR_NS
     # Agents send fleet time; allow this much clock skew before calling a window "from the future".
     max_future_ns: int = 5_000_000_000
     queue_max_batches: int = 256

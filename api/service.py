@@ -281,7 +281,12 @@ class Collector:
     def run_retention(self, now_ns: int) -> dict[str, int] | None:
         s = self.settings
         fut = self.writer.submit_call(
-            lambda st: st.retention_pass(now_ns, s.raw_retention_ns, s.agg_retention_ns)
+            lambda st: st.retention_pass(
+                now_ns,
+                s.raw_retention_ns,
+                s.agg_retention_ns,
+                batch_ids_ns=s.batch_id_retention_ns,
+            )
         )
         return self._timed("retention", fut.result, 600)
 

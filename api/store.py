@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from fleetlens.api.codec import LinkDict, from_storage, to_storage
-from fleetlens.api.config import MINUTE_NS
+from fleetlens.api.config import HOUR_NS, MINUTE_NS
 
 from fleetlens.batch import Batch
 from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, Verdict
@@ -142,35 +142,40 @@ class Store:
     # ---- writes (writer thread only) -----------------------------------------------------
     def insert_batches(self, batches: list[Batch], now_ns: int) -> list[bool]:
         """Store several batches and their ids in ONE transaction (group commit); per batch,
-        False if its id was already stored (or repeats earlier in the group). All or nothing."""
+        False if its id was already stored (or repeats earlier in the group). All or nothing.
+        The ids go in first with INSERT OR IGNORE ... RETURNING: one primary-key probe per id,
+        never a scan of the id table."""
         con = self.con
-        ids = [b.batch_id for b in batches]
+        first: dict[str, Batch] = {}
+        first_pos: dict[str, int] = {}
+        for pos, b in enumerate(batches):
+            first.setdefault(b.batch_id, b)
+            first_pos.setdefault(b.batch_id, pos)
+        ids = pa.table({
+            "batch_id": pa.array(list(first), pa.string()),
+            "host_id": pa.array([b.host_id for b in first.values()], pa.string()),
+            "rows": pa.array([b.rows for b in first.values()], pa.int32()),
+            "received_ns": pa.array([now_ns] * len(first), pa.int64()),
+        })  # fmt: skip
         con.execute("BEGIN TRANSACTION")
         try:
-            seen = {r[0] for r in con.execute(
-                "SELECT batch_id FROM batches WHERE list_contains(?, batch_id)", [ids]
-            ).fetchall()}  # fmt: skip
-            fresh: list[Batch] = []
-            flags = []
-            for b in batches:
-                flags.append(b.batch_id not in seen)
-                if flags[-1]:
-                    seen.add(b.batch_id)
-                    fresh.append(b)
-            if fresh:
-                tables = [b.windows for b in fresh if b.rows]
-                if tables:
-                    self._insert_windows(pa.concat_tables(tables))
-                con.executemany(
-                    "INSERT INTO batches VALUES (?, ?, ?, ?)",
-                    [[b.batch_id, b.host_id, b.rows, now_ns] for b in fresh],
-                )
+            con.register("_ids", ids)
+            try:
+                new = {r[0] for r in con.execute(
+                    "INSERT OR IGNORE INTO batches SELECT * FROM _ids RETURNING batch_id"
+                ).fetchall()}  # fmt: skip
+            finally:
+                con.unregister("_ids")
+            tables = [first[i].windows for i in new if first[i].rows]
+            if tables:
+                self._insert_windows(pa.concat_tables(tables))
             con.execute("COMMIT")
-            return flags
         except BaseException:
             con.execute("ROLLBACK")
             self.links = self._load_links()  # forget link ids added by the failed transaction
             raise
+        # A batch is "stored" by this call only where its id was new and it is the first copy.
+        return [b.batch_id in new and first_pos[b.batch_id] == i for i, b in enumerate(batches)]
 
     def _insert_windows(self, table: pa.Table) -> None:
         stored, new_links = to_storage(table, self.links)
@@ -274,7 +279,12 @@ class Store:
         self.con.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)", [name, hosts, now_ns])
 
     def retention_pass(
-        self, now_ns: int, raw_ns: int, agg_ns: int, grace_ns: int = 2 * MINUTE_NS
+        self,
+        now_ns: int,
+        raw_ns: int,
+        agg_ns: int,
+        grace_ns: int = 2 * MINUTE_NS,
+        batch_ids_ns: int = HOUR_NS,
     ) -> dict[str, int]:
         """Roll every minute that closed ``grace_ns`` ago into ``windows_minute`` (continuously,
         so long histories read minutes, not raw rows), then drop raw windows older than
@@ -294,7 +304,9 @@ class Store:
                 "SELECT count(*) FROM windows WHERE start_ns < ?", [cutoff]
             ).fetchone()[0]
             con.execute("DELETE FROM windows WHERE start_ns < ?", [cutoff])
-            con.execute("DELETE FROM batches WHERE received_ns < ?", [now_ns - raw_ns])
+            # Retries come within minutes; ids are kept `batch_ids_ns` (default 1 h) so the id
+            # index stays small at fleet scale (one id per host per window).
+            con.execute("DELETE FROM batches WHERE received_ns < ?", [now_ns - batch_ids_ns])
             old = now_ns - agg_ns
             dropped = con.execute(
                 "SELECT count(*) FROM windows_minute WHERE minute_ns < ?", [old]

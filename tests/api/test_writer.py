@@ -107,3 +107,17 @@ def test_loop_state_survives_restart(tmp_path: Path, inventory: Path) -> None:
         assert again.state.decisions["h01"] == drain
     finally:
         again.stop()
+
+
+def test_batch_ids_are_remembered_for_the_retry_window(tmp_path: Path, topo: Topology) -> None:
+    from fleetlens.api.config import DAY_NS, HOUR_NS, MINUTE_NS
+
+    store = Store(tmp_path / "ids.duckdb")
+    now = time.time_ns()
+    z = Batch("z", "h00", make_windows(topo, "h00", now - 10**10))
+    assert store.insert_batches([z], now) == [True]
+    store.retention_pass(now + 30 * MINUTE_NS, DAY_NS, 30 * DAY_NS, batch_ids_ns=HOUR_NS)
+    assert store.insert_batches([z], now + 31 * MINUTE_NS) == [False]  # a retry: stored once
+    store.retention_pass(now + 2 * HOUR_NS, DAY_NS, 30 * DAY_NS, batch_ids_ns=HOUR_NS)
+    assert store.insert_batches([z], now + 2 * HOUR_NS) == [True]  # id forgotten after 1 h
+    store.close()
