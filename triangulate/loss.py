@@ -22,6 +22,7 @@ Black holes (rate 1) fit the same way; the Poisson ratio is only used to rank an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -56,8 +57,14 @@ class _Fit:
         self.row, self.link, self.w = row, link, w
         self.sent, self.lost, self.n, self.p0 = sent, lost, n_links, p0
         self.ws = w * sent[row]
-        self.S = np.bincount(link, self.ws, n_links)
-        self.O = np.bincount(link, w * lost[row], n_links)
+
+    @cached_property
+    def S(self) -> np.ndarray:  # per-link weighted packets sent
+        return np.bincount(self.link, self.ws, self.n)
+
+    @cached_property
+    def O(self) -> np.ndarray:  # noqa: E743 - per-link weighted packets lost
+        return np.bincount(self.link, self.w * self.lost[self.row], self.n)
 
     def on_links(self, mask: np.ndarray) -> _Fit:
         """The same fit over only the entries of links where ``mask`` is set (their link sums
