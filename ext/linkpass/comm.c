@@ -35,6 +35,8 @@
 #define LP_HANDLE_NICS 12
 #define LP_DISCARD 65536
 #define LP_READ_BUDGET (8u << 20)
+#define LP_ACK_EVERY 4      /* chunks */
+#define LP_LOWAT (256u << 10) /* receive wake-up threshold within a chunk */
 
 enum { F_DATA = 1, F_CTRL = 2, F_HELLO = 3 };
 enum { LANE_DOWN = 0, LANE_CONNECTING, LANE_HELLO, LANE_UP };
@@ -102,7 +104,7 @@ typedef struct {
 } lp_chunk_t;
 
 typedef struct {
-  int fd, state, nic, ever_up, remote_drained, ctrl_due;
+  int fd, state, nic, ever_up, remote_drained, ctrl_due, lowat;
   uint64_t t_state, t_rx, t_tx, inflight;
   /* transmit side: one frame at a time, header then payload */
   lp_frame_t txh;
@@ -148,7 +150,7 @@ typedef struct lp_comm {
   uint64_t rsq_head, rsq_tail;
   /* receiver */
   uint8_t got[LP_RING];
-  uint64_t cum;
+  uint64_t cum, cum_acked;
   lp_unexp_t *unexp;
   ncclResult_t error;
   uint64_t nopath_since, t_created;
@@ -346,6 +348,7 @@ static int next_frame(lp_comm_t *c, int idx, uint64_t now) {
   if (l->ctrl_due || now - l->t_tx >= ms_ns(lp_cfg.hb_interval_ms)) {
     frame_init(&l->txh, F_CTRL);
     l->txh.seq = c->is_send ? 0 : c->cum;
+    if (!c->is_send) c->cum_acked = c->cum;
     l->txh.flags = lp_nic_drained(l->nic) ? CTRL_DRAINED : 0;
     l->ctrl_due = 0;
     l->t_tx = now;
@@ -446,7 +449,6 @@ static void chunk_complete(lp_comm_t *c, int idx) {
   }
   c->got[s % LP_RING] = 1;
   while (c->got[c->cum % LP_RING]) c->got[c->cum++ % LP_RING] = 0;
-  l->ctrl_due = 1;
   /* Another copy of this chunk still streaming on another lane must not touch the caller's
    * buffer any more: the message may complete and be handed back. */
   for (int j = 0; j < c->nlanes; j++) {
@@ -467,6 +469,9 @@ static void chunk_complete(lp_comm_t *c, int idx) {
   } else if (r) {
     recv_account(c, r, l->rxh.msg_size, l->rxh.len);
   }
+  /* Ack when a message completes (the sender's isend is waiting for it) or every few chunks
+   * (keeps the lane windows open); heartbeats carry the ack point in between. */
+  if ((r && req_state(r) == R_DONE) || c->cum - c->cum_acked >= LP_ACK_EVERY) l->ctrl_due = 1;
 }
 
 static void data_header(lp_comm_t *c, int idx) {
@@ -509,6 +514,17 @@ static void data_header(lp_comm_t *c, int idx) {
   if (h->len == 0) chunk_complete(c, idx);
 }
 
+/* Before waiting on a receive lane, tell the kernel how many bytes are worth a wake-up: the rest
+ * of the frame header, or of the chunk (up to LP_LOWAT).  Without it poll() fires for every
+ * segment and the I/O thread reads ~100 KiB per wake-up instead of several hundred. */
+static void lane_lowat(lp_lane_t *l) {
+  if (!tp->set_rcvlowat) return;
+  size_t want = l->rx_payload ? l->rx_left : sizeof(lp_frame_t) - l->rx_hoff;
+  if (want > LP_LOWAT) want = LP_LOWAT;
+  if (want < 1) want = 1;
+  if ((int)want != l->lowat && tp->set_rcvlowat(l->fd, (int)want) == 0) l->lowat = (int)want;
+}
+
 static void lane_read(lp_comm_t *c, int idx, uint64_t now) {
   lp_lane_t *l = &c->lanes[idx];
   size_t budget = LP_READ_BUDGET;
@@ -530,7 +546,10 @@ static void lane_read(lp_comm_t *c, int idx, uint64_t now) {
       return;
     }
     if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        if (!c->is_send) lane_lowat(l);
+        return;
+      }
       lane_dead(c, idx, strerror(errno), now);
       return;
     }
@@ -611,6 +630,7 @@ static void pend_read(lp_comm_t *c, int i, uint64_t now) {
   if (l->fd >= 0) lane_dead(c, idx, "replaced by a new connection", now);
   l->fd = c->pfd[i];
   l->nic = c->pnic[i];
+  l->lowat = 1; /* socket default */
   c->pfd[i] = -1;
   l->ctrl_due = 1; /* confirm the lane to the sender right away */
   l->t_tx = now;
@@ -628,8 +648,12 @@ static void lane_timers(lp_comm_t *c, int idx, uint64_t now) {
   }
   if ((l->state == LANE_UP || l->state == LANE_HELLO) &&
       now - l->t_rx > ms_ns(lp_cfg.hb_timeout_ms)) {
-    lane_dead(c, idx, "heartbeat timeout", now);
-    return;
+    lane_read(c, idx, now); /* bytes below the wake-up threshold still prove the lane alive */
+    if (l->fd >= 0 && now - l->t_rx > ms_ns(lp_cfg.hb_timeout_ms)) {
+      lane_dead(c, idx, "heartbeat timeout", now);
+      return;
+    }
+    if (l->fd < 0) return;
   }
   if (!c->is_send) return;
   if (l->state == LANE_CONNECTING && now - l->t_state > ms_ns(lp_cfg.connect_timeout_ms)) {

@@ -97,6 +97,10 @@ static ssize_t tcp_sendv(int fd, const struct iovec *iov, int n) {
 
 static ssize_t tcp_recv(int fd, void *buf, size_t n) { return recv(fd, buf, n, MSG_DONTWAIT); }
 
+static int tcp_set_rcvlowat(int fd, int bytes) {
+  return setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof(bytes));
+}
+
 static void tcp_close(int fd) {
   if (fd >= 0) close(fd);
 }
@@ -109,5 +113,6 @@ const lp_transport_t lp_tcp_transport = {
     .connect_done = tcp_connect_done,
     .sendv = tcp_sendv,
     .recv = tcp_recv,
+    .set_rcvlowat = tcp_set_rcvlowat,
     .close = tcp_close,
 };

@@ -457,7 +457,7 @@ static void *progress(void *arg) {
   double start = now_s(), end = start + o.seconds, last_prog = start, max_stall = 0;
   double stall_at = 0, t_sample = 0;
   int first = 1;
-  long idle_ns = 50000;
+  long idle_ns = 100000;
   fail_t f = {NULL, ncclSuccess};
   uint64_t bytes = 0, msgs = 0, mismatches = 0;
   if (p->send && !o.verify)
@@ -498,14 +498,14 @@ static void *progress(void *arg) {
       break;
     }
     sample(&t_sample, bytes, msgs);
-    /* Back off 50 us .. 500 us while nothing completes: a 4 MiB message takes milliseconds,
+    /* Back off 0.1 .. 1 ms while nothing completes: 8 messages of 4 MiB in flight are ~20 ms,
      * and a tight loop would steal the CPU the plugin's I/O thread needs. */
     if (!progressed) {
       struct timespec ts = {0, idle_ns};
       nanosleep(&ts, NULL);
-      idle_ns = idle_ns * 2 > 500000 ? 500000 : idle_ns * 2;
+      idle_ns = idle_ns * 2 > 1000000 ? 1000000 : idle_ns * 2;
     } else {
-      idle_ns = 50000;
+      idle_ns = 100000;
     }
   }
 out:

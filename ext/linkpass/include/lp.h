@@ -79,6 +79,7 @@ typedef struct {
   int (*connect_done)(int fd);                                   /* 1 done, 0 pending, -1 err */
   ssize_t (*sendv)(int fd, const struct iovec *iov, int n);      /* nonblocking */
   ssize_t (*recv)(int fd, void *buf, size_t n);                  /* nonblocking */
+  int (*set_rcvlowat)(int fd, int bytes); /* optional: bytes that make the fd readable */
   void (*close)(int fd);
 } lp_transport_t;
 extern const lp_transport_t lp_tcp_transport;
