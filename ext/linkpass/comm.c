@@ -84,7 +84,6 @@ typedef struct {
   size_t size; /* send: bytes; recv: capacity */
   int tag;
   size_t msg_size, got_bytes; /* recv */
-  int have_size;
   uint64_t nchunks, acked; /* send */
 } lp_req_t;
 
@@ -214,7 +213,6 @@ static void recv_account(lp_comm_t *c, lp_req_t *r, uint64_t msg_size, size_t le
     return;
   }
   r->msg_size = msg_size;
-  r->have_size = 1;
   r->got_bytes += len;
   if (r->got_bytes >= r->msg_size) req_set(r, R_DONE);
 }
