@@ -4,6 +4,8 @@ link (leaf0->spine0) and a lossy access link (h01/eth1->leaf1), run through the 
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from urllib.parse import quote
 
@@ -209,3 +211,13 @@ def test_docs_and_openapi(fed: Server) -> None:
             "/v1/hosts", "/v1/nics", "/v1/clocks", "/v1/pairs/{src_nic}/{dst_nic}/owd",
             "/v1/jobs", "/v1/jobs/{name}/impact", "/v1/decisions/{host_id}", "/healthz",
             "/metrics"} <= paths  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian: prometheus)")
+def test_metrics_pass_promtool_lint(fed: Server) -> None:
+    """Prometheus' own linter: naming, units, _total counters, HELP/TYPE on every family."""
+    with fed.client() as c:
+        text = c.get("/metrics").text
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
