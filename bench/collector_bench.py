@@ -28,50 +28,70 @@ from fleetlens.api.store import Store
 from fleetlens.api.writer import Writer
 
 from fleetlens.batch import Batch, encode_batch
+from fleetlens.plan import peer_pairs
 from fleetlens.records import WINDOW_SCHEMA
+from fleetlens.topology import from_spec
 
 HOSTS, NICS = 1000, 8
 SPEC = f"leafspine:hosts={HOSTS},nics={NICS},leaves=32,spines=8"
-T0 = (time.time_ns() // 10**9 - 4 * 3600) * 10**9
+T0 = (time.time_ns() // 10**9 - 4 * 3600) * 10**9  # the big store's windows: the last 4 h
+# Ingested windows are current (the last minute), as agents send them: older ones would be
+# "late" for the collector's per-minute rollup and take its (slower) merge path.
+T_INGEST = (time.time_ns() // 10**9 - 60) * 10**9
 FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
 
 
-def nic(h: np.ndarray, k: np.ndarray) -> np.ndarray:
-    return np.char.add(np.char.add(np.char.add("h", np.char.zfill(h.astype(str), 3)), "/eth"),
-                       k.astype(str))  # fmt: skip
+class Fleet:
+    """The benchmark fleet's probe plan (fleetlens.plan): who each host's NICs probe."""
+
+    def __init__(self) -> None:
+        topo = from_spec(SPEC)
+        src, dst = peer_pairs(topo, peers=16, seed=0)
+        self.nic_ids = np.array([n.id for n in topo.nics])
+        self.leaf = np.array([n.leaf for n in topo.nics])
+        host_of = np.array([topo.hosts.index(n.host) for n in topo.nics])
+        order = np.argsort(host_of[src], kind="stable")
+        self.src, self.dst = src[order], dst[order]
+        self.first = np.searchsorted(host_of[self.src], np.arange(HOSTS + 1))
+        self.spines = int(topo.params["spines"])
 
 
-def batch_table(host: int, rows: int, second: int, rng: np.random.Generator) -> pa.Table:
-    """One agent's batch: its 8 NICs to random peers, a 4-point hull and a 4-hop path."""
-    k = rng.integers(0, NICS, rows)
-    peer = (host + 1 + rng.integers(0, HOSTS - 1, rows)) % HOSTS
+def batch_table(
+    fleet: Fleet, host: int, rows: int, second: int, rng: np.random.Generator
+) -> pa.Table:
+    """One agent's batch for one window: its planned (src, dst) pairs, rotating source ports,
+    a 4-point hull and the 4-hop leaf-spine path (real link ids of the inventory)."""
+    lo, hi = fleet.first[host], fleet.first[host + 1]
+    j = np.arange(rows)
+    pair = lo + j % (hi - lo)
+    sport = 33000 + (j // (hi - lo)) % 64
+    s_nic, d_nic = fleet.nic_ids[fleet.src[pair]], fleet.nic_ids[fleet.dst[pair]]
+    s_leaf, d_leaf = fleet.leaf[fleet.src[pair]], fleet.leaf[fleet.dst[pair]]
+    spine = np.char.add("spine", (sport % fleet.spines).astype(str))
     base = rng.uniform(2_000, 9_000, rows)
-    start = np.full(rows, T0 + second * 10**9, np.int64)
+    start = np.full(rows, T_INGEST + second * 10**9, np.int64)
+    four = np.arange(0, 4 * rows + 1, 4, dtype=np.int32)
     hull = pa.ListArray.from_arrays(
-        np.arange(0, 4 * rows + 1, 4, dtype=np.int32),
-        pa.array(np.repeat(start, 4) + np.tile(np.arange(4) * 250_000_000, rows)),
+        four, pa.array(np.repeat(start, 4) + np.tile(np.arange(4) * 250_000_000, rows))
     )
     hull_y = pa.ListArray.from_arrays(
-        np.arange(0, 4 * rows + 1, 4, dtype=np.int32),
-        pa.array(np.repeat(base.astype(np.int64), 4) + np.tile(np.arange(4), rows)),
+        four, pa.array(np.repeat(base.astype(np.int64), 4) + np.tile(np.arange(4), rows))
     )
-    src, dst = nic(np.full(rows, host), k), nic(peer, k)
-    hops = np.stack([np.char.add(src, "->leaf0"), np.full(rows, "leaf0->spine1"),
-                     np.full(rows, "spine1->leaf3"), np.char.add("leaf3->", dst)], 1)  # fmt: skip
-    path = pa.ListArray.from_arrays(
-        np.arange(0, 4 * rows + 1, 4, dtype=np.int32), pa.array(hops.ravel())
-    )
+    arrow = lambda a, b: np.char.add(np.char.add(a, "->"), b)  # noqa: E731
+    hops = np.stack([arrow(s_nic, s_leaf), arrow(s_leaf, spine), arrow(spine, d_leaf),
+                     arrow(d_leaf, d_nic)], 1)  # fmt: skip
     sent = np.full(rows, 200, np.int32)
     cols = {
-        "src_nic": pa.array(src), "dst_nic": pa.array(dst),
-        "sport": pa.array(33000 + rng.integers(0, 16, rows).astype(np.int32)),
+        "src_nic": pa.array(s_nic), "dst_nic": pa.array(d_nic),
+        "sport": pa.array(sport.astype(np.int32)),
         "start_ns": pa.array(start), "duration_ns": pa.array(np.full(rows, 10**9, np.int64)),
         "sent": pa.array(sent), "received": pa.array(sent - (rng.random(rows) < 0.01)),
         "pure": pa.array(np.full(rows, 90, np.int32)),
         "owd_min_ns": pa.array(base), "owd_p50_ns": pa.array(base * 1.2),
         "owd_p99_ns": pa.array(base * 2), "owd_max_ns": pa.array(base * 3),
         "hull_t_ns": hull, "hull_owd_ns": hull_y,
-        "ts_source": pa.array(np.full(rows, "software")), "path": path,
+        "ts_source": pa.array(np.full(rows, "software")),
+        "path": pa.ListArray.from_arrays(four, pa.array(hops.ravel())),
     }  # fmt: skip
     return pa.table(cols).cast(WINDOW_SCHEMA)
 
@@ -82,10 +102,11 @@ def make_batches(
     """Batches in time order, ``per_second`` of them per window second, as a fleet posts them
     (the collector's loops read the newest two seconds, so this sets their load too)."""
     rng = np.random.default_rng(seed)
+    fleet = Fleet()
     out = []
     for i in range(max(1, n_rows // batch_rows)):
         host = i % HOSTS
-        out.append((host, batch_table(host, batch_rows, i // per_second, rng)))
+        out.append((host, batch_table(fleet, host, batch_rows, i // per_second, rng)))
     return out
 
 
@@ -272,12 +293,13 @@ def main() -> int:
     )
     ap.add_argument("--rows", type=float, default=1e8, help="stored rows for the latency part")
     ap.add_argument("--ingest-rows", type=float, default=2e6, help="rows for the ingest part")
-    ap.add_argument("--batch-rows", type=int, default=10_000)
+    ap.add_argument("--batch-rows", type=int, default=1024,
+                    help="rows per agent batch (8 NICs x 16 peers x 8 ports a window)")  # fmt: skip
     ap.add_argument(
         "--threads", type=int, default=1, help="DuckDB threads for ingest (1 = one core)"
     )
     ap.add_argument("--clients", type=int, default=8, help="concurrent posting agents")
-    ap.add_argument("--batches-per-second", type=int, default=10,
+    ap.add_argument("--batches-per-second", type=int, default=HOSTS,
                     help="batches stamped with the same window second (loop load)")  # fmt: skip
     ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
     ap.add_argument("--skip-api", action="store_true")
