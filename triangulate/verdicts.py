@@ -24,6 +24,7 @@ from fleetlens.records import Verdict
 
 from .config import TriangulateConfig
 
+_UNSEEN = -1  # last_bad_ns of a verdict adopted from the collector (time unknown)
 _PRIOR_LOGIT = math.log(1e-3 / (1 - 1e-3))
 
 
@@ -68,7 +69,7 @@ class VerdictTracker:
         for v in prev.values():
             if v.subject not in self.tracks and v.state != "healthy":
                 self.tracks[v.subject] = _Track(
-                    v.kind, v.state, v.since_ns, 1, v.since_ns, True,
+                    v.kind, v.state, v.since_ns, 1, _UNSEEN, True,
                     loss=v.loss_rate, delay_ns=v.excess_delay_ns,
                 )  # fmt: skip
 
@@ -115,6 +116,8 @@ class VerdictTracker:
         t.streak = 0
         if t.state == "healthy":
             return
+        if t.last_bad_ns == _UNSEEN:  # adopted verdict: the clean period starts now
+            t.last_bad_ns = now
         hold = self.cfg.clear_ns * (2 if self.flapping(t) else 1)
         if now - t.last_bad_ns >= hold:
             t.state, t.since_ns = "healthy", now

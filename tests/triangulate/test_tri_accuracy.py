@@ -127,3 +127,21 @@ def test_no_fault_no_alarm() -> None:
     alarms = sum(len(s.reported()) for s in steps)
     assert alarms == 0, [s.bad for s in steps if s.bad]
     assert all(not truth_links(s) for s in steps)
+
+
+def test_restart_adopts_previous_verdicts_then_clears() -> None:
+    """A fresh engine seeded with the collector's previous verdicts keeps them until clean."""
+    from fleetlens.triangulate.engine import Triangulator
+
+    from fleetlens.records import Verdict
+
+    tri = Triangulator(TOPO)
+    old = Verdict("leaf2->spine3", "link", "faulty", 42, 0.0, 0.02, 0.99, 50)
+    steps = drive(TOPO, (), seconds=1, seed=2)
+    t = steps[0].window.windows.drop(["window"])
+    first = {v.subject: v for v in tri(t, TOPO, {old.subject: old})}
+    assert first["leaf2->spine3"].state == "faulty" and first["leaf2->spine3"].since_ns == 42
+    later = drive(TOPO, (), seconds=7, seed=2)
+    for s in later:
+        out = {v.subject: v for v in tri(s.window.windows.drop(["window"]), TOPO, first)}
+    assert out["leaf2->spine3"].state == "healthy"
