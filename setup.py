@@ -7,18 +7,22 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 
+# Source directory -> the package its .pyx modules belong to (the package-dir mapping).
+CYTHON_PACKAGES = {"probe": "fleetlens.probe", "fixtures/lab": "fleetlens.fixtures.lab"}
+
+
 def _extensions() -> list[Extension]:
-    # Every .pyx under probe/ becomes fleetlens.probe.<name>.
     return [
         Extension(
-            f"fleetlens.probe.{pyx.stem}",
+            f"{package}.{pyx.stem}",
             [str(pyx)],
-            include_dirs=[numpy.get_include(), "probe"],
+            include_dirs=[numpy.get_include(), src],
             extra_compile_args=["-O2"],
         )
-        for pyx in sorted(Path("probe").glob("*.pyx"))
+        for src, package in CYTHON_PACKAGES.items()
+        for pyx in sorted(Path(src).glob("*.pyx"))
     ]
 
 
 # include_path: the .pyx files cimport their sibling .pxd files by plain name.
-setup(ext_modules=cythonize(_extensions(), include_path=["probe"], language_level=3))
+setup(ext_modules=cythonize(_extensions(), include_path=list(CYTHON_PACKAGES), language_level=3))
