@@ -220,16 +220,24 @@ class Store:
         now = time.time_ns()
         con = self.con
         con.execute("BEGIN TRANSACTION")
-        con.execute(
-            "INSERT OR REPLACE INTO hosts VALUES (?, ?, ?, ?, ?)",
-            [host, meta.get("ts_source"), meta.get("metrics_port"), meta.get("agent_version"), now],
-        )
-        for n in nics:
+        try:
             con.execute(
-                "INSERT OR REPLACE INTO nics VALUES (?, ?, ?, ?, ?)",
-                [f"{host}/{n['ifname']}", host, n["ifname"], n["ip"], now],
-            )
-        con.execute("COMMIT")
+                "INSERT OR REPLACE INTO hosts VALUES (?, ?, ?, ?, ?)",
+                [host, meta.get("ts_source"), meta.get("metrics_port"),
+                 meta.get("agent_version"), now],
+            )  # fmt: skip
+            rows = pa.table({
+                "nic_id": [f"{host}/{n['ifname']}" for n in nics],
+                "host_id": [host] * len(nics),
+                "ifname": [n["ifname"] for n in nics],
+                "ip": [n["ip"] for n in nics],
+                "registered_ns": pa.array([now] * len(nics), pa.int64()),
+            })  # fmt: skip
+            self._append("nics", rows, "INSERT OR REPLACE")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
 
     def save_loop_outputs(
         self,
@@ -266,11 +274,12 @@ class Store:
             con.execute("ROLLBACK")
             raise
 
-    def _append(self, table: str, rows: pa.Table) -> None:
+    def _append(self, table: str, rows: pa.Table, verb: str = "INSERT") -> None:
+        """Bulk insert an Arrow table (columns in the table's order) on the writer connection."""
         self.con.register("_rows", rows)
         try:
             self.con.execute(
-                f"INSERT INTO {table} SELECT {', '.join(rows.column_names)} FROM _rows"
+                f"{verb} INTO {table} SELECT {', '.join(rows.column_names)} FROM _rows"
             )
         finally:
             self.con.unregister("_rows")
