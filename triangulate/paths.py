@@ -82,6 +82,7 @@ class PathModel:
         self.max_hops = 2 + 2 * max(1, _depth(topo))
         self.paths = FlowStore({"links": (np.int32, -1, self.max_hops)})
         self.version = 0  # bumped whenever a remembered path is added or changes
+        self._last: tuple | None = None  # (keys, version, incidence) of the last batch
         self._tick = 0
 
     # ---- keys -----------------------------------------------------------------------------
@@ -119,8 +120,18 @@ class PathModel:
         starts = _ints(table["start_ns"], 0)[rows]
         ends = starts + _ints(table["duration_ns"], 0)[rows]
         self._remember(table, rows, key, dropped)
-        known_links, known = self._recall(key)
-        e_row, e_link, e_w = self._incidence(src[rows], dst[rows], known_links, known)
+        last = self._last
+        if (
+            last is not None
+            and last[0].size == key.size
+            and last[1] == self.version
+            and np.array_equal(last[0], key)
+        ):  # same flows in the same order, no path changed: same incidence
+            known, e_row, e_link, e_w = last[2]
+        else:
+            known_links, known = self._recall(key)
+            e_row, e_link, e_w = self._incidence(src[rows], dst[rows], known_links, known)
+            self._last = (key.copy(), self.version, (known, e_row, e_link, e_w))
         return FlowBatch(
             key, src[rows], dst[rows], sport[rows], sent[rows], sent[rows] - recv[rows],
             owd, known, e_row, e_link, e_w,
@@ -132,7 +143,12 @@ class PathModel:
         # Paths are stable per flow: decode only flows not remembered yet, plus a rotating
         # 1/16 of the others so a re-learned (changed) path is picked up within 16 windows.
         self._tick += 1
-        need = (self.paths.find(key) < 0) | (key % _RECHECK == self._tick % _RECHECK)
+        recheck = key % _RECHECK == self._tick % _RECHECK
+        last = self._last
+        same = last is not None and last[0].size == key.size and np.array_equal(last[0], key)
+        # a flow of the last batch whose path was unknown is still unknown unless reported now
+        unseen = ~last[2][0] if same else self.paths.find(key) < 0
+        need = unseen | recheck
         if not need.any():
             return
         rows, key = rows[need], key[need]
