@@ -340,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                 for tool in tools:
                     print(f"running {tool} ({cond}) for {a.seconds:g} s ...", flush=True)
                     with flood(lab, procs, tmp, cond == "load", a.seconds):
-                        results[(tool, cond)] = RUNNERS[tool](lab, procs, tmp, a.seconds, a.settle)
+                        r = RUNNERS[tool](lab, procs, tmp, a.seconds, a.settle)
+                    results[(tool, cond)] = r
+                    np.savetxt(tmp / f"errors-{tool}-{cond}.txt", r.errors_ns, fmt="%.1f")
     finally:
         procs.stop_all()
     print(f"\nerror between two hosts sharing one clock (ns), {a.seconds:g} s each, first "

@@ -57,28 +57,32 @@ class HullPoints:
     dropped: dict[str, int] = field(default_factory=dict)
 
 
-def newest_generation(windows: pa.Table, quorum: float = 0.8) -> tuple[pa.Table, int | None]:
-    """The rows of one window generation: the newest one that is nearly complete.
+def complete_generations(
+    windows: pa.Table, after: int | None = None, quorum: float = 0.8
+) -> list[tuple[pa.Table, int]]:
+    """The window generations to solve, oldest first, each with its rows.
 
     The collector hands the solve everything within a look-back (2 s by default), called every
     second, so a table holds two or three windows per flow and the same window on consecutive
     calls. A generation is ``round(start_ns / duration_ns)`` (agents align windows to their
     fleet-time clock; even unsynchronized raw clocks within ±50 ms round to the same one). The
-    newest generation may still be arriving, so take the newest with at least ``quorum`` of the
-    rows of the fullest one. Returns ``(rows, generation)``; generation None when empty.
+    newest generations may still be arriving: a generation counts as complete when it has at
+    least ``quorum`` of the rows of the fullest one, and every generation before the newest
+    complete one is final. Returned: the complete generations newer than ``after`` (only the
+    newest one when ``after`` is None, i.e. on the first call).
     """
     if windows.num_rows == 0:
-        return windows, None
+        return []
     dur = pc.fill_null(windows["duration_ns"], 0).to_numpy().astype(np.int64)
     start = pc.fill_null(windows["start_ns"], 0).to_numpy().astype(np.int64)
     ok = dur > 0
     gen = np.where(ok, np.floor_divide(start + dur // 2, np.maximum(dur, 1)), -1)
     ids, counts = np.unique(gen[ok], return_counts=True)
     if ids.size == 0:
-        return windows.slice(0, 0), None
-    full = ids[counts >= quorum * counts.max()]
-    g = int(full.max())
-    return windows.filter(pa.array(gen == g)), g
+        return []
+    newest = int(ids[counts >= quorum * counts.max()].max())
+    wanted = [newest] if after is None else [int(g) for g in ids if after < g <= newest]
+    return [(windows.filter(pa.array(gen == g)), g) for g in wanted]
 
 
 def hull_points(windows: pa.Table) -> HullPoints:

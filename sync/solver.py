@@ -40,10 +40,11 @@ from fleetlens.topology import Topology
 
 from .edgefit import EdgeFits, fit_edges
 from .network import MIN_EDGES, NetSolution, solve_network
-from .purity import HullPoints, hull_points, newest_generation
+from .purity import HullPoints, complete_generations, hull_points
 from .tracking import DriftTracker
 
 REMAP_NS = 5_000.0
+MAX_BACKLOG = 3  # window generations folded in per call when the caller fell behind
 MAX_PASSES = 5
 SOFT_WEIGHT = 0.1
 SLOPE_BASE_S = 0.5  # effective time between the hull points that fix a window's slope
@@ -106,20 +107,25 @@ class HuygensSync:
     ) -> list[ClockModel]:
         for m in prev.values():
             self.tracker.seed(m)
-        windows, gen = newest_generation(windows)
-        if gen is not None and gen == self.generation and self.models:
-            return list(self.models)  # this window was already folded in: measure it once
-        self.generation = gen
+        todo = complete_generations(windows, after=self.generation)
+        if not todo:
+            if self.models:
+                return list(self.models)  # nothing new: each window is folded in once
+            todo = [(windows.slice(0, 0), None)]
+        for rows, gen in todo[-MAX_BACKLOG:]:
+            self.generation = gen if gen is not None else self.generation
+            self.models = self._one_window(rows, topology, prev)
+        return list(self.models)
+
+    def _one_window(self, windows: pa.Table, topology, prev) -> list[ClockModel]:
         pts = hull_points(windows)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
             self.report = SolveReport(hosts=hosts, dropped=pts.dropped)
             return [self._coast(h) for h in hosts]
-        floor_key = _ts_kind(windows)
-        rep = self._solve(pts, hosts, floor_key)
+        rep = self._solve(pts, hosts, _ts_kind(windows))
         self.report = rep
-        self.models = self._publish(rep)
-        return list(self.models)
+        return self._publish(rep)
 
     # ---- one window ---------------------------------------------------------------------
     def _solve(self, pts: HullPoints, hosts: list[str], kind: str) -> SolveReport:

@@ -14,6 +14,14 @@ stepped (or its oscillator jumped): the filter restarts from the measurement ins
 averaging the step in slowly. One clean window after the step is therefore enough to
 re-converge. A false alarm only costs the averaging of one window.
 
+Measurement noise: the network solve's standard errors are lower bounds, but with one or two
+edges (a small lab) it knows nothing of the real scatter. Each host therefore keeps running
+estimates of its offset and drift measurement variances from its own innovations (``ADAPT``
+≈ 10 windows), so a noisy host is averaged over more windows. A measurement more than
+``GATE_K`` innovation standard deviations off (but short of a step) is not folded in; two
+such in a row in the same direction mean the clock really changed (e.g. a drift jump), and
+the filter restarts there.
+
 A host not measured in a window coasts on its prediction (its uncertainty grows) and is
 reported unsynchronized until measured again.
 """
@@ -27,6 +35,8 @@ import numpy as np
 from fleetlens.records import ClockModel
 
 Q_DRIFT = 50.0**2  # ppb²/s
+GATE_K = 5.0
+ADAPT = 0.1  # weight of a new window in the running measurement-noise estimate (~10 windows)
 STEP_K = 8.0
 STEP_FLOOR_NS = 500.0
 MAX_P_THETA_NS2 = 1e14  # unknown offset (10 ms): state from an unsynced model
@@ -38,6 +48,9 @@ class HostState:
     theta: float
     drift: float
     p: np.ndarray  # 2x2 covariance (ns², ns·ppb, ppb²)
+    r: np.ndarray = field(default_factory=lambda: np.zeros(2))  # running measurement
+    # variance estimates (offset ns², drift ppb²)
+    rejected: int = 0  # consecutive gated-out measurements (signed by direction)
 
 
 @dataclass
@@ -69,21 +82,39 @@ class DriftTracker:
     ) -> bool:
         """Fold in one measurement; returns True when a clock step was detected."""
         pred = self.predict(host, t_ns)
-        r = np.diag([s_theta**2, s_drift**2])
+        floor = np.array([s_theta**2, s_drift**2])
         if pred is None or pred[2][0, 0] >= MAX_P_THETA_NS2:
-            self.states[host] = HostState(t_ns, theta, drift, r)
+            self._restart(host, t_ns, theta, drift, floor)
             return False
         th, dr, p = pred
-        s = p + r
+        old = self.states[host]
+        r = np.maximum(floor, old.r)
+        s = p + np.diag(r)
         innov = np.array([theta - th, drift - dr])
-        if abs(innov[0]) > STEP_K * np.sqrt(s[0, 0]) + STEP_FLOOR_NS:
-            self.states[host] = HostState(t_ns, theta, drift, r)
+        sd = np.sqrt(np.diag(s))
+        if abs(innov[0]) > STEP_K * sd[0] + STEP_FLOOR_NS:
+            self._restart(host, t_ns, theta, drift, np.maximum(floor, old.r))
             return True
+        # Running noise estimates (each window's contribution capped at the gate).
+        r_obs = np.minimum(np.maximum(innov**2 - np.diag(p), floor), (GATE_K * sd) ** 2)
+        r_new = (1 - ADAPT) * old.r + ADAPT * r_obs
+        out = np.abs(innov) > GATE_K * sd
+        if out.any():
+            side = 1 if innov[0] > 0 else -1
+            if old.rejected * side >= 1:  # second in a row, same way: the clock changed
+                self._restart(host, t_ns, theta, drift, np.maximum(floor, r_new))
+                return False
+            self.states[host] = HostState(t_ns, th, dr, p, r_new, side)
+            return False
         k = p @ np.linalg.inv(s)
         x = np.array([th, dr]) + k @ innov
         p_new = (np.eye(2) - k) @ p
-        self.states[host] = HostState(t_ns, float(x[0]), float(x[1]), 0.5 * (p_new + p_new.T))
+        p_new = 0.5 * (p_new + p_new.T)
+        self.states[host] = HostState(t_ns, float(x[0]), float(x[1]), p_new, r_new, 0)
         return False
+
+    def _restart(self, host: str, t_ns: int, theta: float, drift: float, r: np.ndarray) -> None:
+        self.states[host] = HostState(t_ns, theta, drift, np.diag(r), r.copy(), 0)
 
     def model(self, host: str, t_ns: int, synced: bool) -> ClockModel:
         """The published model at fleet time ``t_ns`` (coasting if not updated there)."""

@@ -192,3 +192,48 @@ def test_two_hosts_sync_pairwise_when_allowed() -> None:
     got = {m.host_id: m for m in HuygensSync(min_edges=1)(table, None, {})}
     assert got["a"].synced and got["b"].synced
     assert got["b"].offset_ns - got["a"].offset_ns == pytest.approx(12_345.0, abs=60)
+
+
+def test_backlog_generations_are_each_folded_in_once_in_order() -> None:
+    rng = np.random.default_rng(9)
+    off = rng.uniform(-1e6, 1e6, 8)
+
+    def gen(k: int) -> pa.Table:
+        t = _ring(8, off, rng)
+        return t.set_column(3, "start_ns", pa.array(np.full(t.num_rows, k * 10**9), pa.int64()))
+
+    sync = HuygensSync()
+    sync(gen(0), None, {})
+    seen = []
+    solve_one = sync._one_window
+
+    def spy(rows, topology, prev):  # type: ignore[no-untyped-def]
+        seen.append(int(rows["start_ns"][0].as_py()) // 10**9)
+        return solve_one(rows, topology, prev)
+
+    sync._one_window = spy  # type: ignore[method-assign]
+    sync(pa.concat_tables([gen(0), gen(1), gen(2)]), None, {})
+    assert seen == [1, 2] and sync.generation == 2
+
+
+def test_tracker_gates_one_wild_measurement_and_follows_two() -> None:
+    from fleetlens.sync.tracking import DriftTracker
+
+    tr = DriftTracker()
+    for k in range(10):
+        tr.update("h", k * 10**9, 100.0 + rng_noise(k), 20.0, 0.0, 50.0)
+    steady = tr.states["h"].theta
+    assert abs(steady - 100.0) < 15
+    assert not tr.update("h", 10 * 10**9, 400.0, 20.0, 0.0, 50.0)  # 300 ns off: gated out
+    assert abs(tr.states["h"].theta - steady) < 15
+    for k in range(11, 15):  # it persists: the clock moved, follow it
+        assert not tr.update("h", k * 10**9, 400.0, 20.0, 0.0, 50.0)
+        if k == 11:
+            assert tr.states["h"].theta > 200.0
+    assert tr.states["h"].theta == pytest.approx(400.0, abs=60)
+    assert tr.update("h", 15 * 10**9, 1e6, 20.0, 0.0, 50.0)  # 1 ms: a step, at once
+    assert tr.states["h"].theta == pytest.approx(1e6)
+
+
+def rng_noise(k: int) -> float:
+    return float(np.random.default_rng(k).normal(0.0, 10.0))
