@@ -169,3 +169,11 @@ def start_flood(lab, procs: Procs, tmp: Path, src: str, dst_nic: str, seconds: f
     dst = lab.topo.nic_by_id[dst_nic].ip
     argv = [sys.executable, "-c", FLOOD, dst, str(seconds), str(pause_s)]
     procs.start(lab.ns(src), argv, tmp / f"flood-{src}.log")
+
+
+def rx_packets(ns: str) -> int:
+    """Packets received by every interface of a namespace (its switch throughput)."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, "cat", "/proc/net/dev"], capture_output=True, text=True
+    ).stdout
+    return sum(int(line.split(":", 1)[1].split()[1]) for line in out.splitlines() if ":" in line)

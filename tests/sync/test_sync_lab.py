@@ -10,7 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lab_helpers import Injection, Procs, Recorder, collector_on, errors, start_agents, start_flood
+from lab_helpers import (
+    Injection,
+    Procs,
+    Recorder,
+    collector_on,
+    errors,
+    rx_packets,
+    start_agents,
+    start_flood,
+)
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root: builds network namespaces (CI runs as root)"
@@ -38,13 +47,20 @@ def test_lab_accuracy_idle_and_under_load_against_injected_clocks() -> None:
             with collector_on(lab, tmp, rec, port=18471) as url:
                 start = time.monotonic()
                 start_agents(lab, procs, tmp, url, truth, t0)
-                time.sleep(IDLE_S)
+                spine = lab.ns("spine0")
+                time.sleep(IDLE_S - 4)
+                c0, t_c0 = rx_packets(spine), time.monotonic()
+                time.sleep(4)
+                idle_pps = (rx_packets(spine) - c0) / (time.monotonic() - t_c0)
                 load_at = time.monotonic()
                 # Background load crossing the fabric (leaf0 -> spine -> leaf1), both ways.
                 hosts = lab.topo.hosts
                 start_flood(lab, procs, tmp, hosts[0], f"{hosts[-1]}/eth1", LOAD_S + 5, 0.002)
                 start_flood(lab, procs, tmp, hosts[-1], f"{hosts[0]}/eth0", LOAD_S + 5, 0.002)
-                time.sleep(LOAD_S)
+                time.sleep(4)
+                c0, t_c0 = rx_packets(spine), time.monotonic()
+                time.sleep(LOAD_S - 4)
+                load_pps = (rx_packets(spine) - c0) / (time.monotonic() - t_c0)
         finally:
             procs.stop_all()
     with rec.lock:
@@ -65,8 +81,10 @@ def test_lab_accuracy_idle_and_under_load_against_injected_clocks() -> None:
     print(
         f"\nlab: first all-synced model {first:.1f} s after the agents started; "
         f"p99 |offset error| idle {p_idle:.0f} ns ({len(idle)} windows), "
-        f"under load {p_load:.0f} ns ({len(load)} windows); logs in {tmp}"
+        f"under load {p_load:.0f} ns ({len(load)} windows); spine throughput idle "
+        f"{idle_pps:.0f} pkt/s, loaded {load_pps:.0f} pkt/s; logs in {tmp}"
     )
+    assert load_pps > 5 * idle_pps  # the load really crossed the fabric
     assert first <= CONVERGE_S
     assert p_idle <= 200.0
     assert p_load <= 500.0
