@@ -45,6 +45,7 @@ from .tracking import DriftTracker
 
 REMAP_NS = 5_000.0
 MAX_BACKLOG = 3  # window generations folded in per call when the caller fell behind
+STALE_CALLS = 5  # calls in a row without a new window: models no longer count as synced
 MAX_PASSES = 5
 SOFT_WEIGHT = 0.1
 SLOPE_BASE_S = 0.5  # effective time between the hull points that fix a window's slope
@@ -99,6 +100,7 @@ class HuygensSync:
         self.min_edges = min_edges  # 1: accept pairwise-only hosts (e.g. a two-host lab)
         self.generation: int | None = None
         self.models: list[ClockModel] = []
+        self.idle_calls = 0
         self.tracker = DriftTracker()
         self.report = SolveReport()
 
@@ -109,9 +111,12 @@ class HuygensSync:
             self.tracker.seed(m)
         todo = complete_generations(windows, after=self.generation)
         if not todo:
-            if self.models:
+            self.idle_calls += 1
+            if self.models and self.idle_calls < STALE_CALLS:
                 return list(self.models)  # nothing new: each window is folded in once
-            todo = [(windows.slice(0, 0), None)]
+            todo = [(windows.slice(0, 0), None)]  # no news for a while: coast, unsynced
+        else:
+            self.idle_calls = 0
         for rows, gen in todo[-MAX_BACKLOG:]:
             self.generation = gen if gen is not None else self.generation
             self.models = self._one_window(rows, topology, prev)

@@ -237,3 +237,15 @@ def test_tracker_gates_one_wild_measurement_and_follows_two() -> None:
 
 def rng_noise(k: int) -> float:
     return float(np.random.default_rng(k).normal(0.0, 10.0))
+
+
+def test_models_stop_counting_as_synced_when_windows_stop_coming() -> None:
+    rng = np.random.default_rng(10)
+    table = _ring(6, rng.uniform(-1e6, 1e6, 6), rng)
+    sync = HuygensSync()
+    assert all(m.synced for m in sync(table, None, {}))
+    for _ in range(4):  # the collector calls every second with the same look-back
+        assert all(m.synced for m in sync(table, None, {}))
+    stale = sync(table, None, {})
+    assert not any(m.synced for m in stale)
+    assert all(m.error_bound_ns is not None for m in stale)
