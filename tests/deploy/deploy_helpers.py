@@ -51,6 +51,7 @@ class PanelQuery:
     panel: str
     ref: str
     expr: str
+    instant: bool
 
 
 def dashboard_queries(dashboards: dict[str, dict[str, Any]]) -> list[PanelQuery]:
@@ -59,7 +60,9 @@ def dashboard_queries(dashboards: dict[str, dict[str, Any]]) -> list[PanelQuery]
         for p in all_panels(d["panels"]):
             for t in p.get("targets", []):
                 if "expr" in t:
-                    out.append(PanelQuery(name, p["title"], t["refId"], t["expr"]))
+                    out.append(
+                        PanelQuery(name, p["title"], t["refId"], t["expr"], bool(t.get("instant")))
+                    )
     return out
 
 
@@ -153,6 +156,25 @@ class Prometheus:
         if body.get("status") != "success":
             raise AssertionError(f"query failed: {expr!r}: {body.get('error')}")
         return body["data"]["result"]
+
+    def query_range(self, expr: str, seconds: float, step: str = "1s") -> list[dict[str, Any]]:
+        """What a Grafana time-series panel asks for: the last ``seconds`` of ``expr``."""
+        now = time.time()
+        params = {"query": expr, "start": now - seconds, "end": now, "step": step}
+        body = httpx.get(f"{self.url}/api/v1/query_range", params=params, timeout=10).json()
+        if body.get("status") != "success":
+            raise AssertionError(f"range query failed: {expr!r}: {body.get('error')}")
+        return body["data"]["result"]
+
+    def query_soon(self, expr: str, timeout_s: float) -> list[dict[str, Any]]:
+        """An instant query polled until it returns data or ``timeout_s`` passes (the
+        collector's placeholder verdicts flicker for a few seconds at a time)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = self.query(expr)
+            if result or time.monotonic() > deadline:
+                return result
+            time.sleep(0.5)
 
     def label_values(self, label: str, match: str) -> list[str]:
         r = httpx.get(

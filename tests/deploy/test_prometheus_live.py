@@ -45,6 +45,8 @@ SPEC = f"leafspine:hosts={HOSTS},nics={NICS},leaves={LEAVES},spines={SPINES}"
 FAULT_LINK = "leaf0->spine1"
 DOWN_HOST = "h03"
 RATE_INTERVAL = "5s"  # what Grafana's $__rate_interval becomes at a 1 s scrape interval
+RANGE_S = 20  # the "dashboard time range" of range queries: the scenario's last 20 s
+RETRY_S = 10  # instant queries: the placeholder verdicts can drop out for a few seconds
 # Exported by the collector but only filled by engines not plugged in yet (the placeholder
 # clock solve reports no error bound). A query on them may be empty only while the
 # collector's own /metrics has no sample of them; once it has, the query must return data.
@@ -195,7 +197,10 @@ def test_every_dashboard_query_returns_data(live: Live) -> None:
             skipped.append(q)
             continue
         expr = substitute(q.expr, values[q.dashboard], RATE_INTERVAL)
-        result = live.prom.query(expr)
+        if q.instant:
+            result = live.prom.query_soon(expr, RETRY_S)
+        else:
+            result = live.prom.query_range(expr, RANGE_S)
         checked += 1
         if not result:
             (pending if _may_be_empty(live, q.expr) else empty).append(f"{q.panel}: {expr}")
@@ -214,13 +219,13 @@ def test_every_rule_returns_data_and_the_scenario_alerts_fire(live: Live) -> Non
         if _needs_agents(r.expr) and not live.agents:
             continue
         expr = r.expr if not r.alert or r.name in MUST_FIRE else alert_signal(r.expr)
-        if not live.prom.query(expr):
+        if not live.prom.query_soon(expr, RETRY_S):
             missing.append(f"{r.name}: {expr}")
     assert not missing, "rule expressions without data:\n" + "\n".join(missing)
     if IS_ROOT:
-        down = live.prom.query('ALERTS{alertname="FleetLensAgentDown"}')
+        down = live.prom.query_soon('ALERTS{alertname="FleetLensAgentDown"}', RETRY_S)
         assert {s["metric"]["host"] for s in down} == {DOWN_HOST}  # pending: for: 2m
-    faulty = live.prom.query("fleetlens:link_faulty")
+    faulty = live.prom.query_range("fleetlens:link_faulty", RANGE_S)
     assert {s["metric"]["link"] for s in faulty} >= {FAULT_LINK}
 
 
