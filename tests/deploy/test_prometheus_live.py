@@ -39,7 +39,8 @@ from deploy_helpers import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-IS_ROOT = os.geteuid() == 0
+# FLEETLENS_DEPLOY_NO_LAB=1 takes the non-root path as root too (to check it).
+IS_ROOT = os.geteuid() == 0 and not os.environ.get("FLEETLENS_DEPLOY_NO_LAB")
 HOSTS, NICS, LEAVES, SPINES = 4, 2, 2, 2
 SPEC = f"leafspine:hosts={HOSTS},nics={NICS},leaves={LEAVES},spines={SPINES}"
 FAULT_LINK = "leaf0->spine1"
@@ -205,7 +206,7 @@ def test_every_dashboard_query_returns_data(live: Live) -> None:
         if not result:
             (pending if _may_be_empty(live, q.expr) else empty).append(f"{q.panel}: {expr}")
     print(f"\n{checked} dashboard queries returned data, pending engines: {pending}")
-    assert checked >= 40
+    assert checked + len(skipped) >= 48 and checked >= 30
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
     if skipped:
         pytest.skip(f"{len(skipped)} agent queries need the lab fabric (root)")
