@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(iproute2 nftables iptables procps util-linux gcc make python3-dev python3-venv)
+APT_PACKAGES=(iproute2 nftables iptables procps util-linux gcc make python3-dev python3-venv prometheus docker-compose)
 PYTHON=${PYTHON:-python3}
 
 missing=()
