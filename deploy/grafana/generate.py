@@ -112,6 +112,37 @@ def dashboard(uid: str, title: str, description: str, panels: list[Panel],
     }  # fmt: skip
 
 
+# ---- collector REST API through the Infinity plugin -----------------------------------------
+# (selector in the JSON answer, column name, Infinity type)
+LINK_COLUMNS = [
+    ("tier", "tier", "string"), ("state", "state", "string"), ("link_id", "link", "string"),
+    ("loss_rate", "loss ratio", "number"), ("excess_delay_ns", "excess delay (ns)", "number"),
+    ("confidence", "confidence", "number"), ("flows", "flows", "number"),
+]  # fmt: skip
+
+
+def api_target(path: str, params: dict[str, str], columns: list[tuple[str, str, str]],
+               ref: str = "A") -> dict[str, Any]:  # fmt: skip
+    return {
+        "refId": ref, "datasource": INFINITY, "type": "json", "source": "url",
+        "parser": "backend", "format": "table", "url": path,
+        "url_options": {"method": "GET", "params": [
+            {"key": k, "value": v} for k, v in params.items()]},
+        "root_selector": "", "columns": [
+            {"selector": sel, "text": text, "type": typ} for sel, text, typ in columns],
+    }  # fmt: skip
+
+
+def api_table(title: str, columns: list[tuple[str, str, str]], transformations: list[dict],
+              description: str) -> Panel:  # fmt: skip
+    return {
+        "type": "table", "title": title, "description": description, "datasource": INFINITY,
+        "targets": [api_target("/v1/links", {"limit": "1000"}, columns)],
+        "transformations": transformations,
+        "fieldConfig": {"defaults": {}, "overrides": []}, "options": {"showHeader": True},
+    }  # fmt: skip
+
+
 # ---- fabric overview -------------------------------------------------------------------------
 def _with_tier(expr: str) -> str:
     """Tier from the link id: links with a NIC end (``h03/eth1->leaf1``) are access links,
@@ -164,6 +195,16 @@ def fabric_overview() -> dict[str, Any]:
                     "Value #A": "loss ratio", "Value #B": "excess delay (s)"}}}],
             description="Details and evidence flows: GET /v1/links/{link} on the collector."),
             24, 7),
+        lay.row("All links by tier (collector API)"),
+        lay.place(api_table("Links by tier and state", LINK_COLUMNS[:3], [
+            {"id": "groupBy", "options": {"fields": {
+                "tier": {"operation": "groupby", "aggregations": []},
+                "state": {"operation": "groupby", "aggregations": []},
+                "link": {"operation": "aggregate", "aggregations": ["count"]}}}}],
+            "Every link of the inventory with its verdict (worst 1000 first), counted by tier "
+            "and state. fleetlens_links in Prometheus has no tier label."), 8, 9),
+        lay.place(api_table("Worst links", LINK_COLUMNS, [],
+            "The collector's links, worst first (GET /v1/links)."), 16, 9),
     ]  # fmt: skip
     return dashboard(
         "fleetlens-fabric", "FleetLens / Fabric overview",

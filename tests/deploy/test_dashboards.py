@@ -146,3 +146,18 @@ def test_pair_matrix_queries_every_ordered_pair_of_the_rack() -> None:
     assert all(t["url"].startswith("/v1/pairs/") and "%2F" in t["url"] for t in targets)
     with pytest.raises(SystemExit, match="has 0 NICs"):
         generate.rack_nics(generate.LAB_INVENTORY, "spine0")
+
+
+def test_collector_api_panels_group_by_declared_columns(boards: dict[str, dict[str, Any]]) -> None:
+    checked = 0
+    for d in boards.values():
+        for p in all_panels(d["panels"]):
+            for t in p.get("targets", []):
+                if t["datasource"]["uid"] != "fleetlens-collector-api" or "columns" not in t:
+                    continue
+                names = {c["text"] for c in t["columns"]}
+                for tr in p.get("transformations", []):
+                    if tr["id"] == "groupBy":
+                        assert set(tr["options"]["fields"]) <= names, p["title"]
+                        checked += 1
+    assert checked >= 1

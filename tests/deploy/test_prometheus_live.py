@@ -28,6 +28,7 @@ import pytest
 from deploy_helpers import (
     Prometheus,
     alert_signal,
+    all_panels,
     dashboard_queries,
     free_port,
     generate,
@@ -261,3 +262,33 @@ def test_pair_matrix_reads_real_pairs_from_the_collector(live: Live) -> None:
     measured = [r for r in rows if r.get("owd_p50_us") is not None]
     assert len(measured) >= len(nics), rows  # every NIC probes peers in its own rack
     assert all(0 < r["owd_p50_us"] < 10_000 and 0 <= r["loss"] <= 1 for r in measured)
+
+
+def _api_targets() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(dashboard, panel, target) of every collector-API query except the pair matrices."""
+    return [
+        (name, p, t)
+        for name, d in load_dashboards().items()
+        for p in all_panels(d["panels"])
+        for t in p.get("targets", [])
+        if t["datasource"]["uid"] == generate.INFINITY["uid"]
+        and not t["url"].startswith("/v1/pairs/")
+    ]
+
+
+def test_collector_api_panels_get_their_columns(live: Live) -> None:
+    """The Infinity panels' requests, sent to the running collector: 200, rows, and every
+    column selector the panel declares present in every row."""
+    targets = _api_targets()
+    assert targets
+    for name, p, t in targets:
+        params = {q["key"]: q["value"] for q in t["url_options"]["params"]}
+        r = httpx.get(f"{live.collector_url}{t['url']}", params=params, timeout=10)
+        assert r.status_code == 200, (name, p["title"], r.text)
+        rows = r.json()
+        assert rows, (name, p["title"])
+        selectors = {c["selector"] for c in t["columns"]}
+        assert all(selectors <= set(row) for row in rows), (name, p["title"])
+    links = httpx.get(f"{live.collector_url}/v1/links", params={"limit": 1000}).json()
+    assert len({row["tier"] for row in links}) >= 2
+    assert any(row["link_id"] == FAULT_LINK for row in links)
