@@ -44,6 +44,9 @@ class AgentConfig:
     clock_drift_ppb: float = 0.0
     purity_ns: int = 1_000
     ack_timeout_ns: int = 500_000_000
+    # How long a receiver waits for a pair's second probe before answering without it.
+    # Generous on purpose: a busy host (or a delay queue) can hold one probe for milliseconds.
+    pair_wait_ns: int = 20_000_000
     control_interval_s: float = 1.0
     mem_batches: int = 120
     spill_max_bytes: int = 256 << 20
@@ -111,7 +114,7 @@ class Agent:
         self.path = DataPath(plan, nics, self.cfg.key, self.cfg.dscp)
         eng = self.path.engine
         eng.set_injection(self.cfg.clock_offset_ns, self.cfg.clock_drift_ppb, time.time_ns())
-        eng.set_timeouts(self.cfg.ack_timeout_ns, 2_000_000)
+        eng.set_timeouts(self.cfg.ack_timeout_ns, self.cfg.pair_wait_ns)
         self._set_clock(plan.clock)
         self.path.apply({n for n, nic in self.path.nics.items() if nic.up})
         self.builder = WindowBuilder(self.path.flows, plan.window_ns, self.cfg.purity_ns)
@@ -204,6 +207,8 @@ class Agent:
     def _shutdown(self) -> None:
         if self.path is not None:
             self._drain()
+            counters = self.path.engine.counters()
+            log.info("data path totals: %s", " ".join(f"{k}={v}" for k, v in counters.items() if v))
             self.path.close()
         if self.uploader is not None:
             if not self.uploader.flush(timeout_s=5.0):

@@ -148,12 +148,12 @@ COUNTER_NAMES = (
     "pairs_sent", "packets_sent", "send_errors", "probes_received", "acks_sent", "acks_received",
     "bad_length", "bad_header", "bad_mac", "replayed_probes", "stale_acks", "tx_timestamps",
     "tx_timestamps_unmatched", "rx_without_timestamp", "pairs_expired", "late_rounds",
-    "acks_recovered",
+    "acks_recovered", "late_probes",
 )
 cdef enum:
     C_PAIRS_SENT, C_PACKETS_SENT, C_SEND_ERRORS, C_PROBES_RX, C_ACKS_SENT, C_ACKS_RX,
     C_BAD_LEN, C_BAD_HDR, C_BAD_MAC, C_REPLAY, C_STALE_ACK, C_TX_TS, C_TX_TS_UNMATCHED,
-    C_RX_NO_TS, C_EXPIRED, C_LATE, C_RECOVERED, N_COUNTERS
+    C_RX_NO_TS, C_EXPIRED, C_LATE, C_RECOVERED, C_LATE_PROBE, N_COUNTERS
 
 
 cdef struct Slot:
@@ -185,6 +185,7 @@ cdef struct RxEntry:
     int64_t rxf[2]
     int64_t first_mono
     int sock
+    uint64_t generation
     uint8_t got
     uint8_t state        # 0 empty, 1 waiting for the second probe, 2 acked
 
@@ -198,7 +199,7 @@ cdef struct Hist:
 
 cdef struct Waiting:
     uint32_t index
-    uint32_t pair
+    uint64_t generation   # which occupant of the slot: pair ids repeat across senders
     int64_t due
 
 
@@ -239,6 +240,7 @@ cdef class Engine:
     cdef Hist* hist
     cdef Waiting* waitq
     cdef uint32_t wq_head, wq_tail
+    cdef uint64_t generations
     # clocks
     cdef double inj_offset, inj_drift
     cdef int64_t inj_t0
@@ -296,7 +298,7 @@ cdef class Engine:
                 or not self.s_ts or self.epfd < 0):
             raise MemoryError("probe engine buffers")
         self.timeout_ns = 500_000_000
-        self.pair_wait_ns = 2_000_000
+        self.pair_wait_ns = 20_000_000
         self.ack_sock = -1
         self.dport = 9470
 
@@ -478,10 +480,7 @@ cdef class Engine:
         while True:
             now = mono_ns()
             self._expire(now)
-            self._flush_waiting(now)
-            left = deadline - now
-            if left <= 0:
-                return
+            left = max(deadline - now, 0)
             if self.wq_head != self.wq_tail and self.waitq[self.wq_head % WAITQ].due - now < left:
                 left = max(self.waitq[self.wq_head % WAITQ].due - now, 0)
             ts.tv_sec = left // 1000000000
@@ -492,7 +491,12 @@ cdef class Engine:
                     self._drain_errqueue(<int>events[i].data.u64)
                 if events[i].events & EPOLLIN:
                     self._drain(<int>events[i].data.u64)
+            # Only now answer pairs still missing their second probe: had we been descheduled,
+            # that probe may have been sitting in a socket we just drained.
+            self._flush_waiting(mono_ns())
             self._flush_acks()
+            if mono_ns() >= deadline:
+                return
 
     # ---- TX timestamps ------------------------------------------------------------------
     cdef void _drain_errqueue(self, int s) noexcept nogil:
@@ -616,13 +620,16 @@ cdef class Engine:
         cdef int which = p[3] - KIND_PROBE0
         cdef uint64_t h = (session * 0x9E3779B97F4A7C15ULL) ^ (<uint64_t>pair * 0xC2B2AE3D27D4EB4FULL) \
             ^ (<uint64_t>ip << 16) ^ port
-        cdef uint32_t idx = <uint32_t>((h ^ (h >> 29)) % RXTAB)
+        cdef uint32_t idx = self._rx_slot(h, ip, port, session, pair)
         cdef RxEntry* r = &self.rxtab[idx]
         cdef bint same = r.state != 0 and r.session == session and r.pair == pair \
             and r.ip == ip and r.port == port
         self.cnt[C_PROBES_RX] += 1
-        if same and (r.state == 2 or r.got & (1 << which)):
+        if same and r.got & (1 << which):
             self.cnt[C_REPLAY] += 1
+            return
+        if same and r.state == 2:
+            self.cnt[C_LATE_PROBE] += 1  # its pair was answered without it: counted lost
             return
         if not same:
             if r.state == 1:
@@ -631,9 +638,11 @@ cdef class Engine:
             r.ip, r.port, r.session, r.pair, r.sock = ip, port, session, pair, s
             r.first_mono = mono_ns()
             r.state = 1
+            self.generations += 1
+            r.generation = self.generations
             if self.wq_tail - self.wq_head < WAITQ:
                 self.waitq[self.wq_tail % WAITQ].index = idx
-                self.waitq[self.wq_tail % WAITQ].pair = pair
+                self.waitq[self.wq_tail % WAITQ].generation = r.generation
                 self.waitq[self.wq_tail % WAITQ].due = r.first_mono + self.pair_wait_ns
                 self.wq_tail += 1
         r.rx[which] = stamp
@@ -641,6 +650,27 @@ cdef class Engine:
         r.got |= 1 << which
         if r.got == 3:
             self._queue_ack(r)
+
+    cdef uint32_t _rx_slot(self, uint64_t h, uint32_t ip, uint16_t port, uint64_t session,
+                           uint32_t pair) noexcept nogil:
+        """4-way set: the pair's own entry, else a free or answered one, else the oldest.
+
+        Evicting an entry still waiting for its second probe would answer that pair twice
+        (half each), so waiting entries are the last resort."""
+        cdef uint32_t base = <uint32_t>((h ^ (h >> 29)) % (RXTAB // 4)) * 4
+        cdef uint32_t i, pick = base
+        cdef RxEntry* r
+        for i in range(base, base + 4):
+            r = &self.rxtab[i]
+            if r.state != 0 and r.session == session and r.pair == pair and r.ip == ip \
+                    and r.port == port:
+                return i
+        for i in range(base, base + 4):
+            if self.rxtab[i].state != 1:
+                return i
+            if self.rxtab[i].first_mono < self.rxtab[pick].first_mono:
+                pick = i
+        return pick
 
     cdef void _flush_waiting(self, int64_t now) noexcept nogil:
         """Answer pairs whose second probe did not come in time (it was lost)."""
@@ -651,7 +681,7 @@ cdef class Engine:
             if w.due > now:
                 return
             r = &self.rxtab[w.index]
-            if r.state == 1 and r.pair == w.pair:
+            if r.state == 1 and r.generation == w.generation:
                 self._queue_ack(r)
             self.wq_head += 1
 

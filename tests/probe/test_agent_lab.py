@@ -1,0 +1,179 @@
+"""Real agents on the lab fabric (8 hosts × 2 NICs), real collector, real faults.
+
+One scenario feeds every test of this module: 4 s clean, 5 s with 20 % loss on
+``leaf0->spine1`` and a delay on ``leaf3->spine0``, 3 s healed; then the agents stop (draining
+their acks and uploads), the collector stops, and the tests read its DuckDB file. Which flows
+cross a faulted link is the kernel's own answer (``lab path``), never a formula of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pytest
+from fleetlens.api.store import Store
+from fleetlens.fixtures.lab import faults
+from fleetlens.fixtures.lab.fabric import Lab, lab_fabric
+from fleetlens.fixtures.lab.paths import PathOracle
+from fleetlens.fixtures.lab.stack import lab_stack
+
+from fleetlens.plan import PROBE_DPORT
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces")
+LOSS_LINK, DELAY_LINK = "leaf0->spine1", "leaf3->spine0"
+OFFSETS_NS = {"h01": 3_000_000, "h02": -2_000_000}  # injected clock errors
+DELAY_TOL_US = 30.0  # software stamps, a userspace delay daemon, a loaded 2-core VM
+
+
+@dataclass
+class Run:
+    lab: Lab
+    windows: pa.Table
+    planned: set[tuple[str, str, int]]
+    t_fault: int
+    t_heal: int
+    delay_us: float
+    exit_codes: dict[str, int]
+    decision_files: list[Path]
+
+
+def _wait_for_windows(url: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        m = httpx.get(f"{url}/metrics", timeout=2).text
+        stored = [ln for ln in m.splitlines() if ln.startswith("fleetlens_ingest_windows_total")]
+        if stored and float(stored[0].split()[-1]) > 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("no window reached the collector")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    work = tmp_path_factory.mktemp("agents")
+    with lab_fabric(f"a{os.getpid() % 10000}") as lab, lab_stack(lab, work) as stack:
+        planned = set()
+        for host in lab.topo.hosts:
+            plan = httpx.get(f"{stack.url}/v1/plan/{host}", timeout=5).json()
+            planned |= {
+                (e["src_nic"], e["dst_nic"], p) for e in plan["entries"] for p in e["sports"]
+            }
+            extra = ["--clock-offset-ns", str(OFFSETS_NS[host])] if host in OFFSETS_NS else []
+            stack.start_agent(host, *extra)
+        _wait_for_windows(stack.url)
+        time.sleep(4)
+        t_fault = time.time_ns()
+        faults.add_loss(lab, LOSS_LINK, 20)
+        (delay,) = faults.add_delay(lab, DELAY_LINK, 300)
+        time.sleep(5)
+        t_heal = time.time_ns()
+        faults.heal(lab)
+        time.sleep(3)
+        codes = stack.stop_agents()
+        stack.stop_collector()
+        store = Store(stack.db)
+        windows = store.read_windows()
+        store.close()
+        decisions = [work / "agents" / h / "decision.json" for h in lab.topo.hosts]
+        yield Run(
+            lab, windows, planned, t_fault, t_heal, delay.measured_us or 0.0, codes, decisions
+        )
+
+
+def _flows(t: pa.Table) -> list[tuple[str, str, int]]:
+    return list(
+        zip(t["src_nic"].to_pylist(), t["dst_nic"].to_pylist(), t["sport"].to_pylist(), strict=True)
+    )
+
+
+def _cols(t: pa.Table, *names: str) -> list[np.ndarray]:
+    return [t[n].to_numpy(zero_copy_only=False) for n in names]
+
+
+def _between(run: Run, start_ns: int, end_ns: int) -> pa.Table:
+    s, d = _cols(run.windows, "start_ns", "duration_ns")
+    return run.windows.filter(pa.array((s >= start_ns) & (s + d <= end_ns)))
+
+
+def test_agents_exit_cleanly_and_every_planned_flow_reports(run: Run) -> None:
+    assert run.exit_codes == dict.fromkeys(run.lab.topo.hosts, 0)
+    assert run.planned and run.planned <= set(_flows(run.windows))
+    keys = list(zip(_flows(run.windows), run.windows["start_ns"].to_pylist(), strict=True))
+    assert len(keys) == len(set(keys)), "a window was stored twice"
+    assert all(p.exists() for p in run.decision_files)
+
+
+def _classify(
+    run: Run, link: str, flows: set[tuple[str, str, int]]
+) -> dict[tuple[str, str, int], str]:
+    """forward: the probes cross the link; ack: only the acks do; clear: neither."""
+    out = {}
+    with PathOracle(run.lab) as oracle:
+        for src, dst, sport in flows:
+            if link in oracle.path(src, dst, sport):
+                out[src, dst, sport] = "forward"
+            elif link in oracle.path(dst, src, PROBE_DPORT, sport):
+                out[src, dst, sport] = "ack"
+            else:
+                out[src, dst, sport] = "clear"
+    return out
+
+
+def test_loss_shows_on_exactly_the_flows_through_the_link(run: Run) -> None:
+    during = _between(run, run.t_fault + 1_000_000_000, run.t_heal)
+    kind = _classify(run, LOSS_LINK, set(_flows(during)))
+    sent, received = _cols(during, "sent", "received")
+    which = np.array([kind[f] for f in _flows(during)])
+
+    def loss(k: str) -> tuple[float, int]:
+        m = which == k
+        return 1 - received[m].sum() / sent[m].sum(), int(sent[m].sum())
+
+    fwd, n_fwd = loss("forward")
+    assert n_fwd >= 2000 and abs(fwd - 0.20) <= 0.05, (fwd, n_fwd)
+    # Seen: 0 or ~6e-6 (one probe of ~160 k counted late, cause not yet pinned down).
+    assert loss("clear")[0] <= 1e-4
+    # Acks crossing the lossy link are repaired by the next ack on the flow (three records).
+    assert loss("ack")[0] <= 0.03
+    after = _between(run, run.t_heal + 1_000_000_000, 2**63 - 1)
+    s2, r2 = _cols(after, "sent", "received")
+    assert s2.sum() > 0 and r2.sum() == s2.sum()
+
+
+def test_delay_shows_on_the_flows_through_the_link_as_injected(run: Run) -> None:
+    before = _between(run, 0, run.t_fault)
+    during = _between(run, run.t_fault + 1_000_000_000, run.t_heal)
+    kind = _classify(run, DELAY_LINK, set(_flows(during)) & set(_flows(before)))
+
+    def median_p50(t: pa.Table, k: str) -> float:
+        (p50,) = _cols(t, "owd_p50_ns")
+        m = np.array([kind.get(f) == k for f in _flows(t)])
+        return float(np.nanmedian(p50[m])) / 1000
+
+    added = median_p50(during, "forward") - median_p50(before, "forward")
+    assert abs(added - run.delay_us) <= DELAY_TOL_US, (added, run.delay_us)
+    assert abs(median_p50(during, "clear") - median_p50(before, "clear")) <= DELAY_TOL_US / 2
+
+
+def test_injected_clock_offsets_shift_raw_delays_by_exactly_their_difference(run: Run) -> None:
+    """With no clock model applied, raw one-way delay = true delay + (offset dst - offset src)."""
+    t = _between(run, 0, run.t_fault)
+    src, dst = _cols(t, "src_nic", "dst_nic")
+    hull = t["hull_owd_ns"].to_pylist()
+    shift: dict[float, list[float]] = {}
+    for s, d, h in zip(src, dst, hull, strict=True):
+        if h:
+            expect = OFFSETS_NS.get(d.split("/")[0], 0) - OFFSETS_NS.get(s.split("/")[0], 0)
+            shift.setdefault(expect, []).append(min(h) - expect)
+    assert {3e6, -3e6, 5e6, -5e6, 2e6, -2e6, 0} <= set(shift)
+    true_owd = np.median(shift[0])
+    assert 0 < true_owd < 200_000
+    for expect, residual in shift.items():
+        assert abs(np.median(residual) - true_owd) < 20_000, expect  # within 20 µs of the truth
