@@ -15,6 +15,7 @@ Run as root (probe sockets bind to a device): ``.venv/bin/python bench/probe_ben
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import multiprocessing as mp
 import os
@@ -26,7 +27,6 @@ import threading
 import time
 
 import numpy as np
-
 from fleetlens.probe import protocol as wire
 from fleetlens.probe.fastpath import Engine
 from fleetlens.probe.nics import SO_TIMESTAMPING, LocalNic, probe_socket
@@ -178,10 +178,8 @@ def _py_collect(tx: socket.socket, pending: dict[int, list[int]]) -> int:
         except BlockingIOError:
             return n
         n += 1
-        try:
+        with contextlib.suppress(wire.WireError):
             pending.pop(wire.decode(data, KEY).pair, None)
-        except wire.WireError:
-            pass
 
 
 # ---- 2. host load -------------------------------------------------------------------------
