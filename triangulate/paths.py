@@ -115,6 +115,10 @@ class PathModel:
         ok &= ~bad_counts
         rows = np.flatnonzero(ok)
         key = self.flow_key(src[rows], dst[rows], sport[rows])
+        # Rows in key order: the same flows then give the same arrays window after window,
+        # so flow positions and incidence are reused instead of recomputed.
+        order = np.argsort(key, kind="stable")
+        rows, key = rows[order], key[order]
         owd = table["owd_min_ns"].combine_chunks().to_numpy(zero_copy_only=False)
         owd = np.asarray(owd, np.float64)[rows]
         starts = _ints(table["start_ns"], 0)[rows]
