@@ -115,7 +115,12 @@ class Prometheus:
         (d / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         # Same file_sd layout as deploy/prometheus/targets: only the addresses differ.
         (d / "targets" / "collector.json").write_text(json.dumps([{"targets": collector}]))
-        groups = [{"targets": [a], "labels": {"host": h}} for h, a in sorted(agents.items())]
+        # An agent keyed by its bare address gets no host label: the shipped relabel rule
+        # must then derive one from the address.
+        groups = [
+            {"targets": [a], "labels": {} if h == a.split(":")[0] else {"host": h}}
+            for h, a in sorted(agents.items())
+        ]
         (d / "targets" / "agents.json").write_text(json.dumps(groups))
         return d / "prometheus.yml"
 

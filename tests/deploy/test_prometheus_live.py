@@ -46,6 +46,7 @@ HOSTS, NICS, LEAVES, SPINES = 4, 2, 2, 2
 SPEC = f"leafspine:hosts={HOSTS},nics={NICS},leaves={LEAVES},spines={SPINES}"
 FAULT_LINK = "leaf0->spine1"
 DOWN_HOST = "h03"
+UNLABELLED_HOST = "h02"  # listed without a host label: checks the relabel rule
 RATE_INTERVAL = "5s"  # what Grafana's $__rate_interval becomes at a 1 s scrape interval
 RANGE_S = 20  # the "dashboard time range" of range queries: the scenario's last 20 s
 RETRY_S = 10  # instant queries: the placeholder verdicts can drop out for a few seconds
@@ -132,7 +133,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             es.enter_context(_collector(work, port))
         sim = _start_sim(url, work)
         es.callback(_stop, sim)
-        prom = Prometheus(work, [target], agents)
+        prom = Prometheus(work, [target], _unlabel(agents))
         es.callback(prom.stop)
         _scrape_and_settle(prom, len(agents))
         if IS_ROOT:
@@ -140,6 +141,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             _wait_for(prom, f'up{{host="{DOWN_HOST}"}} == 0', f"{DOWN_HOST} scraped as down")
         time.sleep(3)  # a few more scrapes: every rate window holds two samples or more
         yield Live(prom, url, agents, _exposed_families(url))
+
+
+def _unlabel(agents: dict[str, str]) -> dict[str, str]:
+    """The scrape targets: UNLABELLED_HOST keyed by its bare address (no host label)."""
+    return {(a.split(":")[0] if h == UNLABELLED_HOST else h): a for h, a in agents.items()}
 
 
 class _collector:
@@ -239,7 +245,7 @@ def test_rules_evaluate_cleanly_and_targets_are_scraped(live: Live) -> None:
     targets = live.prom.api("/api/v1/targets")["activeTargets"]
     up = {(t["labels"]["job"], t["labels"].get("host", "")): t["health"] for t in targets}
     expect = {("fleetlens-collector", ""): "up"} | {
-        ("fleetlens-agent", h): "down" if h == DOWN_HOST else "up" for h in live.agents
+        ("fleetlens-agent", h): "down" if h == DOWN_HOST else "up" for h in _unlabel(live.agents)
     }
     assert up == expect
 
