@@ -34,8 +34,6 @@ Panel = dict[str, Any]
 # The committed pair matrix is for the default lab fabric; regenerate with your inventory.
 LAB_INVENTORY = "leafspine:hosts=8,nics=2,leaves=4,spines=2"
 
-# Rail = the NIC's interface name (rail wiring: NIC k of every host on leaf group k).
-RAIL_REGEX = "/[^/]+\\/(.+)/"
 FAULTY_STATE_MAPPING = [
     {"type": "value", "options": {"1": {"text": "faulty", "color": "red", "index": 0}}},
     {"type": "special", "options": {"match": "null", "result": {"text": "ok", "color": "green"}}},
@@ -219,11 +217,11 @@ def _owd_sel() -> str:
 
 def delay_and_loss() -> dict[str, Any]:
     lay = Layout()
-    rail_sel = 'fleetlens_nic_owd_seconds_bucket{nic=~".+/$rail", direction="$direction"}'
+    rail_rec = 'fleetlens:nic_owd_seconds_bucket:rail_rate1m{rail="$rail", direction="$direction"}'
     p = [
         lay.row("One-way delay per rail (window medians, fleet time)"),
         lay.place(panel("heatmap", "One-way delay, rail $rail", [target(
-            f"sum by (le) (increase({rail_sel}[{RATE}]))", "{{le}}", format="heatmap")],
+            f"sum by (le) ({rail_rec})", "{{le}}", format="heatmap")],
             unit="s", repeat="rail", repeatDirection="h", maxPerRow=4,
             options={"calculate": False, "yAxis": {"unit": "s"}, "cellGap": 1,
                      "color": {"mode": "scheme", "scheme": "Spectral", "steps": 64},
@@ -256,8 +254,8 @@ def delay_and_loss() -> dict[str, Any]:
             "{{host}}")], unit="reqps"), 12, 8),
     ]  # fmt: skip
     variables = [
-        query_var("rail", "Rail", "label_values(fleetlens_nic_owd_seconds_bucket, nic)",
-                  RAIL_REGEX),
+        query_var("rail", "Rail",
+                  "label_values(fleetlens:nic_owd_seconds_bucket:rail_rate1m, rail)"),
         query_var("nic", "NIC", "label_values(fleetlens_nic_owd_seconds_bucket, nic)"),
         {"type": "custom", "name": "direction", "label": "Side", "query": "tx,rx",
          "current": {"text": "tx", "value": "tx"}, "options": [

@@ -164,7 +164,7 @@ def test_collector_statefulset_service_and_servicemonitors(k8s: list[dict[str, A
 def test_prometheus_rule_matches_the_rule_file(k8s: list[dict[str, Any]]) -> None:
     rule = _one(k8s, "PrometheusRule", "fleetlens")
     shipped = yaml.safe_load((PROM_DIR / "rules" / "fleetlens.yml").read_text())
-    assert rule["spec"]["groups"] == shipped["groups"]
+    assert rule["spec"]["groups"] == shipped["groups"], "run: python deploy/k8s/prometheusrule.py"
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
