@@ -20,7 +20,8 @@ the number of samples.
   (``fleetlens.api``, uvicorn on the lab's management bridge) running ``HuygensSync`` every
   second; the error is the difference of the two hosts' published clock models evaluated at the
   same instant, per solved window. Two hosts give a single edge, so this is the pairwise
-  Huygens fit (``min_edges=1``); the network effect needs a bigger fabric. Also printed: the
+  Huygens fit (``min_edges=1``); ``--hosts 4`` runs agents on four hosts (two NICs each, two
+  leaves) so the h00/h01 pair gets the network effect, the baselines unchanged. Also printed: the
   time from the agents' start to the first synchronized model.
 - Load: a UDP flood from h00 to h01 across the fabric (a Python sender per core-ish, 1200-byte
   datagrams as fast as it can, to a port nobody listens on).
@@ -52,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 TOOLS = ("ptp4l", "chrony", "fleetlens")
 PURITY_NS: int | None = None  # --purity-ns: the agents' pair purity threshold (None: default)
+FABRIC_HOSTS: list[str] = ["h00", "h01"]  # lab hosts running agents (--hosts)
 
 
 @dataclass
@@ -178,7 +180,7 @@ class Recorder:
     def __init__(self) -> None:
         from fleetlens.sync import HuygensSync
 
-        self.sync = HuygensSync(min_edges=1)
+        self.sync = HuygensSync(min_edges=1 if len(FABRIC_HOSTS) == 2 else 3)
         self.samples: list[tuple[float, float]] = []  # (monotonic s, error ns)
         self.first_synced: float | None = None
         self.lock = threading.Lock()
@@ -263,7 +265,7 @@ def run_fleetlens(lab, procs: Procs, tmp: Path, seconds: float, settle: float) -
             ],
             tmp / f"agent-{h}.log",
         )
-        for h in ("h00", "h01")
+        for h in lab.topo.hosts
     ]
     time.sleep(seconds)
     for p in agents:
@@ -317,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(TOOLS), help="comma list of " + ",".join(TOOLS))
     ap.add_argument("--conditions", default="idle,load")
     ap.add_argument("--purity-ns", type=int, help="agents' purity threshold (default: theirs)")
+    ap.add_argument(
+        "--hosts", type=int, default=2,
+        help="lab hosts (default 2). With 4 (2 NICs each, 2 leaves) FleetLens agents run on all "
+        "of them and get the network effect; the baselines and the scored pair stay h00/h01",
+    )  # fmt: skip
     a = ap.parse_args(argv)
     global PURITY_NS
     PURITY_NS = a.purity_ns
@@ -335,7 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     procs = Procs()
     tmp = Path(tempfile.mkdtemp(prefix="sy-bench-"))
     try:
-        with lab_fabric(LAB, hosts=2, nics=1, leaves=1, spines=1) as lab:
+        shape = (
+            dict(hosts=2, nics=1, leaves=1)
+            if a.hosts == 2
+            else dict(hosts=a.hosts, nics=2, leaves=2)
+        )
+        with lab_fabric(LAB, spines=1, **shape) as lab:
+            FABRIC_HOSTS[:] = lab.topo.hosts
             for cond in a.conditions.split(","):
                 for tool in tools:
                     print(f"running {tool} ({cond}) for {a.seconds:g} s ...", flush=True)
