@@ -4,6 +4,7 @@ collector running HuygensSync, accuracy against the injected truth, idle and und
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -88,3 +89,4 @@ def test_lab_accuracy_idle_and_under_load_against_injected_clocks() -> None:
     assert first <= CONVERGE_S
     assert p_idle <= 200.0
     assert p_load <= 500.0
+    shutil.rmtree(tmp, ignore_errors=True)  # logs are kept only when something failed
