@@ -275,6 +275,13 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
         d["entries"] = [dict(e, sports=list(e["sports"])) for e in d["entries"]]
         return m.PlanOut(**d)
 
+    @app.get("/v1/interfaces", response_model=dict[str, str], dependencies=[agent_auth],
+             responses=ERRORS, tags=["ingest"])  # fmt: skip
+    def interfaces() -> dict[str, str]:
+        """Switch interface address -> the directed link arriving there, from the inventory:
+        agents turn their traceroute hops into paths with it (empty without one)."""
+        return dict(c.topology.interfaces) if c.topology is not None else {}
+
 
 async def _read_body(request: Request, c: Collector) -> bytes:
     limit = c.settings.max_body_bytes

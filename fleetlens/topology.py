@@ -13,6 +13,11 @@ triangulation engine. Builders:
 Addressing (used by the lab and by agents' plans): leaf *l* owns the /22 starting at
 ``10.0.0.0 + 1024·l``; the *j*-th NIC attached to it gets ``base + 2j + 1`` on a /31 whose
 other end (``base + 2j``) is the leaf's side of the access link.
+
+``interfaces`` (optional, from the inventory) maps a switch interface address to the directed
+link that arrives at that interface. A router answering a traceroute from its inbound
+interface's address (``icmp_errors_use_inbound_ifaddr``) thereby names the link the probe
+came in on, which is how agents turn hop addresses into paths.
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ class Topology:
     nics: list[Nic]
     switches: list[Switch]
     links: list[Link]
+    interfaces: dict[str, str] = field(default_factory=dict)  # switch interface IP -> link id
     _path_cache: dict[tuple[str, str], list[tuple[str, ...]]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -151,6 +157,7 @@ class Topology:
             "nics": [asdict(n) for n in self.nics],
             "switches": [asdict(s) for s in self.switches],
             "links": [asdict(lk) for lk in self.links],
+            "interfaces": self.interfaces,
         }
 
     @classmethod
@@ -163,6 +170,7 @@ class Topology:
                 nics=[Nic(**n) for n in d["nics"]],
                 switches=[Switch(**s) for s in d["switches"]],
                 links=[Link(**lk) for lk in d["links"]],
+                interfaces={str(k): str(v) for k, v in (d.get("interfaces") or {}).items()},
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed topology: {e}") from e

@@ -20,6 +20,7 @@ from fleetlens.probe.client import CollectorClient, CollectorError
 from fleetlens.probe.datapath import DataPath
 from fleetlens.probe.metrics import AgentMetrics
 from fleetlens.probe.nics import LocalNic, discover, hardware_timestamping, link_states
+from fleetlens.probe.pathfind import PathFinder, Trace
 from fleetlens.probe.upload import Uploader
 from fleetlens.probe.windows import WindowBuilder
 
@@ -48,6 +49,7 @@ class AgentConfig:
     # Generous on purpose: a busy host (or a delay queue) can hold one probe for milliseconds.
     pair_wait_ns: int = 20_000_000
     control_interval_s: float = 1.0
+    path_refresh_s: float = 30.0  # re-learn every flow's path this often (0: never)
     mem_batches: int = 120
     spill_max_bytes: int = 256 << 20
     duration_s: float | None = None
@@ -60,7 +62,7 @@ class _Changes:
     clock: ClockModel | None = None
     up: set[str] | None = None
     plan: HostPlan | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    paths: dict[int, list[str]] = field(default_factory=dict)
 
 
 class Agent:
@@ -136,6 +138,8 @@ class Agent:
         self.uploader.start()
         control = threading.Thread(target=self._control_loop, name="control", daemon=True)
         control.start()
+        if self.cfg.path_refresh_s > 0:
+            threading.Thread(target=self._path_loop, name="paths", daemon=True).start()
         if self.cfg.metrics_port:
             self.metrics.serve(self.cfg.metrics_addr, self.cfg.metrics_port, self._snapshot)
         log.info("probing %d flows to %d peers", len(self.path.flows), len(self.path.entries))  # type: ignore[union-attr]
@@ -190,6 +194,7 @@ class Agent:
                 self._set_clock(ch.clock)
             if ch.up is not None:
                 self.path.apply(ch.up)  # type: ignore[union-attr]
+            self.builder.paths.update(ch.paths)
 
     def _rebuild(self, plan: HostPlan) -> None:
         log.info("plan changed (%d entries): rebuilding the data path", len(plan.entries))
@@ -241,6 +246,42 @@ class Agent:
                 ch.up = up
                 up_before = up
             self.changes.put(ch)
+
+    def _path_loop(self) -> None:
+        """Learn every flow's path now, then every ``path_refresh_s`` (routes change rarely)."""
+        try:
+            finder = PathFinder(self.client.interfaces(), self.path.plan.dport)  # type: ignore[union-attr]
+        except CollectorError as e:
+            log.warning("no path discovery: %s", e)
+            return
+        if not finder.interfaces:
+            log.warning("no path discovery: the collector has no interface map (inventory)")
+            return
+        known: dict[int, list[str]] = {}
+        while not self.stop.is_set():
+            traces = self._traces()
+            found = finder.discover(traces)
+            known.update(found)
+            log.info("paths learned for %d of %d flows", len(found), len(traces))
+            self.changes.put(_Changes(paths=found))
+            # Unanswered traceroutes (a busy switch CPU) are retried soon, not a refresh later.
+            complete = all(t.flow in known for t in traces)
+            self.stop.wait(
+                self.cfg.path_refresh_s if complete else min(2.0, self.cfg.path_refresh_s)
+            )
+
+    def _traces(self) -> list[Trace]:
+        """One traceroute per flow of every NIC that is up now."""
+        p = self.path
+        assert p is not None
+        up = link_states()
+        dst_ip = {e.dst_nic: e.dst_ip for e in p.entries}
+        f = p.flows
+        return [
+            Trace(i, nic.ip, nic.ifname, dst_ip[f.dst_nic[i]], f.dst_nic[i], int(f.sport[i]))
+            for i in range(len(f))
+            if up.get((nic := p.nics[f.src_nic[i]]).ifname)
+        ]
 
     def _write_decision(self, decision: Decision) -> None:
         if self.cfg.decision_file is None:

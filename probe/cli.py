@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mem-batches", type=int, default=120, help="batches held in memory before spilling"
     )
+    p.add_argument(
+        "--path-refresh", type=float, default=30.0, help="seconds between path discoveries (0: off)"
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -84,6 +87,7 @@ def main(argv: list[str]) -> int:
         metrics_addr=addr or "127.0.0.1", metrics_port=int(port or 0),
         clock_offset_ns=a.clock_offset_ns, clock_drift_ppb=a.clock_drift_ppb,
         purity_ns=a.purity_ns, duration_s=a.duration, mem_batches=a.mem_batches,
+        path_refresh_s=a.path_refresh,
     )  # fmt: skip
     agent = Agent(cfg)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())

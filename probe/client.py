@@ -64,5 +64,9 @@ class CollectorClient:
         ]
         return Decision(host_id, int(d.get("generated_ns") or 0), drain)
 
+    def interfaces(self) -> dict[str, str]:
+        """Switch interface address -> link arriving there (empty: no inventory)."""
+        return {str(k): str(v) for k, v in self._call("GET", "/v1/interfaces").items()}
+
     def close(self) -> None:
         self._http.close()

@@ -48,7 +48,8 @@ class DataPath:
             raise ValueError(f"{nid}: plan source ports are not one contiguous range")
         fds = []
         for port in [self.plan.dport, *ports]:
-            self.sockets.append(probe_socket(nic, port, dscp))  # kept for close() even on error
+            # kept in self.sockets for close() even if a later one fails
+            self.sockets.append(probe_socket(nic, port, dscp, tx_stamps=port != self.plan.dport))
             fds.append(self.sockets[-1].fileno())
         return self.engine.add_nic(fds[0], fds[1:], nic.ts_source == "hardware")
 

@@ -90,16 +90,19 @@ def hardware_timestamping(ifname: str) -> bool:
     return True
 
 
-def probe_socket(nic: LocalNic, port: int, dscp: int) -> socket.socket:
-    """A UDP socket on ``nic``'s address and device, DSCP set, kernel timestamps on."""
+def probe_socket(nic: LocalNic, port: int, dscp: int, tx_stamps: bool = True) -> socket.socket:
+    """A UDP socket on ``nic``'s address and device, DSCP set, kernel timestamps on (TX ones
+    only where someone reads them: a responder's acks need none)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, nic.ifname.encode())
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
         s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 4 << 20)
-        flags = SOF_TX_SOFTWARE | SOF_RX_SOFTWARE | SOF_SOFTWARE | SOF_OPT_ID | SOF_OPT_TSONLY
+        flags = SOF_RX_SOFTWARE | SOF_SOFTWARE
+        if tx_stamps:
+            flags |= SOF_TX_SOFTWARE | SOF_OPT_ID | SOF_OPT_TSONLY
         if nic.ts_source == TS_HARDWARE:
-            flags |= SOF_TX_HARDWARE | SOF_RX_HARDWARE | SOF_RAW_HARDWARE
+            flags |= SOF_RX_HARDWARE | SOF_RAW_HARDWARE | (SOF_TX_HARDWARE if tx_stamps else 0)
         s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, flags)
         s.bind((nic.ip, port))
         s.setblocking(False)

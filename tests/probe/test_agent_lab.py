@@ -177,3 +177,13 @@ def test_injected_clock_offsets_shift_raw_delays_by_exactly_their_difference(run
     assert 0 < true_owd < 200_000
     for expect, residual in shift.items():
         assert abs(np.median(residual) - true_owd) < 20_000, expect  # within 20 µs of the truth
+
+
+def test_discovered_paths_equal_the_kernels(run: Run) -> None:
+    """Paris traceroute per flow: every flow's windows carry its path, equal to ``lab path``."""
+    rows = _between(run, 0, run.t_fault).select(["src_nic", "dst_nic", "sport", "path"]).to_pylist()
+    learned = {(r["src_nic"], r["dst_nic"], r["sport"]): r["path"] for r in rows if r["path"]}
+    assert set(learned) == run.planned
+    with PathOracle(run.lab) as oracle:
+        for (src, dst, sport), path in learned.items():
+            assert path == oracle.path(src, dst, sport), (src, dst, sport)

@@ -1,0 +1,111 @@
+"""Path discovery: Paris traceroute of every flow (fixed 5-tuple, rising TTL).
+
+ECMP hashes the 5-tuple, so a traceroute with exactly the flow's addresses and ports follows
+the flow. Round *k* sends TTL *k* for every flow still unfinished; each router answers
+"time exceeded" from the interface the probe came in on, and the inventory's interface map
+turns that address into the link it arrived by. A flow is done when the answer comes from its
+destination's leaf (known from the same map), so no traceroute packet ever reaches a peer's
+probe port. Packets are built and parsed with scapy and sent through a raw socket, so the
+kernel's source-address routing picks the right NIC.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import time
+from dataclasses import dataclass
+
+from scapy.layers.inet import ICMP, IP, UDP, UDPerror
+
+from fleetlens.ids import is_nic_id, link_id, split_link_id
+
+log = logging.getLogger("fleetlens.agent.paths")
+ICMP_TIME_EXCEEDED = 11
+_PAYLOAD = b"fleetlens-path"
+# Switches police the ICMP their CPU sends: ask in small bursts.
+BURST, BURST_GAP_S = 32, 0.01
+
+
+@dataclass(frozen=True)
+class Trace:
+    flow: int
+    src_ip: str
+    ifname: str
+    dst_ip: str
+    dst_nic: str
+    sport: int
+
+
+class PathFinder:
+    def __init__(
+        self, interfaces: dict[str, str], dport: int, max_ttl: int = 8, timeout_s: float = 0.5
+    ):
+        self.interfaces = interfaces
+        self.dport = dport
+        self.max_ttl = max_ttl
+        self.timeout_s = timeout_s
+        # A NIC's leaf: the access link NIC->leaf arrives at the leaf's side of its /31.
+        self.leaf_of = {
+            a: b for a, b in (split_link_id(lk) for lk in interfaces.values()) if is_nic_id(a)
+        }
+
+    def discover(self, traces: list[Trace]) -> dict[int, list[str]]:
+        """Flow id -> ordered directed links, for every flow whose path could be resolved."""
+        if not self.interfaces:
+            return {}
+        hops: dict[int, list[str]] = {t.flow: [] for t in traces}
+        pending = {t.flow: t for t in traces if t.dst_nic in self.leaf_of}
+        with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as icmp:
+            for ttl in range(1, self.max_ttl + 1):
+                if not pending:
+                    break
+                answers = self._round(icmp, list(pending.values()), ttl)
+                for flow, trace in list(pending.items()):
+                    link = self.interfaces.get(answers.get(flow, ""))
+                    if link is None:  # no answer, or an address not in the inventory
+                        del pending[flow]
+                        continue
+                    hops[flow].append(link)
+                    if split_link_id(link)[1] == self.leaf_of[trace.dst_nic]:
+                        hops[flow].append(link_id(self.leaf_of[trace.dst_nic], trace.dst_nic))
+                        del pending[flow]
+        by_flow = {t.flow: t for t in traces}
+        return {
+            f: h for f, h in hops.items() if h and split_link_id(h[-1])[1] == by_flow[f].dst_nic
+        }
+
+    def _round(self, icmp: socket.socket, traces: list[Trace], ttl: int) -> dict[int, str]:
+        """Send TTL ``ttl`` for every trace; flow id -> address that answered."""
+        ident = {(t.src_ip, t.dst_ip, t.sport): t.flow for t in traces}
+        for i, t in enumerate(traces):
+            if i and i % BURST == 0:
+                time.sleep(BURST_GAP_S)
+            pkt = (
+                IP(src=t.src_ip, dst=t.dst_ip, ttl=ttl, id=ttl)
+                / UDP(sport=t.sport, dport=self.dport)
+                / _PAYLOAD
+            )
+            with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, t.ifname.encode())
+                raw.bind(
+                    (t.src_ip, 0)
+                )  # the route lookup uses the socket's source, not the header's
+                try:
+                    raw.sendto(bytes(pkt), (t.dst_ip, 0))
+                except OSError as e:  # a NIC that is down: no path this round
+                    log.debug("traceroute %s->%s: %s", t.src_ip, t.dst_ip, e)
+        answers: dict[int, str] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(answers) < len(traces) and (left := deadline - time.monotonic()) > 0:
+            if not select.select([icmp], [], [], left)[0]:
+                break
+            reply = IP(icmp.recv(2048))
+            if ICMP not in reply or reply[ICMP].type != ICMP_TIME_EXCEEDED or UDPerror not in reply:
+                continue
+            quoted = reply[ICMP].payload
+            key = (quoted.src, quoted.dst, reply[UDPerror].sport)
+            if key in ident and quoted.id == ttl:
+                answers[ident[key]] = reply.src
+        return answers
