@@ -43,6 +43,7 @@ class AgentConfig:
     metrics_port: int = 0
     clock_offset_ns: float = 0.0
     clock_drift_ppb: float = 0.0
+    clock_epoch_ns: int | None = None  # the instant the injected drift starts (None: start-up)
     purity_ns: int = 1_000
     ack_timeout_ns: int = 500_000_000
     # How long a receiver waits for a pair's second probe before answering without it.
@@ -115,7 +116,8 @@ class Agent:
     def _build(self, plan: HostPlan, nics: list[LocalNic]) -> None:
         self.path = DataPath(plan, nics, self.cfg.key, self.cfg.dscp)
         eng = self.path.engine
-        eng.set_injection(self.cfg.clock_offset_ns, self.cfg.clock_drift_ppb, time.time_ns())
+        epoch = self.cfg.clock_epoch_ns if self.cfg.clock_epoch_ns is not None else time.time_ns()
+        eng.set_injection(self.cfg.clock_offset_ns, self.cfg.clock_drift_ppb, epoch)
         eng.set_timeouts(self.cfg.ack_timeout_ns, self.cfg.pair_wait_ns)
         self._set_clock(plan.clock)
         self.path.apply({n for n, nic in self.path.nics.items() if nic.up})

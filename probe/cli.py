@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--clock-drift-ppb", type=float, default=0.0, help="tests: distort this host's clock rate"
     )
+    p.add_argument(
+        "--clock-epoch-ns", type=int, help="tests: when the injected drift starts (default: now)"
+    )
     p.add_argument("--purity-ns", type=int, default=1_000, help="pair purity threshold")
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument(
@@ -86,6 +89,7 @@ def main(argv: list[str]) -> int:
         nics=a.nics, dscp=a.dscp, state_dir=a.state_dir, decision_file=a.decision_file,
         metrics_addr=addr or "127.0.0.1", metrics_port=int(port or 0),
         clock_offset_ns=a.clock_offset_ns, clock_drift_ppb=a.clock_drift_ppb,
+        clock_epoch_ns=a.clock_epoch_ns,
         purity_ns=a.purity_ns, duration_s=a.duration, mem_batches=a.mem_batches,
         path_refresh_s=a.path_refresh,
     )  # fmt: skip
