@@ -68,4 +68,4 @@ def test_read_api_conforms(with_data: Server) -> None:
 def test_ingest_api_conforms(with_data: Server) -> None:
     r = _run(with_data, INGEST, "--include-tag", "ingest")
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-    assert "Tested: 3" in r.stdout
+    assert "Tested: 4" in r.stdout  # ingest, register, plan, interfaces

@@ -2,12 +2,12 @@
 returns data through its HTTP API.
 
 As root: a 4-host lab fabric, the collector on its management address, one real agent per host
-(``--metrics`` on the host's management address), plus the simulator streaming windows that
-carry their ECMP paths (the agents do not report paths yet, and the collector's placeholder
-triangulation needs them) with 30 % loss on ``leaf0->spine1``, so that the faulty-link panels
-and alerts have something to show. One agent is stopped near the end so that the agent-down
-alert fires. Not root: the collector on 127.0.0.1 fed by the simulator only; the agent
-queries are then skipped (they need the lab).
+(``--metrics`` on the host's management address), and a real 30 % loss fault on
+``leaf0->spine1`` (the agents report each flow's path), so that the faulty-link panels and
+alerts have something to show. One agent is stopped near the end so that the agent-down alert
+fires. Not root: the collector on 127.0.0.1 fed by the simulator only, streaming windows with
+their paths and the same loss on ``leaf0->spine1``; the agent queries are then skipped (they
+need the lab).
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     work = tmp_path_factory.mktemp("promlive")
     with ExitStack() as es:
         if IS_ROOT:
+            from fleetlens.fixtures.lab import faults
             from fleetlens.fixtures.lab.fabric import lab_fabric
             from fleetlens.fixtures.lab.stack import lab_stack
 
@@ -127,12 +128,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             for h, addr in agents.items():
                 stack.start_agent(h, "--metrics", addr)
             url, target = stack.url, f"{lab.collector_ip}:{stack.port}"
+            faults.add_loss(lab, FAULT_LINK, 30)  # healed by the lab's teardown
         else:
             port = free_port()
             url, target, agents = f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", {}
             es.enter_context(_collector(work, port))
-        sim = _start_sim(url, work)
-        es.callback(_stop, sim)
+            es.callback(_stop, _start_sim(url, work))
         prom = Prometheus(work, [target], _unlabel(agents))
         es.callback(prom.stop)
         _scrape_and_settle(prom, len(agents))
