@@ -21,11 +21,11 @@ from fleetlens.api.placeholders import (
     Triangulate,
     cap_drain,
     decisions_from_verdicts,
-    placeholder_identity_clocks,
     placeholder_lossy_path_triangulation,
 )
 from fleetlens.api.store import Store
 from fleetlens.api.writer import Writer
+from fleetlens.sync import HuygensSync
 
 from fleetlens.batch import Batch, BatchError
 from fleetlens.ids import split_nic_id
@@ -37,9 +37,10 @@ log = logging.getLogger("fleetlens.api")
 
 @dataclass
 class Engines:
-    """What the background loops run; the sync and triangulation issues replace these."""
+    """What the background loops run. Clock sync is Huygens (one stateful solver for the
+    collector's lifetime: it tracks drift across windows)."""
 
-    solve_clocks: SolveClocks = placeholder_identity_clocks
+    solve_clocks: SolveClocks = field(default_factory=HuygensSync)
     triangulate: Triangulate | None = None  # None: the placeholder with the configured threshold
 
 

@@ -105,9 +105,9 @@ def test_hosts_nics_clocks(fed: Server, topo: Topology) -> None:
     assert [n["nic_id"] for n in nics] == ["h01/eth1"]
     assert nics[0]["leaf"] == "leaf1" and ACCESS in nics[0]["reason"]
     assert all_nics.headers["X-Total-Count"] == str(len(topo.nics))
-    # Placeholder sync: identity models, honestly marked unsynchronized.
+    # Huygens on these windows: delays of 2-4 µs both ways, so every offset is within a few µs.
     assert sorted(x["host_id"] for x in clocks) == topo.hosts
-    assert all(x["offset_ns"] == 0 and not x["synced"] and x["updated"] for x in clocks)
+    assert all(abs(x["offset_ns"]) < 5_000 and x["updated"] for x in clocks), clocks
     assert hosts["h02"]["clock"]["host_id"] == "h02"
 
 
@@ -175,6 +175,7 @@ def test_decisions_and_plan(fed: Server, topo: Topology) -> None:
 def test_metrics(fed: Server, topo: Topology) -> None:
     with fed.client() as c:
         text = c.get("/metrics").text
+        synced = {x["host_id"]: x["synced"] for x in c.get("/v1/clocks").json()}
     assert metric(text, "fleetlens_links", state="faulty") >= 2
     assert metric(text, "fleetlens_faulty_link_loss_ratio", link=FABRIC) == pytest.approx(
         LOSS, abs=0.01
@@ -187,7 +188,8 @@ def test_metrics(fed: Server, topo: Topology) -> None:
                   le="1e-05") == n  # every generated median is 3-6 us  # fmt: skip
     assert metric(text, "fleetlens_nic_owd_seconds_bucket", nic="h00/eth0", direction="tx",
                   le="2e-06") == 0  # fmt: skip
-    assert metric(text, "fleetlens_clock_synced", host="h00") == 0
+    for host, is_synced in synced.items():  # the gauge says what the API says
+        assert metric(text, "fleetlens_clock_synced", host=host) == float(is_synced)
     assert metric(text, "fleetlens_ingest_rejected_batches_total", reason="future") == 0
     assert metric(text, "fleetlens_ingest_windows_total") == sum(2 * 2 * 2 * 6 for _ in topo.hosts)
     assert metric(text, "fleetlens_writer_queue_depth") == 0
