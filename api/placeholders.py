@@ -1,14 +1,14 @@
 """The engines the background loops call, and the simplest honest placeholders for them.
 
-The real clock-sync solve (``fleetlens.sync``) and triangulation (``fleetlens.triangulate``)
-come with their own issues; they plug in here by matching these signatures:
+Clock sync is ``fleetlens.sync.HuygensSync``; the triangulation engine plugs in here too, by
+matching these signatures:
 
 - ``SolveClocks(windows, topology, prev) -> list[ClockModel]``
 - ``Triangulate(windows, topology, prev_verdicts) -> list[Verdict]``
 
 ``windows`` is an Arrow table in ``WINDOW_SCHEMA`` holding the newest windows; ``prev`` maps a
 host (or a verdict subject) to the previous output. Until then the collector runs the
-PLACEHOLDERS below, which do not pretend to be more than they are.
+PLACEHOLDER triangulation below, which does not pretend to be more than it is.
 """
 
 from __future__ import annotations
@@ -34,15 +34,6 @@ def hosts_in(windows: pa.Table) -> set[str]:
 
 def _flat(col: pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if col.num_chunks else pa.array([], col.type)
-
-
-def placeholder_identity_clocks(
-    windows: pa.Table, topology: Topology | None, prev: dict[str, ClockModel]
-) -> list[ClockModel]:
-    """PLACEHOLDER for the Huygens solve: every host seen keeps its previous model, new hosts
-    get the identity model, all flagged unsynchronized with an unknown error bound."""
-    hosts = hosts_in(windows) | set(prev)
-    return [prev.get(h) or ClockModel.identity(h) for h in sorted(hosts)]
 
 
 def placeholder_lossy_path_triangulation(
