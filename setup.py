@@ -6,7 +6,6 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-
 # Source directory -> the package its .pyx modules belong to (the package-dir mapping).
 CYTHON_PACKAGES = {"probe": "fleetlens.probe", "fixtures/lab": "fleetlens.fixtures.lab"}
 

@@ -77,6 +77,7 @@ class Agent:
         self.path: DataPath | None = None
         self.clock = ClockModel.identity(cfg.host_id)
         self.rounds_skipped = 0
+        self.relearn = threading.Event()  # set when routes may have changed (a NIC went up/down)
 
     # ---- start-up -----------------------------------------------------------------------
     def _nics(self) -> list[LocalNic]:
@@ -149,6 +150,7 @@ class Agent:
             self._rounds()
         finally:
             self.stop.set()
+            self.relearn.set()
             control.join(timeout=10)  # before the client it uses is closed
             self._shutdown()
         return 0
@@ -245,6 +247,7 @@ class Agent:
             if up != up_before:
                 if up_before is not None:
                     log.warning("NICs up: %s", ", ".join(sorted(up)) or "none")
+                    self.relearn.set()  # routes changed under some flows: trace them again now
                 ch.up = up
                 up_before = up
             self.changes.put(ch)
@@ -268,9 +271,10 @@ class Agent:
             self.changes.put(_Changes(paths=found))
             # Unanswered traceroutes (a busy switch CPU) are retried soon, not a refresh later.
             complete = all(t.flow in known for t in traces)
-            self.stop.wait(
+            self.relearn.wait(
                 self.cfg.path_refresh_s if complete else min(2.0, self.cfg.path_refresh_s)
             )
+            self.relearn.clear()
 
     def _traces(self) -> list[Trace]:
         """One traceroute per flow of every NIC that is up now."""
