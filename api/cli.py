@@ -30,6 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-batches", type=int, default=256, help="writer queue bound (batches)")
     p.add_argument("--queue-rows", type=int, default=4_000_000, help="writer queue bound (rows)")
     p.add_argument("--loop-interval", type=float, default=1.0, help="seconds between loop rounds")
+    p.add_argument(
+        "--background-loss", type=float, default=1e-6,
+        help="per-link loss triangulation treats as normal (raise it where the measurement "
+        "itself loses that much, e.g. a loaded software-timestamping lab)",
+    )  # fmt: skip
     p.add_argument("--retention-interval", type=float, default=60.0)
     p.add_argument("--duckdb-threads", type=int, help="DuckDB worker threads (default: all cores)")
     p.add_argument("--duckdb-memory-limit", help="e.g. 4GB (default: DuckDB's 80%% of RAM)")
@@ -59,6 +64,7 @@ def settings_from_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         queue_max_batches=a.queue_batches,
         queue_max_rows=a.queue_rows,
         loop_interval_s=a.loop_interval,
+        background_loss=a.background_loss,
         retention_interval_s=a.retention_interval,
         duckdb_threads=a.duckdb_threads,
         duckdb_memory_limit=a.duckdb_memory_limit,

@@ -32,6 +32,10 @@ class Settings:
     retention_interval_s: float = 60.0
     # The loops look at windows that started within this span before the newest one.
     loop_lookback_ns: int = 2_000_000_000
+    background_loss: float = 1e-6  # per-link loss triangulation treats as normal
+    # A window goes to triangulation once it ended this long ago: every agent's upload
+    # (sent ~0.7 s after the window's end) is in by then, and each window is judged once.
+    triangulate_settle_ns: int = 1_500_000_000
     top_k_links: int = 20
     max_range_ns: int = 31 * DAY_NS
     max_points: int = 10_000

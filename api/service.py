@@ -26,6 +26,8 @@ from fleetlens.api.placeholders import (
 from fleetlens.api.store import Store
 from fleetlens.api.writer import Writer
 from fleetlens.sync import HuygensSync
+from fleetlens.triangulate import TriangulateConfig, Triangulator
+from fleetlens.triangulate import decisions as triangulate_decisions
 
 from fleetlens.batch import Batch, BatchError
 from fleetlens.ids import split_nic_id
@@ -52,6 +54,7 @@ class State:
     verdict_updated: dict[str, int] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
     max_start_ns: int | None = None
+    triangulated_ns: int | None = None  # start of the newest window triangulation has seen
 
 
 class Collector:
@@ -59,6 +62,9 @@ class Collector:
         self.settings = settings
         self.engines = engines or Engines()
         self.topology = Topology.load(settings.inventory) if settings.inventory else None
+        if self.engines.triangulate is None and self.topology is not None:
+            cfg = TriangulateConfig(background_loss=settings.background_loss)
+            self.engines.triangulate = Triangulator(self.topology, cfg)
         self.store = Store(settings.db_path, settings.duckdb_threads, settings.duckdb_memory_limit)
         self.writer = Writer(
             self.store, settings.queue_max_batches, settings.queue_max_rows, self._on_commit
@@ -202,10 +208,7 @@ class Collector:
         clocks = self._timed(
             "clocks", self.engines.solve_clocks, windows, self.topology, dict(self.state.clocks)
         )
-        tri = self.engines.triangulate or self._placeholder_triangulation
-        verdicts = self._timed(
-            "triangulate", tri, windows, self.topology, dict(self.state.verdicts)
-        )
+        verdicts = self._triangulate(windows, now_ns)
         if clocks is None or verdicts is None:
             return
         decisions = self._decide(verdicts, now_ns)
@@ -227,6 +230,32 @@ class Collector:
         st.verdict_updated = {**st.verdict_updated, **{v.subject: now_ns for v in new_verdicts}}
         st.decisions = {**st.decisions, **{d.host_id: d for d in new_decisions}}
 
+    def _triangulate(self, windows: pa.Table, now_ns: int) -> list[Verdict] | None:
+        """Hand each settled window to the engine once, oldest first (it keeps per-flow
+        baselines and hysteresis: a window seen twice would count its losses twice)."""
+        tri = self.engines.triangulate or self._placeholder_triangulation
+        if self.engines.triangulate is None:  # no inventory: the placeholder, on what it has
+            return self._timed(
+                "triangulate", tri, windows, self.topology, dict(self.state.verdicts)
+            )
+        ready = pc.less_equal(
+            pc.add(windows["start_ns"], windows["duration_ns"]),
+            now_ns - self.settings.triangulate_settle_ns,
+        )
+        if self.state.triangulated_ns is not None:
+            ready = pc.and_(ready, pc.greater(windows["start_ns"], self.state.triangulated_ns))
+        todo = windows.filter(ready)
+        verdicts: list[Verdict] | None = list(self.state.verdicts.values())
+        for start in sorted(set(todo["start_ns"].to_pylist())):
+            one = todo.filter(pc.equal(todo["start_ns"], start))
+            verdicts = self._timed(
+                "triangulate", tri, one, self.topology, dict(self.state.verdicts)
+            )
+            if verdicts is None:
+                return None
+            self.state.triangulated_ns = start
+        return verdicts
+
     def _placeholder_triangulation(self, windows, topology, prev) -> list[Verdict]:
         return placeholder_lossy_path_triangulation(
             windows, topology, prev, self.settings.lossy_flow_threshold
@@ -247,6 +276,8 @@ class Collector:
         return out
 
     def _decide(self, verdicts: list[Verdict], now_ns: int) -> list[Decision]:
+        if self.topology is not None:
+            return triangulate_decisions(verdicts, self.topology, now_ns)
         hosts = self.known_hosts()
         per_host: dict[str, int] = {}
         for n in self.known_nics().to_pylist():

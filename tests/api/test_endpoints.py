@@ -158,13 +158,16 @@ def test_jobs_and_impact(fed: Server) -> None:
 def test_decisions_and_plan(fed: Server, topo: Topology) -> None:
     with fed.client(INGEST) as c:  # agents use the ingest token for plan and decisions
         d = c.get("/v1/decisions/h01").json()
-        clean = c.get("/v1/decisions/h02").json()
+        h02 = c.get("/v1/decisions/h02").json()
         plan = c.get("/v1/plan/h00")
         assert c.get("/v1/decisions/h77").status_code == 404
         assert c.get("/v1/plan/h77").status_code == 404
     assert [e["nic_id"] for e in d["drain"]] == ["h01/eth1"]
     assert ACCESS in d["drain"][0]["reason"] and d["drain"][0]["since_ns"] > 0
-    assert clean["drain"] == []
+    # h02 drains the NICs whose paths climb the faulty fabric link, and only those.
+    under = sorted(n.id for n in topo.nics_by_host["h02"] if n.leaf == FABRIC.split("->")[0])
+    assert [e["nic_id"] for e in h02["drain"]] == under
+    assert all(FABRIC in e["reason"] for e in h02["drain"])
     assert plan.status_code == 200, plan.text
     p = plan.json()
     assert {e["src_nic"] for e in p["entries"]} == {"h00/eth0", "h00/eth1"}

@@ -70,9 +70,11 @@ def test_cli_round_trip_leaves_no_trace(tidy: dict) -> None:  # type: ignore[typ
                        f"import socket; s=socket.create_connection(('{status['collector_ip']}', 9)"
                        ", timeout=2)", check=False)  # fmt: skip
     assert "ConnectionRefused" in reach.stderr  # a RST from the root namespace: reachable
+    # The delay first: its calibration needs a path through leaf1->spine1, which on two leaves
+    # only exists while the flapping leaf0-spine1 cable is up.
+    _fleetlens("fault", "leaf1->spine1", "--delay", "100")
     _fleetlens("fault", "leaf0->spine1", "--flap", "100")
     _fleetlens("fault", "leaf1->spine0", "--loss", "5")
-    _fleetlens("fault", "leaf1->spine1", "--delay", "100")
     faults = json.loads(_fleetlens("status", "--json").stdout)["faults"]
     assert {f["kind"] for f in faults} == {"flap", "loss", "delay"}
     assert len(_trace()["helpers"]) == 2  # type: ignore[arg-type]
