@@ -42,7 +42,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # FLEETLENS_DEPLOY_NO_LAB=1 takes the non-root path as root too (to check it).
 IS_ROOT = os.geteuid() == 0 and not os.environ.get("FLEETLENS_DEPLOY_NO_LAB")
-HOSTS, NICS, LEAVES, SPINES = 4, 2, 2, 2
+# Four leaves: on two, every flow over leaf0->spine1 also crosses spine1->leaf1, so the link
+# cannot be told from its spine (triangulation then, fairly, reports the spine).
+HOSTS, NICS, LEAVES, SPINES = 8, 2, 4, 2
 SPEC = f"leafspine:hosts={HOSTS},nics={NICS},leaves={LEAVES},spines={SPINES}"
 FAULT_LINK = "leaf0->spine1"
 DOWN_HOST = "h03"
@@ -96,6 +98,17 @@ def _wait_for(prom: Prometheus, expr: str, what: str, timeout_s: float = 60) -> 
     raise AssertionError(f"timed out waiting for {what}: {expr}")
 
 
+def _wait_http(url: str, metric: str, timeout_s: float) -> None:
+    """Until ``metric`` is above zero at ``url``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for f in text_string_to_metric_families(httpx.get(url, timeout=5).text):
+            if f.name == metric.removesuffix("_total") and any(x.value > 0 for x in f.samples):
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {metric} at {url}")
+
+
 def _exposed_families(url: str) -> set[str]:
     text = httpx.get(f"{url}/metrics", timeout=5).text
     return {f.name for f in text_string_to_metric_families(text) if f.samples}
@@ -128,6 +141,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             for h, addr in agents.items():
                 stack.start_agent(h, "--metrics", addr)
             url, target = stack.url, f"{lab.collector_ip}:{stack.port}"
+            # Fault once every agent has been answering for a while: until a peer's agent runs,
+            # its probes go unanswered and triangulation (rightly) blames that host first.
+            _wait_http(f"{url}/metrics", "fleetlens_ingest_windows_total", 30)
+            time.sleep(10)
             faults.add_loss(lab, FAULT_LINK, 30)  # healed by the lab's teardown
         else:
             port = free_port()
