@@ -238,13 +238,17 @@ class Collector:
             return self._timed(
                 "triangulate", tri, windows, self.topology, dict(self.state.verdicts)
             )
-        ready = pc.less_equal(
-            pc.add(windows["start_ns"], windows["duration_ns"]),
-            now_ns - self.settings.triangulate_settle_ns,
+        # Its own backlog from the store, not the sync loop's look-back: a round slower than
+        # the look-back (a big fleet) must delay windows, never skip them.
+        lo = self.state.triangulated_ns
+        if lo is None:  # first round: start at the newest windows, not the whole history
+            if self.state.max_start_ns is None:
+                return list(self.state.verdicts.values())
+            lo = self.state.max_start_ns - self.settings.loop_lookback_ns
+        todo = self.store.read_windows(
+            "start_ns > ? AND start_ns + duration_ns <= ?",
+            [lo, now_ns - self.settings.triangulate_settle_ns],
         )
-        if self.state.triangulated_ns is not None:
-            ready = pc.and_(ready, pc.greater(windows["start_ns"], self.state.triangulated_ns))
-        todo = windows.filter(ready)
         verdicts: list[Verdict] | None = list(self.state.verdicts.values())
         for start in sorted(set(todo["start_ns"].to_pylist())):
             one = todo.filter(pc.equal(todo["start_ns"], start))
