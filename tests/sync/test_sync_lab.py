@@ -30,6 +30,10 @@ IDLE_S, LOAD_S = 14.0, 14.0
 CONVERGE_S = 5.0
 
 
+@pytest.mark.known_flaky(
+    reason="issue 6: in 1 of 3 full CI runs two hosts kept 5-7 µs error bounds and p99 was "
+    "5.5 µs idle (98 ns when run alone); cause not yet found"
+)
 def test_lab_accuracy_idle_and_under_load_against_injected_clocks() -> None:
     from fleetlens.fixtures.lab.fabric import lab_fabric
 
