@@ -30,7 +30,7 @@ from rich.table import Table
 from fleetlens.fixtures.lab import faults, netns
 from fleetlens.fixtures.lab.fabric import Lab
 from fleetlens.fixtures.lab.stack import Stack
-from fleetlens.fixtures.lab.state import LabState, Proc, locked, start_ticks
+from fleetlens.fixtures.lab.state import Proc, start_ticks, updating
 
 LINKPASS_BUILD = Path(__file__).resolve().parent.parent / "ext" / "linkpass" / "build"
 SYNC_BOUND_NS = 200.0  # the lab's p99 bound for software timestamps (clock-sync issue)
@@ -310,13 +310,10 @@ def _done_event(p: subprocess.Popen[str], timeout_s: float) -> dict[str, object]
 def adopt(lab: Lab, stack: Stack) -> None:
     """Hand the stack's processes to the lab, so that 'fleetlens lab down' stops them too."""
     procs = [("collector", stack.collector), *stack.agents.items()]
-    with locked(lab.name):
-        state = LabState.load(lab.name)
-        assert state is not None
+    with updating(lab.name) as state:
         state.procs += [
             Proc(p.pid, start_ticks(p.pid) or 0, role, "") for role, p in procs if p is not None
         ]
-        state.save()
 
 
 def render(s: Summary, console: Console) -> None:
