@@ -54,6 +54,10 @@ UNSTABLE_FRACTION = 0.5
 FLOOR_NS = {"software": 20.0, TS_HARDWARE: 5.0}
 # Drift: within-window wander (≈ 20 ppb/√s) dominates stamp noise in both modes.
 DRIFT_FLOOR_PPB = {"software": 20.0, TS_HARDWARE: 20.0}
+# A window without a usable slope (e.g. the first, partial window after agents start) says
+# nothing about drift: the stated uncertainty must cover real drifts (±100 ppm), or the next
+# window's true drift looks like a 5-sigma outlier and is gated out.
+DRIFT_UNKNOWN_PPB = 1e5
 
 
 @dataclass
@@ -221,7 +225,7 @@ class HuygensSync:
             # A window's slope rests on the extreme hull points half a window apart: its error
             # is at least ~2 offset errors over 0.5 s, whatever the (maybe single) edge says.
             s_th = float(np.hypot(off.sigma[i], off.scale))
-            s_d = max(float(dft.sigma[i]), 2.0 * s_th / SLOPE_BASE_S) if d_ok else 1e4
+            s_d = max(float(dft.sigma[i]), 2.0 * s_th / SLOPE_BASE_S) if d_ok else DRIFT_UNKNOWN_PPB
             if self.tracker.update(h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d):
                 steps.append(h)
         rep.steps = steps

@@ -95,17 +95,20 @@ class DriftTracker:
         if abs(innov[0]) > STEP_K * sd[0] + STEP_FLOOR_NS:
             self._restart(host, t_ns, theta, drift, np.maximum(floor, old.r))
             return True
-        # Running noise estimates (each window's contribution capped at the gate).
-        r_obs = np.minimum(np.maximum(innov**2 - np.diag(p), floor), (GATE_K * sd) ** 2)
-        r_new = (1 - ADAPT) * old.r + ADAPT * r_obs
         out = np.abs(innov) > GATE_K * sd
         if out.any():
+            # A gated-out window is an outlier or a real change of the clock, not a sample of
+            # the measurement noise: it must not inflate the running noise estimate (that made
+            # a host whose drift prior was wrong keep µs error bounds for tens of windows).
             side = 1 if innov[0] > 0 else -1
             if old.rejected * side >= 1:  # second in a row, same way: the clock changed
-                self._restart(host, t_ns, theta, drift, np.maximum(floor, r_new))
+                self._restart(host, t_ns, theta, drift, r)
                 return False
-            self.states[host] = HostState(t_ns, th, dr, p, r_new, side)
+            self.states[host] = HostState(t_ns, th, dr, p, old.r, side)
             return False
+        # Running noise estimates from the innovations the prediction does not explain.
+        r_obs = np.maximum(innov**2 - np.diag(p), floor)
+        r_new = (1 - ADAPT) * old.r + ADAPT * r_obs
         k = p @ np.linalg.inv(s)
         x = np.array([th, dr]) + k @ innov
         p_new = (np.eye(2) - k) @ p

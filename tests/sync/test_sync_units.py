@@ -249,3 +249,35 @@ def test_models_stop_counting_as_synced_when_windows_stop_coming() -> None:
     stale = sync(table, None, {})
     assert not any(m.synced for m in stale)
     assert all(m.error_bound_ns is not None for m in stale)
+
+
+def test_first_window_without_drift_does_not_leave_wide_bounds() -> None:
+    """Lab flake (issue 6): the first, partial window has no usable slope; the next windows
+    show the true drift (tens of ppm). That must be taken up at once — not gated out as an
+    outlier and counted as measurement noise, which left µs error bounds for tens of windows."""
+    from fleetlens.sync.solver import DRIFT_UNKNOWN_PPB
+    from fleetlens.sync.tracking import DriftTracker
+
+    tr = DriftTracker()
+    drift = 45_000.0  # ppb, true
+    tr.update("h", 0, 0.0, 30.0, 0.0, DRIFT_UNKNOWN_PPB)
+    for k in range(1, 6):
+        t = k * 10**9
+        tr.update("h", t, drift * k + rng_noise(k), 30.0, drift + 3 * rng_noise(k + 9), 120.0)
+    m = tr.model("h", 5 * 10**9, True)
+    assert m.drift_ppb == pytest.approx(drift, abs=200)
+    assert m.offset_ns == pytest.approx(drift * 5, abs=60)
+    assert m.error_bound_ns < 150.0
+
+
+def test_gated_out_windows_do_not_inflate_the_noise_estimate() -> None:
+    from fleetlens.sync.tracking import DriftTracker
+
+    tr = DriftTracker()
+    for k in range(10):
+        tr.update("h", k * 10**9, 100.0 + rng_noise(k), 20.0, 0.0, 50.0)
+    r = tr.states["h"].r.copy()
+    tr.update("h", 10 * 10**9, 400.0, 20.0, 0.0, 50.0)  # gated out
+    assert np.array_equal(tr.states["h"].r, r)
+    tr.update("h", 11 * 10**9, 400.0, 20.0, 0.0, 50.0)  # followed: the clock moved
+    assert tr.model("h", 11 * 10**9, True).error_bound_ns < 100.0
