@@ -55,6 +55,7 @@ class State:
     decisions: dict[str, Decision] = field(default_factory=dict)
     max_start_ns: int | None = None
     triangulated_ns: int | None = None  # start of the newest window triangulation has seen
+    live_from_ns: dict[str, int] = field(default_factory=dict)  # host -> first window it sent
 
 
 class Collector:
@@ -249,9 +250,13 @@ class Collector:
             "start_ns > ? AND start_ns + duration_ns <= ?",
             [lo, now_ns - self.settings.triangulate_settle_ns],
         )
+        self._note_live_hosts(todo)
         verdicts: list[Verdict] | None = list(self.state.verdicts.values())
         for start in sorted(set(todo["start_ns"].to_pylist())):
-            one = todo.filter(pc.equal(todo["start_ns"], start))
+            one = self._to_live_hosts(todo.filter(pc.equal(todo["start_ns"], start)))
+            if not one.num_rows:  # nobody to judge yet: not evidence of health either
+                self.state.triangulated_ns = start
+                continue
             verdicts = self._timed(
                 "triangulate", tri, one, self.topology, dict(self.state.verdicts)
             )
@@ -259,6 +264,29 @@ class Collector:
                 return None
             self.state.triangulated_ns = start
         return verdicts
+
+    def _note_live_hosts(self, windows: pa.Table) -> None:
+        """Remember when each host's agent first sent a window: from then on it answers probes."""
+        if not windows.num_rows:
+            return
+        hosts = pc.list_element(pc.split_pattern(windows["src_nic"], "/", max_splits=1), 0)
+        firsts = (
+            pa.table({"h": hosts, "t": windows["start_ns"]}).group_by("h").aggregate([("t", "min")])
+        )
+        live = self.state.live_from_ns
+        for h, t in zip(firsts["h"].to_pylist(), firsts["t_min"].to_pylist(), strict=True):
+            live[h] = min(t, live.get(h, t))
+
+    def _to_live_hosts(self, one: pa.Table) -> pa.Table:
+        """Drop flows towards hosts whose agent was not running yet during the window: agents
+        start one by one, and probes nobody could answer are not a fabric fault. A whole window
+        of margin, since windows of different hosts are not aligned."""
+        live = self.state.live_from_ns
+        dst = pc.list_element(pc.split_pattern(one["dst_nic"], "/", max_splits=1), 0)
+        idx = pc.index_in(dst, value_set=pa.array(list(live), pa.string()))
+        first = pc.take(pa.array(list(live.values()), pa.int64()), idx)  # null: never sent
+        ok = pc.less_equal(pc.add(first, one["duration_ns"]), one["start_ns"])
+        return one.filter(pc.fill_null(ok, False))
 
     def _placeholder_triangulation(self, windows, topology, prev) -> list[Verdict]:
         return placeholder_lossy_path_triangulation(

@@ -11,7 +11,8 @@ subjects to report (links, switches, NICs, hosts), each with what implicated it.
   whichever spine they cross, in and out — or the NIC stopped sending (silent) while its
   incoming flows are bad. Access-link delays are only known as round trips (see ``delay``), so
   they are always reported on the NIC with the round-trip sum.
-- Host: every NIC of the host is bad, or a clock event. Its NICs are then folded into it.
+- Host: every NIC of the host is bad, or every NIC bad in the same direction (a stalled agent),
+  or a clock event. Its NICs and access links are then folded into it.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class Attributor:
         out += self._switches(bad, rate, dly, raw_rate, raw_dly, strength, used)
         held = silent if blamed is None else silent | blamed
         out += self._endpoints(bad & ~used, rate, dly, strength, held, delay, used)
+        out += self._one_sided_hosts(bad & ~used, rate, dly, strength, used)
         for lk in np.flatnonzero(bad & ~used).tolist():
             out.append(Finding(self.link_ids[lk], "link", rate[lk], dly[lk], strength[lk], [lk]))
         return out
@@ -111,6 +113,24 @@ class Attributor:
                 Finding(sw, "switch", float(r_ref), float(d_ref),
                         float(strength[links].max()), chosen.tolist(), note)
             )  # fmt: skip
+        return out
+
+    def _one_sided_hosts(self, bad, rate, dly, strength, used) -> list[Finding]:
+        """Every NIC of a host bad in the same direction: with rail wiring each NIC hangs off
+        a different leaf, so N independent link faults at once are far less likely than the
+        host itself (a stalled agent loses acks and stamps late on every NIC)."""
+        out = []
+        for h, nics in self.host_nics.items():
+            if len(nics) < 2:
+                continue
+            for side, way in ((self.nic_up[nics], "out"), (self.nic_down[nics], "in")):
+                if not bad[side].all():
+                    continue
+                used[side] = True
+                out.append(
+                    Finding(h, "host", float(rate[side].max()), float(dly[side].max()),
+                            float(strength[side].max()), side.tolist(), f"every NIC bad {way}")
+                )  # fmt: skip
         return out
 
     def _endpoints(self, bad, rate, dly, strength, silent, delay: DelayFit, used):
