@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -388,6 +389,8 @@ def main(argv: list[str]) -> int:
         print("fleetlens demo: the lab fabric needs root (network namespaces)", file=sys.stderr)
         return 2
     console = Console(stderr=a.json)
+    # SIGTERM unwinds like Ctrl-C, so the fabric and every process are torn down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     demo = Demo(a, console)
     try:
         s = demo.run()
