@@ -1,0 +1,190 @@
+"""What ``fleetlens audit`` reads: the collector's REST API, and per-flow aggregates.
+
+- :class:`RestReader` asks a running collector for its inventory (links, NICs), clock models,
+  the live triangulation's verdict history per link, and every probed NIC pair's one-way delay
+  and loss over the audit period (one bucket per pair).
+- :func:`read_flows` aggregates the stored windows per probe flow (src NIC, dst NIC, source
+  port) over the audit period: probes sent and received, the typical one-way delay and the
+  flow's path. The collector's REST API has no per-flow endpoint, so this reads its DuckDB
+  file — which DuckDB only lets another process open once the collector has stopped (the lab
+  mode stops it first; against a fleet, pass a copy with ``--db``).
+
+Every failure to reach or understand the collector is an :class:`AuditInputError` with a
+sentence for the operator, never a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import duckdb
+import httpx
+import numpy as np
+import pyarrow as pa
+
+from fleetlens.api.codec import LinkDict, blob_to_list
+
+PAGE = 1000  # the API's largest page
+
+
+class AuditInputError(RuntimeError):
+    """The audit cannot get its input (collector unreachable, bad token, unreadable DB)."""
+
+
+@dataclass
+class RestEvidence:
+    links: list[dict] = field(default_factory=list)  # /v1/links rows
+    nics: list[dict] = field(default_factory=list)  # /v1/nics rows
+    hosts: list[dict] = field(default_factory=list)  # /v1/hosts rows
+    clocks: list[dict] = field(default_factory=list)  # /v1/clocks rows
+    history: dict[str, list[dict]] = field(default_factory=dict)  # link -> verdict history
+    pairs: list[dict] = field(default_factory=list)  # one row per probed NIC pair
+
+
+class RestReader:
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def get(self, path: str, **params: object) -> object:
+        try:
+            r = self.http.get(path, params=params)
+        except httpx.HTTPError as e:
+            raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
+        if r.status_code in (401, 403):
+            raise AuditInputError(
+                f"collector {self.url} refused {path} ({r.status_code}): give the read token "
+                "(--token-file or FLEETLENS_READ_TOKEN)"
+            )
+        if r.status_code != 200:
+            raise AuditInputError(f"collector {self.url}: GET {path} -> {r.status_code} {r.text}")
+        try:
+            return r.json()
+        except ValueError:
+            raise AuditInputError(f"collector {self.url}: {path} did not answer JSON") from None
+
+    def check(self) -> None:
+        """Reachable, healthy, and our token may read."""
+        health = self.get("/healthz")
+        if not isinstance(health, dict) or "status" not in health:
+            raise AuditInputError(f"{self.url} does not look like a FleetLens collector")
+        self.get("/v1/clocks", limit=1)
+
+    def paged(self, path: str, **params: object) -> list[dict]:
+        out: list[dict] = []
+        while True:
+            page = self.get(path, limit=PAGE, offset=len(out), **params)
+            if not isinstance(page, list):
+                raise AuditInputError(f"collector {self.url}: {path} did not answer a list")
+            out += page
+            if len(page) < PAGE:
+                return out
+
+    def link_history(self, link: str, since_ns: int, until_ns: int) -> list[dict]:
+        out: list[dict] = []
+        path = "/v1/links/" + quote(link, safe="")
+        while True:
+            d = self.get(path, since=since_ns, until=until_ns, limit=PAGE, offset=len(out))
+            page = d.get("history", []) if isinstance(d, dict) else []
+            out += page
+            if len(page) < PAGE:
+                return out
+
+    def pair(self, src: str, dst: str, since_ns: int, until_ns: int) -> dict | None:
+        """One bucket over the whole period: probes, loss, one-way delay of one NIC pair."""
+        path = f"/v1/pairs/{quote(src, safe='')}/{quote(dst, safe='')}/owd"
+        step = max(until_ns - since_ns, 1_000_000)
+        d = self.get(path, since=since_ns, until=until_ns, step=step)
+        pts = d.get("points", []) if isinstance(d, dict) else []
+        if not pts:
+            return None
+        sent = sum(p["sent"] for p in pts)
+        recv = sum(p["received"] for p in pts)
+        p50 = [p["owd_p50_ns"] for p in pts if p.get("owd_p50_ns") is not None]
+        mins = [p["owd_min_ns"] for p in pts if p.get("owd_min_ns") is not None]
+        return {
+            "src_nic": src, "dst_nic": dst, "sent": sent, "received": recv,
+            "loss_rate": (sent - recv) / sent if sent else None,
+            "owd_p50_ns": float(np.median(p50)) if p50 else None,
+            "owd_min_ns": min(mins) if mins else None,
+        }  # fmt: skip
+
+    def gather(self, since_ns: int, until_ns: int, pairs: list[tuple[str, str]]) -> RestEvidence:
+        ev = RestEvidence(
+            links=self.paged("/v1/links"),
+            nics=self.paged("/v1/nics"),
+            hosts=self.paged("/v1/hosts"),
+            clocks=self.paged("/v1/clocks"),
+        )
+        for row in ev.links:
+            ev.history[row["link_id"]] = self.link_history(row["link_id"], since_ns, until_ns)
+        for src, dst in pairs:
+            p = self.pair(src, dst, since_ns, until_ns)
+            if p is not None:
+                ev.pairs.append(p)
+        return ev
+
+
+# ---- per-flow aggregates from the collector's DuckDB file ----------------------------------
+@dataclass
+class Flows:
+    """One row per probe flow over the audit period (arrays of equal length)."""
+
+    src: np.ndarray  # NIC ids (object)
+    dst: np.ndarray
+    sport: np.ndarray  # int64
+    windows: np.ndarray  # int64: windows reported
+    sent: np.ndarray  # float64 probe packets
+    received: np.ndarray
+    owd_ns: np.ndarray  # float64: median over windows of the window's minimum (NaN: none)
+    path: list[list[str] | None]  # the flow's most reported path (None: never learned)
+
+    @property
+    def n(self) -> int:
+        return int(self.src.size)
+
+
+_FLOWS_SQL = """
+SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
+       sum(received)::BIGINT AS received, median(owd_min_ns) AS owd,
+       mode(path) AS path
+FROM windows WHERE start_ns >= ? AND start_ns + duration_ns <= ?
+GROUP BY src_nic, dst_nic, sport ORDER BY src_nic, dst_nic, sport
+"""
+
+
+def read_flows(db: Path, since_ns: int, until_ns: int) -> Flows:
+    """Per-flow aggregates of the windows wholly inside [since, until)."""
+    if not db.exists():
+        raise AuditInputError(f"no collector database at {db}")
+    try:
+        con = duckdb.connect(str(db), read_only=True)
+    except duckdb.Error as e:
+        raise AuditInputError(
+            f"cannot open {db} read-only ({e}); DuckDB allows that only while no collector "
+            "has it open: stop the collector or pass a copy"
+        ) from None
+    try:
+        links = LinkDict(
+            [r[0] for r in con.execute("SELECT link_id FROM link_dict ORDER BY idx").fetchall()]
+        )
+        t = con.sql(_FLOWS_SQL, params=[since_ns, until_ns]).to_arrow_table()
+    finally:
+        con.close()
+    paths = links.decode(blob_to_list(t["path"], pa.int32())) if t.num_rows else pa.array([])
+    return Flows(
+        src=np.array(t["src_nic"].to_pylist(), dtype=object),
+        dst=np.array(t["dst_nic"].to_pylist(), dtype=object),
+        sport=np.asarray(t["sport"].to_numpy(), np.int64),
+        windows=np.asarray(t["windows"].to_numpy(), np.int64),
+        sent=np.asarray(t["sent"].to_numpy(), np.float64),
+        received=np.asarray(t["received"].to_numpy(), np.float64),
+        owd_ns=np.asarray(t["owd"].to_numpy(zero_copy_only=False), np.float64),
+        path=paths.to_pylist(),
+    )
