@@ -28,20 +28,20 @@ from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
 from fleetlens.sync import HuygensSync
 from fleetlens.sync.edgefit import fit_edges
-from sync_helpers import centered_errors, p99, run_sync, symmetrize_paths
+from sync_helpers import centered_errors, p99, run_sync
 
 from fleetlens.topology import from_spec
 
 SCENARIOS = [
-    ("software, symmetric paths", dict(symmetric=True)),
-    ("software, default (asymmetric) paths", dict(symmetric=False)),
-    ("software, default paths, NIC latencies known", dict(symmetric=False, calibrated=True)),
+    ("software, symmetric paths", dict(symmetric_paths=True)),
+    ("software, default (asymmetric) paths", dict(symmetric_paths=False)),
+    ("software, default paths, NIC latencies known", dict(symmetric_paths=False, calibrated=True)),
     ("hardware, symmetric, wander only", dict(ts_source="hardware", temp_step_rate=0.0)),
     ("hardware, symmetric, + temperature steps", dict(ts_source="hardware")),
-    ("hardware, default (asymmetric) paths", dict(ts_source="hardware", symmetric=False)),
+    ("hardware, default (asymmetric) paths", dict(ts_source="hardware", symmetric_paths=False)),
     (
         "hardware, default paths, NIC latencies known",
-        dict(ts_source="hardware", symmetric=False, calibrated=True),
+        dict(ts_source="hardware", symmetric_paths=False, calibrated=True),
     ),
 ]
 
@@ -61,8 +61,7 @@ def accuracy(spec: str, seconds: float) -> None:
 
 def speed(spec: str) -> None:
     topo = from_spec(spec)
-    sim = Simulator(topo, SimConfig(peers=8, clock="identity"), seed=7)
-    symmetrize_paths(sim)
+    sim = Simulator(topo, SimConfig(peers=8, clock="identity", symmetric_paths=True), seed=7)
     wins = [w.windows.drop(["window"]) for w in sim.stream(3)]
     sync, models, times = HuygensSync(), {}, []
     for w in wins:

@@ -20,26 +20,6 @@ from fleetlens.records import ClockModel
 from fleetlens.topology import Topology
 
 
-def symmetrize_paths(sim: Simulator) -> None:
-    """Give both directions of every link the same base delay (their mean).
-
-    The simulator draws each link direction's fixed delay independently (NIC pipelines
-    300–900 ns per direction), so every host carries a fixed path asymmetry of a few hundred ns.
-    No two-way method (Huygens, PTP, NTP) can see a per-host asymmetry — it is identical to an
-    offset — so the issue's accuracy targets presuppose symmetric minimum delays, as Huygens
-    does. This makes the simulated fabric meet that assumption; queueing, noise, loss, faults
-    and clocks are untouched. ``bench/sync_sim.py`` reports both fabrics.
-    """
-    ids = sim.fabric.link_ids
-    pos = {lk: i for i, lk in enumerate(ids)}
-    rev = np.array([pos["->".join(reversed(lk.split("->")))] for lk in ids])
-    base = sim.link_base_ns
-    n = len(ids)
-    # In place: the simulator keeps references to these arrays (e.g. per routing state).
-    base[:n] = 0.5 * (base[:n] + base[rev])
-    sim.flow_base[:] = base[sim.flow_links].sum(axis=1)
-
-
 def model_offsets(models: dict[str, ClockModel], hosts: list[str], truth: pa.Table) -> np.ndarray:
     """Each model's ``raw − fleet`` at the true start of the truth's window (NaN if missing)."""
     tr = {r["host_id"]: r for r in truth.to_pylist()}
@@ -89,14 +69,20 @@ def run_sync(
     topo: Topology,
     seconds: float,
     seed: int = 1,
-    symmetric: bool = True,
     calibrated: bool = False,
     **cfg: object,
 ) -> Run:
+    """Stream the simulator through one ``HuygensSync``; ``cfg`` are ``SimConfig`` fields.
+
+    Paths are symmetric unless ``symmetric_paths=False`` is given: the simulator draws each
+    link direction's fixed delay independently (NIC pipelines 300–900 ns per direction), so by
+    default every host carries a fixed path asymmetry of a few hundred ns, which no two-way
+    method (Huygens, PTP, NTP) can tell from an offset. The issue's accuracy targets presuppose
+    symmetric minimum delays, as Huygens does; ``bench/sync_sim.py`` reports both fabrics.
+    """
     cfg.setdefault("clock", "identity")
+    cfg.setdefault("symmetric_paths", True)
     sim = Simulator(topo, SimConfig(**cfg), seed=seed)
-    if symmetric:
-        symmetrize_paths(sim)
     sync = HuygensSync(nic_latency=nic_latencies(sim) if calibrated else None)
     hosts = list(topo.hosts)
     run = Run(hosts)

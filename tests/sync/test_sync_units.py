@@ -281,3 +281,21 @@ def test_gated_out_windows_do_not_inflate_the_noise_estimate() -> None:
     assert np.array_equal(tr.states["h"].r, r)
     tr.update("h", 11 * 10**9, 400.0, 20.0, 0.0, 50.0)  # followed: the clock moved
     assert tr.model("h", 11 * 10**9, True).error_bound_ns < 100.0
+
+
+def test_simulator_symmetric_paths_averages_the_two_directions_of_each_link() -> None:
+    from fleetlens.fixtures.sim.config import SimConfig
+    from fleetlens.fixtures.sim.engine import Simulator
+
+    from fleetlens.topology import from_spec
+
+    topo = from_spec("leafspine:hosts=8,nics=2,leaves=2,spines=2")
+    plain = Simulator(topo, SimConfig(), seed=5)
+    sym = Simulator(topo, SimConfig(symmetric_paths=True), seed=5)
+    ids = plain.fabric.link_ids
+    rev = [ids.index("->".join(reversed(lk.split("->")))) for lk in ids]
+    n = len(ids)
+    base, sbase = plain.link_base_ns[:n], sym.link_base_ns[:n]
+    assert np.abs(base - base[rev]).max() > 50.0  # the default stays asymmetric
+    np.testing.assert_allclose(sbase, 0.5 * (base + base[rev]))  # same draws, averaged
+    np.testing.assert_allclose(sym.flow_base, sym.link_base_ns[sym.flow_links].sum(axis=1))
