@@ -33,6 +33,7 @@ from .store import FlowStore
 
 _SIGMA0_NS = 500.0  # healthy spread assumed before a link has history
 _SIGMA_FLOOR_NS = 100.0
+_NIC_SHIFT_Q = 0.2  # quantile of a NIC's flows taken as its shift (see _nic_medians)
 
 
 @dataclass
@@ -73,9 +74,13 @@ class DelayModel:
 
     # ---- clocks and access links ----------------------------------------------------------
     def _nic_medians(self, b: FlowBatch, d: np.ndarray):
+        """A NIC's in/out shift: a clock or its access link moves *every* flow of the NIC, a
+        fabric link behind its leaf only the flows hashed across it (ECMP leaves others on
+        other spines), so a low quantile — not the median — keeps fabric faults out of it."""
         one = np.ones(b.n)
-        med_in, n_in = group_quantile(b.dst, d, one, self.n_nics)
-        med_out, n_out = group_quantile(b.src, d, one, self.n_nics)
+        q = _NIC_SHIFT_Q
+        med_in, n_in = group_quantile(b.dst, d, one, self.n_nics, q)
+        med_out, n_out = group_quantile(b.src, d, one, self.n_nics, q)
         enough = (n_in >= self.cfg.delay_min_flows) & (n_out >= self.cfg.delay_min_flows)
         return med_in, med_out, enough
 
