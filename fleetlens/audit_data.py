@@ -149,18 +149,82 @@ class Flows:
     def n(self) -> int:
         return int(self.src.size)
 
+    def pairs(self) -> list[dict]:
+        """Per NIC pair: probes, loss and the median of its flows' one-way delays."""
+        key = np.char.add(np.char.add(self.src.astype(str), ">"), self.dst.astype(str))
+        uniq, inv = np.unique(key, return_inverse=True)
+        sent = np.bincount(inv, self.sent, uniq.size)
+        recv = np.bincount(inv, self.received, uniq.size)
+        out = []
+        for k, name in enumerate(uniq.tolist()):
+            src, dst = name.split(">")
+            owd = self.owd_ns[(inv == k) & np.isfinite(self.owd_ns)]
+            out.append({
+                "src_nic": src, "dst_nic": dst, "sent": float(sent[k]),
+                "received": float(recv[k]),
+                "loss_rate": float(1 - recv[k] / sent[k]) if sent[k] else None,
+                "owd_p50_ns": float(np.median(owd)) if owd.size else None,
+            })  # fmt: skip
+        return out
+
+
+# A host whose agent stalls (descheduled on a loaded machine) for longer than the ack timeout
+# loses every probe to or from it for that moment: a burst on all its NICs, from almost every
+# peer, over every path. A degraded link loses a steady share of the flows crossing it, every
+# second. So host-seconds where most peers lost probes to (or from) the host at once are
+# "stalls" and their windows are left out — unless the host stalls for more than
+# `max_stall_share` of the period, which is then a host problem to report, not an artefact.
+_STALLS_SQL = """
+WITH w AS (
+    SELECT src_nic, dst_nic, sent, received, start_ns // 1000000000 AS sec,
+           split_part(src_nic, '/', 1) AS sh, split_part(dst_nic, '/', 1) AS dh
+    FROM windows WHERE start_ns >= $since AND start_ns + duration_ns <= $until),
+secs AS (SELECT greatest(count(DISTINCT sec), 1) AS n FROM w),
+side AS (
+    SELECT 'dst' AS side, dh AS host, sec, sum(sent - received) / sum(sent) AS loss,
+           count(DISTINCT src_nic) FILTER (WHERE received < sent) / count(DISTINCT src_nic)
+               AS spread
+    FROM w GROUP BY dh, sec
+    UNION ALL
+    SELECT 'src', sh, sec, sum(sent - received) / sum(sent),
+           count(DISTINCT dst_nic) FILTER (WHERE received < sent) / count(DISTINCT dst_nic)
+    FROM w GROUP BY sh, sec),
+bursts AS (SELECT * FROM side WHERE loss >= $stall_loss AND spread >= $spread),
+per_host AS (
+    SELECT side, host, count(*) AS seconds, (SELECT n FROM secs) AS of_seconds
+    FROM bursts GROUP BY side, host)
+SELECT b.side, b.host, b.sec, b.loss, p.seconds, p.of_seconds,
+       p.seconds <= $max_share * p.of_seconds AS excluded
+FROM bursts b JOIN per_host p USING (side, host)
+"""
 
 _FLOWS_SQL = """
 SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
        sum(received)::BIGINT AS received, median(owd_min_ns) AS owd,
        mode(path) AS path
-FROM windows WHERE start_ns >= ? AND start_ns + duration_ns <= ?
+FROM windows
+WHERE start_ns >= $since AND start_ns + duration_ns <= $until
+  AND (split_part(src_nic, '/', 1), start_ns // 1000000000) NOT IN (SELECT host, sec FROM _cut
+       WHERE side = 'src')
+  AND (split_part(dst_nic, '/', 1), start_ns // 1000000000) NOT IN (SELECT host, sec FROM _cut
+       WHERE side = 'dst')
 GROUP BY src_nic, dst_nic, sport ORDER BY src_nic, dst_nic, sport
 """
 
 
-def read_flows(db: Path, since_ns: int, until_ns: int) -> Flows:
-    """Per-flow aggregates of the windows wholly inside [since, until)."""
+@dataclass(frozen=True)
+class StallRule:
+    loss: float = 0.02  # a host-second losing this share of its probes ...
+    spread: float = 0.5  # ... to/from at least this share of its peers is a burst
+    max_share: float = 0.25  # left out only while a host has at most this share of bursts
+
+
+def read_flows(
+    db: Path, since_ns: int, until_ns: int, rule: StallRule | None = None
+) -> tuple[Flows, list[dict]]:
+    """Per-flow aggregates of the windows wholly inside [since, until), host stalls left out
+    (see ``_STALLS_SQL``); and the stalls found, per host and side."""
+    rule = rule or StallRule()
     if not db.exists():
         raise AuditInputError(f"no collector database at {db}")
     try:
@@ -174,10 +238,34 @@ def read_flows(db: Path, since_ns: int, until_ns: int) -> Flows:
         links = LinkDict(
             [r[0] for r in con.execute("SELECT link_id FROM link_dict ORDER BY idx").fetchall()]
         )
-        t = con.sql(_FLOWS_SQL, params=[since_ns, until_ns]).to_arrow_table()
+        p = {"since": since_ns, "until": until_ns}
+        stalls = con.sql(
+            _STALLS_SQL,
+            params={**p, "stall_loss": rule.loss, "spread": rule.spread,
+                    "max_share": rule.max_share},
+        ).to_arrow_table()  # fmt: skip
+        con.register("_cut", stalls.filter(stalls["excluded"]))
+        t = con.sql(_FLOWS_SQL, params=p).to_arrow_table()
     finally:
         con.close()
     paths = links.decode(blob_to_list(t["path"], pa.int32())) if t.num_rows else pa.array([])
+    return _flows(t, paths), _stall_summary(stalls)
+
+
+def _stall_summary(stalls: pa.Table) -> list[dict]:
+    out: dict[tuple[str, str], dict] = {}
+    for r in stalls.to_pylist():
+        d = out.setdefault(
+            (r["host"], r["side"]),
+            {"host_id": r["host"], "side": "receiving" if r["side"] == "dst" else "sending",
+             "seconds": r["seconds"], "of_seconds": r["of_seconds"],
+             "excluded": r["excluded"], "worst_loss": 0.0},
+        )  # fmt: skip
+        d["worst_loss"] = max(d["worst_loss"], float(r["loss"]))
+    return sorted(out.values(), key=lambda d: (d["host_id"], d["side"]))
+
+
+def _flows(t: pa.Table, paths: pa.Array) -> Flows:
     return Flows(
         src=np.array(t["src_nic"].to_pylist(), dtype=object),
         dst=np.array(t["dst_nic"].to_pylist(), dtype=object),

@@ -18,6 +18,12 @@ verdicts (built to react in seconds) it fits the whole period at once:
   share flows with it are explained away). A link fails at ``max_delay_ns``. Access links
   cannot be judged this way (every path of a pair crosses the same two); their loss is fitted
   like any link's.
+- **Host-side loss**: a host whose agent is starved of CPU drops probes on *all* its NICs at
+  once; left alone, the fit would blame the access links. Each host with two or more NICs
+  gets two pseudo-links in the fit (crossed by every flow from it / to it): one term explains
+  loss spread over all its NICs better than any one access link, while loss on one NIC's
+  cable stays on that cable. Host-side loss is reported per host as a warning (it is not the
+  fabric), not as a failed link.
 - **NICs** fail when one of their access links fails, or when they are silent (sent probes
   never answered / nothing received) over the audit.
 """
@@ -39,7 +45,7 @@ from fleetlens.triangulate.paths import FlowBatch, PathModel
 
 @dataclass(frozen=True)
 class Thresholds:
-    max_loss: float = 1e-3  # a link losing this share of probes fails
+    max_loss: float = 2e-3  # a link losing this share of probes fails
     max_delay_ns: float = 20_000.0  # a fabric link adding this much one-way delay fails
     background_loss: float = 1e-4  # loss the fit treats as normal (the measurement's own)
     loss_llr: float = 12.0  # log-likelihood ratio a loss estimate needs
@@ -61,6 +67,10 @@ class LinkJudgement:
     loss_llr: float = 0.0
     delay_flows: int = 0  # known-path flows behind the delay statistic
     excess_delay_ns: float | None = None  # median excess of its flows (None: not judged)
+    known_path_share: float = 0.0  # share of its probes from flows with a learned path
+    # Links the evidence cannot tell this one from (flows without a learned path spread over
+    # their ECMP candidates: a leaf's uplinks look alike), when this one failed on them.
+    ambiguous_with: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -80,6 +90,7 @@ class NicJudgement:
 class Judgement:
     links: list[LinkJudgement]
     nics: list[NicJudgement]
+    host_loss: dict[str, dict[str, float]]  # host -> {"sending"|"receiving": fitted loss}
     flows: int
     flows_known_path: int
     dropped: dict[str, int]
@@ -115,30 +126,60 @@ def judge(topo: Topology, flows: Flows, span_ns: int, th: Thresholds) -> Judgeme
     pm = PathModel(topo)
     b = pm.batch(flows_table(flows, span_ns))
     links = [LinkJudgement(lk.id, lk.tier) for lk in topo.links]
-    _loss(b, pm.n_links, links, th)
+    host_loss = _loss(b, pm, topo, links, th)
+    _ambiguity(b, links)
     excess = _delay(b, pm, links, th)
     _observed(links, th)
     nics = _nics(b, pm, links, th)
     return Judgement(
-        links, nics, b.n, int(b.known.sum()), b.dropped, _pair_excess(b, pm, topo, excess)
-    )
+        links, nics, host_loss, b.n, int(b.known.sum()), b.dropped,
+        _pair_excess(b, pm, topo, excess),
+    )  # fmt: skip
 
 
 # ---- loss ------------------------------------------------------------------------------------
-def _loss(b: FlowBatch, n_links: int, links: list[LinkJudgement], th: Thresholds) -> None:
+def _host_terms(b: FlowBatch, pm: PathModel, topo: Topology) -> tuple[np.ndarray, ...]:
+    """Incidence of the host pseudo-links: number n_links + 2h (sending) and + 2h + 1
+    (receiving) for host h, for hosts with >= 2 NICs (with one NIC a host term and the access
+    link would be the same column)."""
+    hosts = {h: i for i, h in enumerate(topo.hosts)}
+    host_of = np.array([hosts[h] for h in pm.nic_host_name], np.int64)
+    multi = np.bincount(host_of, minlength=len(hosts)) >= 2
+    rows = np.arange(b.n)
+    out_ok, in_ok = multi[host_of[b.src]], multi[host_of[b.dst]]
+    row = np.concatenate([rows[out_ok], rows[in_ok]])
+    link = pm.n_links + np.concatenate([2 * host_of[b.src[out_ok]], 2 * host_of[b.dst[in_ok]] + 1])
+    return row, link, np.ones(row.size)
+
+
+def _loss(
+    b: FlowBatch, pm: PathModel, topo: Topology, links: list[LinkJudgement], th: Thresholds
+) -> dict[str, dict[str, float]]:
+    h_row, h_link, h_w = _host_terms(b, pm, topo)
+    n_all = pm.n_links + 2 * len(topo.hosts)
     fit = fit_loss(
-        b.ent_row, b.ent_link, b.ent_w, b.sent, b.lost, n_links,
+        np.concatenate([b.ent_row, h_row]), np.concatenate([b.ent_link, h_link]),
+        np.concatenate([b.ent_w, h_w]), b.sent, b.lost, n_all,
         th.background_loss, th.loss_llr, 2.0,
     )  # fmt: skip
-    rate = fit.rate_of(n_links)
-    llr = np.zeros(n_links)
+    rate_all = fit.rate_of(n_all)
+    host_loss = {
+        h: {"sending": float(rate_all[pm.n_links + 2 * i]),
+            "receiving": float(rate_all[pm.n_links + 2 * i + 1])}
+        for i, h in enumerate(topo.hosts)
+        if rate_all[pm.n_links + 2 * i : pm.n_links + 2 * i + 2].any()
+    }  # fmt: skip
+    n_links = pm.n_links
+    rate = rate_all[:n_links]
+    llr = np.zeros(n_all)
     llr[fit.links] = fit.llr
     # Losses of each row the fit leaves unexplained, charged to every link of the row: the
     # most loss a link could still hide (a conservative bound for a validated link).
-    row_rate = np.minimum(np.bincount(b.ent_row, b.ent_w * rate[b.ent_link], b.n), 1.0)
-    unexplained = np.maximum(b.lost - b.sent * row_rate, 0.0)
+    row_rate = np.bincount(b.ent_row, b.ent_w * rate[b.ent_link], b.n)
+    row_rate += np.bincount(h_row, h_w * rate_all[h_link], b.n)
+    unexplained = np.maximum(b.lost - b.sent * np.minimum(row_rate, 1.0), 0.0)
     resid = np.bincount(b.ent_link, b.ent_w * unexplained[b.ent_row], n_links)
-    upper = chi2.ppf(0.95, 2 * (np.floor(resid) + 1)) / 2 / np.maximum(fit.sent, 1e-12)
+    upper = chi2.ppf(0.95, 2 * (np.floor(resid) + 1)) / 2 / np.maximum(fit.sent[:n_links], 1e-12)
     flows = np.bincount(b.ent_link, b.ent_w > 0, n_links)
     for i, lj in enumerate(links):
         lj.flows, lj.probes, lj.lost = int(flows[i]), float(fit.sent[i]), float(fit.lost[i])
@@ -151,6 +192,41 @@ def _loss(b: FlowBatch, n_links: int, links: list[LinkJudgement], th: Thresholds
                 f"(LLR {llr[i]:.0f}, {fit.lost[i]:.0f} of {fit.sent[i]:.0f} probes lost "
                 "on flows crossing it)"
             )
+    return host_loss
+
+
+def _ambiguity(b: FlowBatch, links: list[LinkJudgement], share: float = 0.9) -> None:
+    """For each link failed on loss: its share of known-path evidence, and the links whose
+    probes over the same flows are nearly the same (cosine >= 0.95) — with mostly unknown
+    paths those carry the same evidence and the fit's pick among them is arbitrary."""
+    n = len(links)
+    known_w = np.bincount(b.ent_link, b.ent_w * b.sent[b.ent_row] * b.known[b.ent_row], n)
+    total_w = np.bincount(b.ent_link, b.ent_w * b.sent[b.ent_row], n)
+    for i, lj in enumerate(links):
+        lj.known_path_share = float(known_w[i] / total_w[i]) if total_w[i] else 0.0
+    for i, lj in enumerate(links):
+        if lj.status != "failed" or lj.known_path_share >= share:
+            continue
+        mine = np.zeros(b.n)
+        on = b.ent_link == i
+        np.add.at(mine, b.ent_row[on], b.ent_w[on])
+        dot = np.bincount(b.ent_link, b.ent_w * mine[b.ent_row] * b.sent[b.ent_row], n)
+        norm = np.sqrt(np.bincount(b.ent_link, b.ent_w**2 * b.sent[b.ent_row], n))
+        cos = dot / np.maximum(norm * norm[i], 1e-12)
+        lj.ambiguous_with = [links[j].link_id for j in np.flatnonzero(cos >= 0.95) if j != i]
+        if lj.ambiguous_with:
+            lj.reasons.append(
+                f"only {100 * lj.known_path_share:.0f} % of its probes had a learned path: "
+                f"cannot be told from {', '.join(lj.ambiguous_with)}"
+            )
+        for j in np.flatnonzero(cos >= 0.95).tolist():
+            if j != i and links[j].status != "failed":  # the whole group is suspect
+                links[j].status = "failed"
+                links[j].ambiguous_with = [lj.link_id]
+                links[j].reasons.append(
+                    f"shares the evidence of {lj.link_id} (loss {100 * lj.loss_rate:.3g} %): "
+                    "without learned paths the fit cannot say which of them loses"
+                )
 
 
 # ---- delay -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ or Ctrl-C.
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -131,9 +132,11 @@ class LabRun:
         self.stack.stop_collector()
         return self.stack.db
 
-    def close(self) -> None:
+    def close(self, keep_workdir: bool = False) -> None:
         if self.stack is not None:
             self.stack.close()
         if self.lab is not None:
             Lab.down(self.lab.name)
             self.lab = None
+        if self.workdir is not None and not keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)

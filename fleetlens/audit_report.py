@@ -211,4 +211,5 @@ _HOST_COLS = [
     ("host_id", "host"), ("status", "status"), ("synced", "synced"),
     ("error_bound_ns", "error bound ns"), ("clock_error_vs_truth_ns", "error vs truth ns"),
     ("offset_ns", "offset ns"), ("drift_ppb", "drift ppb"), ("reasons", "reasons"),
+    ("warnings", "warnings"),
 ]  # fmt: skip
