@@ -1,5 +1,8 @@
 """Real packets: agents in lab namespaces with injected clock offsets and drifts, a real
-collector running HuygensSync, accuracy against the injected truth, idle and under load."""
+collector running HuygensSync, accuracy against the injected truth, idle and under load.
+
+One lab run (module fixture) feeds two tests: accuracy (idle and loaded) and convergence time.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +33,26 @@ pytestmark = pytest.mark.skipif(
 
 IDLE_S, LOAD_S = 14.0, 14.0
 CONVERGE_S = 5.0
+SCORE_FROM_S = 5.0  # windows scored from here on (the issue's convergence time)
+# The flood is a Python sender; on a busy box it gets less CPU, so the spine's packet rate
+# rose 3.6-7x over the probes' in runs here. 3x still means the load crossed the fabric.
+LOAD_FACTOR = 3.0
 
 
-@pytest.mark.known_flaky(
-    reason="issue 6: in 1 of 3 full CI runs two hosts kept 5-7 µs error bounds and p99 was "
-    "5.5 µs idle (98 ns when run alone); cause not yet found"
-)
-def test_lab_accuracy_idle_and_under_load_against_injected_clocks() -> None:
+@dataclass
+class LabRun:
+    first_s: float  # first window with every host synced, s after the agents were spawned
+    p_idle: float
+    p_load: float
+    n_idle: int
+    n_load: int
+    idle_pps: float
+    load_pps: float
+    tmp: Path
+
+
+@pytest.fixture(scope="module")
+def lab_run() -> Iterator[LabRun]:
     from fleetlens.fixtures.lab.fabric import lab_fabric
 
     rng = np.random.default_rng(42)
@@ -70,27 +88,47 @@ def test_lab_accuracy_idle_and_under_load_against_injected_clocks() -> None:
             procs.stop_all()
     with rec.lock:
         samples = list(rec.samples)
-    n_hosts = len(truth)
-    full = [s for s in samples if len(s.est) == n_hosts]
-    assert full, f"no window with every host synced; logs in {tmp}"
-    first = min(s.mono_s for s in full) - start
+    full = [s for s in samples if len(s.est) == len(truth)]
+    first = min(s.mono_s for s in full) - start if full else np.inf
     idle = [
         errors(s, truth, t0)
         for s in full
-        if s.mono_s - start >= CONVERGE_S and s.mono_s < load_at + 1
+        if s.mono_s - start >= SCORE_FROM_S and s.mono_s < load_at + 1
     ]
     # Load windows: those that ended after the flood had been running for a full window.
     load = [errors(s, truth, t0) for s in full if s.mono_s >= load_at + 2.5]
-    p_idle = float(np.percentile(np.concatenate(idle), 99)) if idle else np.inf
-    p_load = float(np.percentile(np.concatenate(load), 99)) if load else np.inf
+    run = LabRun(first, _p99(idle), _p99(load), len(idle), len(load), idle_pps, load_pps, tmp)
     print(
-        f"\nlab: first all-synced model {first:.1f} s after the agents started; "
-        f"p99 |offset error| idle {p_idle:.0f} ns ({len(idle)} windows), "
-        f"under load {p_load:.0f} ns ({len(load)} windows); spine throughput idle "
+        f"\nlab: first all-synced model {run.first_s:.1f} s after the agents started; "
+        f"p99 |offset error| idle {run.p_idle:.0f} ns ({run.n_idle} windows), "
+        f"under load {run.p_load:.0f} ns ({run.n_load} windows); spine throughput idle "
         f"{idle_pps:.0f} pkt/s, loaded {load_pps:.0f} pkt/s; logs in {tmp}"
     )
-    assert load_pps > 5 * idle_pps  # the load really crossed the fabric
-    assert first <= CONVERGE_S
-    assert p_idle <= 200.0
-    assert p_load <= 500.0
-    shutil.rmtree(tmp, ignore_errors=True)  # logs are kept only when something failed
+    yield run
+    if _accurate(run) and run.first_s <= CONVERGE_S:  # logs are kept only when one failed
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _p99(errs: list[np.ndarray]) -> float:
+    return float(np.percentile(np.concatenate(errs), 99)) if errs else np.inf
+
+
+def _accurate(run: LabRun) -> bool:
+    ok = run.load_pps > LOAD_FACTOR * run.idle_pps and run.n_idle >= 3 and run.n_load >= 3
+    return ok and run.p_idle <= 200.0 and run.p_load <= 500.0
+
+
+def test_lab_accuracy_idle_and_under_load_against_injected_clocks(lab_run: LabRun) -> None:
+    assert lab_run.load_pps > LOAD_FACTOR * lab_run.idle_pps  # the load crossed the fabric
+    assert lab_run.n_idle >= 3 and lab_run.n_load >= 3, f"too few synced windows: {lab_run}"
+    assert lab_run.p_idle <= 200.0
+    assert lab_run.p_load <= 500.0
+
+
+@pytest.mark.known_flaky(
+    reason="issue 6: the first model needs the agent process up (its imports alone took "
+    "2-7 s on a loaded 2-core box, scapy half of it), the first window closed (<=1 s + 0.7 s "
+    "ack grace) and a collector round (every 1 s + round time); >5 s when the box is busy"
+)
+def test_lab_first_synced_model_within_5_s_of_the_agents_starting(lab_run: LabRun) -> None:
+    assert lab_run.first_s <= CONVERGE_S
