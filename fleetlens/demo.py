@@ -15,17 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 import numpy as np
 from rich.console import Console
+from rich.status import Status
 from rich.table import Table
 
 from fleetlens.fixtures.lab import faults, netns
@@ -56,6 +59,7 @@ class Summary:
     fault: dict[str, object] = field(default_factory=dict)
     baseline_clean_s: float | None = None
     localized_s: float | None = None
+    cleared_s: float | None = None  # from heal until the link's verdict is healthy again
     faulty_links: list[str] = field(default_factory=list)
     linkpass: dict[str, object] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -66,6 +70,7 @@ class Summary:
         return {
             "clocks synced": self.sync_p99_ns is not None and self.sync_p99_ns <= SYNC_BOUND_NS,
             "fault localized, nothing else": self.faulty_links == [self.fault.get("link")],
+            "verdict cleared after heal": self.cleared_s is not None,
             "LinkPass stall < 1 s, bytes verified": bool(lp)
             and lp.get("errors") == 0
             and lp.get("mismatches") == 0
@@ -74,10 +79,18 @@ class Summary:
         }
 
 
+class _Quiet:
+    """Stands in for a rich status with --json: nothing goes to the terminal."""
+
+    def update(self, *_: object) -> None:
+        pass
+
+
 class Demo:
     def __init__(self, a: argparse.Namespace, console: Console) -> None:
         self.a = a
         self.say = console.print if not a.json else (lambda *_, **__: None)
+        self.console = console
         self.rng = np.random.default_rng(a.seed)
         self.lab: Lab | None = None
         self.stack: Stack | None = None
@@ -137,15 +150,17 @@ class Demo:
     def _sync(self, s: Summary, truth: dict[str, tuple[float, float]]) -> None:
         self.say("[bold]waiting for clock sync to converge[/] …")
         t0, deadline = time.monotonic(), time.monotonic() + self.a.sync_timeout
-        while time.monotonic() < deadline:
-            rows = self._clock_rows(truth)
-            errs = [abs(r.error_ns) for r in rows if r.error_ns is not None]
-            if all(r.synced for r in rows) and len(errs) == len(rows):
-                p99 = float(np.percentile(errs, 99))
-                if p99 <= SYNC_BOUND_NS:
+        with self._status("clock sync") as status:
+            while time.monotonic() < deadline:
+                rows = self._clock_rows(truth)
+                errs = [abs(r.error_ns) for r in rows if r.error_ns is not None]
+                p99 = float(np.percentile(errs, 99)) if errs else None
+                synced = sum(r.synced for r in rows)
+                status.update(f"clock sync: {synced}/{len(rows)} hosts synced, p99 error {p99} ns")
+                if synced == len(rows) and len(errs) == len(rows) and p99 <= SYNC_BOUND_NS:
                     s.sync_converged_s = round(time.monotonic() - t0, 1)
                     break
-            time.sleep(0.5)
+                time.sleep(0.5)
         s.clocks = self._clock_rows(truth)
         errs = [abs(r.error_ns) for r in s.clocks if r.error_ns is not None and r.synced]
         s.sync_p99_ns = (
@@ -184,13 +199,16 @@ class Demo:
         its probes go unanswered, which triangulation rightly reports until it clears."""
         self.say("[bold]waiting for a clean baseline[/] (start-up verdicts to clear) …")
         t0, deadline = time.monotonic(), time.monotonic() + self.a.baseline_timeout
-        while time.monotonic() < deadline:
-            if not self._faulty("/v1/links") and not self._faulty("/v1/nics"):
-                s.baseline_clean_s = round(time.monotonic() - t0, 1)
-                break
-            time.sleep(0.5)
-        else:
-            s.notes.append(f"verdicts still not clean after {self.a.baseline_timeout} s")
+        with self._status("baseline") as status:
+            while time.monotonic() < deadline:
+                bad = self._faulty("/v1/links") + self._faulty("/v1/nics")
+                if not bad:
+                    s.baseline_clean_s = round(time.monotonic() - t0, 1)
+                    break
+                status.update(f"still faulty: {', '.join(bad)}")
+                time.sleep(0.5)
+            else:
+                s.notes.append(f"verdicts still not clean after {self.a.baseline_timeout} s")
 
     def _faulty(self, path: str) -> list[str]:
         rows = self._get(f"{path}?state=faulty&limit=1000")
@@ -199,7 +217,8 @@ class Demo:
     def _localize(self, s: Summary) -> None:
         assert self.lab is not None
         link, kind, value = self.a.fault_link, self.a.fault, self.a.fault_value
-        self.say(f"[bold]injecting[/] {kind} {value:g} on {link}")
+        unit = "% loss" if kind == "loss" else " µs delay"
+        self.say(f"[bold]injecting[/] {value:g}{unit} on {link}")
         t0 = time.monotonic()
         if kind == "loss":
             faults.add_loss(self.lab, link, value)
@@ -208,18 +227,39 @@ class Demo:
             s.notes.append(f"delay fault measured at +{f.measured_us} µs")
         s.fault = {"link": link, "kind": kind, "value": value}
         deadline = t0 + self.a.localize_timeout
-        while time.monotonic() < deadline:
-            if link in self._faulty("/v1/links"):
-                s.localized_s = round(time.monotonic() - t0, 1)
-                break
-            time.sleep(0.25)
+        with self._status("localizing") as status:
+            while time.monotonic() < deadline:
+                if link in self._faulty("/v1/links"):
+                    s.localized_s = round(time.monotonic() - t0, 1)
+                    break
+                status.update(f"asking /v1/links for faulty links … {time.monotonic() - t0:.1f} s")
+                time.sleep(0.25)
         time.sleep(self.a.settle)  # let every verdict settle before judging "nothing else"
         s.faulty_links = self._faulty("/v1/links")
         self.say(
             f"  faulty links: {', '.join(s.faulty_links) or 'none'}"
             + (f" (found after {s.localized_s} s)" if s.localized_s else " (NOT localized)")
         )
+        self._heal_and_clear(s, link)
+
+    def _heal_and_clear(self, s: Summary, link: str) -> None:
+        assert self.lab is not None
         faults.heal(self.lab, link)
+        t0, deadline = time.monotonic(), time.monotonic() + self.a.clear_timeout
+        with self._status("healed") as status:
+            while time.monotonic() < deadline:
+                if link not in self._faulty("/v1/links"):
+                    s.cleared_s = round(time.monotonic() - t0, 1)
+                    break
+                status.update(f"healed {link}; waiting for its verdict to clear …")
+                time.sleep(0.5)
+        after = (
+            f"healthy again after {s.cleared_s} s" if s.cleared_s is not None else "still faulty"
+        )
+        self.say(f"  healed {link}: {after}")
+
+    def _status(self, text: str) -> AbstractContextManager[Status | _Quiet]:
+        return self.console.status(text) if not self.a.json else nullcontext(_Quiet())
 
     def _linkpass(self, s: Summary) -> None:
         assert self.lab is not None and self.stack is not None
@@ -239,19 +279,24 @@ class Demo:
             f"{result.get('bytes_verified')} of {result.get('bytes_sent')} bytes verified"
         )
 
-    def close(self, keep: bool) -> None:
-        if self.stack is None or self.lab is None:
-            return
-        if keep:
+    def close(self, keep: bool, failed: bool) -> None:
+        """Stop and remove everything (the fabric too when it was half built); the collector's
+        and agents' logs stay on disk only when something failed."""
+        if keep and self.stack is not None and self.lab is not None:
             adopt(self.lab, self.stack)
             self.say(
                 f"[bold]kept running[/]: collector {self.stack.url} (docs at /docs); "
                 f"'fleetlens lab --name {self.lab.name} down' stops everything"
             )
             return
-        self.stack.stop_agents()
-        self.stack.close()
-        Lab.down(self.lab.name)
+        if self.stack is not None:
+            self.stack.stop_agents()
+            self.stack.close()
+            if failed:
+                print(f"fleetlens demo: logs kept in {self.stack.workdir}", file=sys.stderr)
+            else:
+                shutil.rmtree(self.stack.workdir, ignore_errors=True)
+        Lab.down(self.a.name)
 
 
 def run_linkpass(
@@ -335,9 +380,11 @@ def render(s: Summary, console: Console) -> None:
     res.add_column("check")
     res.add_column("result")
     res.add_row("clock error p99", f"{s.sync_p99_ns} ns (bound {SYNC_BOUND_NS:.0f} ns)")
-    res.add_row("fault", f"{s.fault.get('kind')} {s.fault.get('value')} on {s.fault.get('link')}")
+    unit = "% loss" if s.fault.get("kind") == "loss" else " µs delay"
+    res.add_row("fault", f"{s.fault.get('value')}{unit} on {s.fault.get('link')}")
     res.add_row("time to localize", f"{s.localized_s} s")
     res.add_row("faulty links reported", ", ".join(s.faulty_links) or "none")
+    res.add_row("verdict cleared after heal", f"{s.cleared_s} s")
     lp = s.linkpass
     res.add_row(
         "LinkPass",
@@ -373,6 +420,7 @@ def _parser() -> argparse.ArgumentParser:
         "lose ~1e-4 of probes in the measurement itself (default %(default)s)",
     )  # fmt: skip
     p.add_argument("--localize-timeout", type=float, default=15.0)
+    p.add_argument("--clear-timeout", type=float, default=30.0)
     p.add_argument(
         "--settle", type=float, default=3.0, help="seconds before reading the final verdicts"
     )
@@ -383,19 +431,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unwind_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the fabric and every process are torn down. Children
+    forked without exec (pyroute2 forks to create namespaces) inherit the handler: they
+    must still just die, as by default."""
+    me = os.getpid()
+
+    def on_term(*_: object) -> None:
+        if os.getpid() != me:
+            os._exit(128 + signal.SIGTERM)
+        sys.exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def main(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
     if os.geteuid() != 0:
         print("fleetlens demo: the lab fabric needs root (network namespaces)", file=sys.stderr)
         return 2
     console = Console(stderr=a.json)
-    # SIGTERM unwinds like Ctrl-C, so the fabric and every process are torn down.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    _unwind_on_sigterm()
     demo = Demo(a, console)
+    s: Summary | None = None
     try:
         s = demo.run()
     finally:
-        demo.close(a.keep)
+        demo.close(a.keep, failed=s is None or not all(s.checks.values()))
     if a.json:
         print(
             json.dumps(
