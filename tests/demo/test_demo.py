@@ -50,6 +50,7 @@ def test_the_faulted_link_and_nothing_else_is_localized(summary: dict) -> None: 
     assert summary["faulty_links"] == [link]
     assert summary["localized_s"] is not None and summary["localized_s"] <= 5.0
     assert summary["baseline_clean_s"] is not None, "start-up verdicts never cleared"
+    assert summary["cleared_s"] is not None and summary["cleared_s"] <= 30.0, "still faulty"
 
 
 def test_linkpass_moved_every_byte_across_the_pulled_nic(summary: dict) -> None:  # type: ignore[type-arg]
