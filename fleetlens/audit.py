@@ -406,14 +406,17 @@ def run_lab(a: argparse.Namespace) -> dict:
         _wait(a.minutes * 60, "audit")
         until = time.time_ns()
         _wait(SETTLE_S, "settling")
+        _say("reading the collector's verdicts and clocks")
         rest = RestReader(url)
         try:
             ev = rest.gather(since, until, [])
         finally:
             rest.close()
         truth = run.clock_errors(ev.clocks, time.time_ns())
+        _say("stopping agents and collector")
         db = run.stop_stack()
         assert db is not None
+        _say("judging every link and NIC")
         flows, stalls = read_flows(db, since, until)
         verdict = judge(topo, flows, until - since, _thresholds(a))
         lab = {
