@@ -381,7 +381,7 @@ def run_collector(a: argparse.Namespace) -> dict:
         except (OSError, ValueError, KeyError) as e:
             raise AuditInputError(f"--inventory {a.inventory}: {e}") from None
         flows, stalls = read_flows(a.db, since, until)
-        verdict = judge(topo, flows, until - since, _thresholds(a))
+        verdict = judge(topo, flows, _thresholds(a))
     return build_report(
         source=a.collector, since_ns=since, until_ns=until, warmup_s=warm,
         th=_thresholds(a), rest=ev, verdict=verdict, live_fraction=a.live_fraction,
@@ -418,7 +418,7 @@ def run_lab(a: argparse.Namespace) -> dict:
         assert db is not None
         _say("judging every link and NIC")
         flows, stalls = read_flows(db, since, until)
-        verdict = judge(topo, flows, until - since, _thresholds(a))
+        verdict = judge(topo, flows, _thresholds(a))
         lab = {
             "name": a.name, "hosts": a.hosts, "nics": a.nics, "leaves": a.leaves,
             "spines": a.spines, "seed": a.seed, "workdir": str(run.workdir),

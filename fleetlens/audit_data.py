@@ -143,7 +143,7 @@ class Flows:
     sent: np.ndarray  # float64 probe packets
     received: np.ndarray
     owd_ns: np.ndarray  # float64: median over windows of the window's minimum (NaN: none)
-    path: list[list[str] | None]  # the flow's most reported path (None: never learned)
+    path: pa.Array  # list<string>: the flow's most reported path (null: never learned)
 
     @property
     def n(self) -> int:
@@ -248,7 +248,11 @@ def read_flows(
         t = con.sql(_FLOWS_SQL, params=p).to_arrow_table()
     finally:
         con.close()
-    paths = links.decode(blob_to_list(t["path"], pa.int32())) if t.num_rows else pa.array([])
+    paths = (
+        links.decode(blob_to_list(t["path"], pa.int32()))
+        if t.num_rows
+        else pa.array([], pa.list_(pa.string()))
+    )
     return _flows(t, paths), _stall_summary(stalls)
 
 
@@ -274,5 +278,5 @@ def _flows(t: pa.Table, paths: pa.Array) -> Flows:
         sent=np.asarray(t["sent"].to_numpy(), np.float64),
         received=np.asarray(t["received"].to_numpy(), np.float64),
         owd_ns=np.asarray(t["owd"].to_numpy(zero_copy_only=False), np.float64),
-        path=paths.to_pylist(),
+        path=paths,
     )

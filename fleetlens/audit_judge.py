@@ -7,7 +7,7 @@ verdicts (built to react in seconds) it fits the whole period at once:
 - **Loss**: the triangulation engine's sparse maximum-likelihood loss tomography
   (``fleetlens.triangulate.loss.fit_loss``) on every flow's total sent/lost, over the flow's
   learned path (or, for a flow whose path was never learned, spread over its ECMP candidates
-  by ``fleetlens.triangulate.paths.PathModel``). A link fails when the fit blames it at a rate
+  by ``audit_paths``). A link fails when the fit blames it at a rate
   of at least ``max_loss``.
 - **Delay**: a degraded link that was bad before the audit started has no clean baseline in
   time, so each flow is compared with the *other paths of the same NIC pair* over the same
@@ -37,10 +37,9 @@ import pyarrow as pa
 from scipy.stats import chi2
 
 from fleetlens.audit_data import Flows
-from fleetlens.records import WINDOW_SCHEMA
+from fleetlens.audit_paths import FlowRows, TopoIndex, flow_rows
 from fleetlens.topology import Topology
 from fleetlens.triangulate.loss import fit_loss
-from fleetlens.triangulate.paths import FlowBatch, PathModel
 
 
 @dataclass(frozen=True)
@@ -97,34 +96,12 @@ class Judgement:
     pair_excess: list[dict]  # per (src host, dst host): max path excess ns (heatmap)
 
 
-def flows_table(f: Flows, span_ns: int) -> pa.Table:
-    """The aggregates as one WINDOW_SCHEMA row per flow (what the path model decodes)."""
-    n = f.n
-    nulls = pa.nulls(n, pa.float64())
-    cols = {
-        "src_nic": pa.array(f.src.tolist(), pa.string()),
-        "dst_nic": pa.array(f.dst.tolist(), pa.string()),
-        "sport": pa.array(f.sport, pa.int32()),
-        "start_ns": pa.array(np.zeros(n, np.int64)),
-        "duration_ns": pa.array(np.full(n, span_ns, np.int64)),
-        "sent": pa.array(f.sent.astype(np.int64), pa.int32()),
-        "received": pa.array(f.received.astype(np.int64), pa.int32()),
-        "pure": pa.array(np.zeros(n, np.int32)),
-        "owd_min_ns": pa.array(f.owd_ns, pa.float64(), from_pandas=True),
-        "owd_p50_ns": nulls,
-        "owd_p99_ns": nulls,
-        "owd_max_ns": nulls,
-        "hull_t_ns": pa.array([[]] * n, pa.list_(pa.int64())),
-        "hull_owd_ns": pa.array([[]] * n, pa.list_(pa.int64())),
-        "ts_source": pa.nulls(n, pa.string()),
-        "path": pa.array(f.path, pa.list_(pa.string())),
-    }
-    return pa.table(cols, schema=WINDOW_SCHEMA)
-
-
-def judge(topo: Topology, flows: Flows, span_ns: int, th: Thresholds) -> Judgement:
-    pm = PathModel(topo)
-    b = pm.batch(flows_table(flows, span_ns))
+def judge(topo: Topology, flows: Flows, th: Thresholds) -> Judgement:
+    pm = TopoIndex(topo)
+    b = flow_rows(
+        pm, pa.array(flows.src.tolist(), pa.string()), pa.array(flows.dst.tolist(), pa.string()),
+        flows.sent, flows.received, flows.owd_ns, flows.path,
+    )  # fmt: skip
     links = [LinkJudgement(lk.id, lk.tier) for lk in topo.links]
     host_loss = _loss(b, pm, topo, links, th)
     _ambiguity(b, links)
@@ -138,12 +115,12 @@ def judge(topo: Topology, flows: Flows, span_ns: int, th: Thresholds) -> Judgeme
 
 
 # ---- loss ------------------------------------------------------------------------------------
-def _host_terms(b: FlowBatch, pm: PathModel, topo: Topology) -> tuple[np.ndarray, ...]:
+def _host_terms(b: FlowRows, pm: TopoIndex, topo: Topology) -> tuple[np.ndarray, ...]:
     """Incidence of the host pseudo-links: number n_links + 2h (sending) and + 2h + 1
     (receiving) for host h, for hosts with >= 2 NICs (with one NIC a host term and the access
     link would be the same column)."""
-    hosts = {h: i for i, h in enumerate(topo.hosts)}
-    host_of = np.array([hosts[h] for h in pm.nic_host_name], np.int64)
+    host_of = pm.nic_host
+    hosts = topo.hosts
     multi = np.bincount(host_of, minlength=len(hosts)) >= 2
     rows = np.arange(b.n)
     out_ok, in_ok = multi[host_of[b.src]], multi[host_of[b.dst]]
@@ -153,7 +130,7 @@ def _host_terms(b: FlowBatch, pm: PathModel, topo: Topology) -> tuple[np.ndarray
 
 
 def _loss(
-    b: FlowBatch, pm: PathModel, topo: Topology, links: list[LinkJudgement], th: Thresholds
+    b: FlowRows, pm: TopoIndex, topo: Topology, links: list[LinkJudgement], th: Thresholds
 ) -> dict[str, dict[str, float]]:
     h_row, h_link, h_w = _host_terms(b, pm, topo)
     n_all = pm.n_links + 2 * len(topo.hosts)
@@ -195,7 +172,7 @@ def _loss(
     return host_loss
 
 
-def _ambiguity(b: FlowBatch, links: list[LinkJudgement], share: float = 0.9) -> None:
+def _ambiguity(b: FlowRows, links: list[LinkJudgement], share: float = 0.9) -> None:
     """For each link failed on loss: its share of known-path evidence, and the links whose
     probes over the same flows are nearly the same (cosine >= 0.95) — with mostly unknown
     paths those carry the same evidence and the fit's pick among them is arbitrary."""
@@ -230,14 +207,14 @@ def _ambiguity(b: FlowBatch, links: list[LinkJudgement], share: float = 0.9) -> 
 
 
 # ---- delay -----------------------------------------------------------------------------------
-def flow_excess(b: FlowBatch, n_nics: int) -> np.ndarray:
+def flow_excess(b: FlowRows, n_nics: int) -> np.ndarray:
     """Per row: one-way delay above the fastest flow of the same NIC pair (NaN: no delay)."""
     pair = b.src * n_nics + b.dst
     uniq, inv = np.unique(pair, return_inverse=True)
     best = np.full(uniq.size, np.inf)
-    ok = np.isfinite(b.owd_min)
-    np.minimum.at(best, inv[ok], b.owd_min[ok])
-    return np.where(ok, b.owd_min - best[inv], np.nan)
+    ok = np.isfinite(b.owd)
+    np.minimum.at(best, inv[ok], b.owd[ok])
+    return np.where(ok, b.owd - best[inv], np.nan)
 
 
 def group_median(group: np.ndarray, value: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -253,7 +230,7 @@ def group_median(group: np.ndarray, value: np.ndarray, n: int) -> tuple[np.ndarr
     return med, count
 
 
-def _delay(b: FlowBatch, pm: PathModel, links: list[LinkJudgement], th: Thresholds) -> np.ndarray:
+def _delay(b: FlowRows, pm: TopoIndex, links: list[LinkJudgement], th: Thresholds) -> np.ndarray:
     e = flow_excess(b, pm.n_nics)
     fabric = np.array([lj.tier != "access" for lj in links])
     # Known-path entries only: a flow's excess says nothing about links it may not cross.
@@ -294,7 +271,7 @@ def _observed(links: list[LinkJudgement], th: Thresholds) -> None:
 
 
 def _nics(
-    b: FlowBatch, pm: PathModel, links: list[LinkJudgement], th: Thresholds
+    b: FlowRows, pm: TopoIndex, links: list[LinkJudgement], th: Thresholds
 ) -> list[NicJudgement]:
     n = pm.n_nics
     cnt_out, cnt_in = np.bincount(b.src, minlength=n), np.bincount(b.dst, minlength=n)
@@ -322,15 +299,15 @@ def _nics(
     return out
 
 
-def _pair_excess(b: FlowBatch, pm: PathModel, topo: Topology, e: np.ndarray) -> list[dict]:
+def _pair_excess(b: FlowRows, pm: TopoIndex, topo: Topology, e: np.ndarray) -> list[dict]:
     """Host pair -> largest path excess and median one-way delay (the report's heatmap)."""
-    host_of = np.array([topo.hosts.index(h) for h in pm.nic_host_name], np.int64)
+    host_of = pm.nic_host
     nh = len(topo.hosts)
     hp = host_of[b.src] * nh + host_of[b.dst]
     ok = np.isfinite(e)
     worst = np.full(nh * nh, np.nan)
     np.fmax.at(worst, hp[ok], e[ok])
-    med, _ = group_median(hp[ok], b.owd_min[ok], nh * nh)
+    med, _ = group_median(hp[ok], b.owd[ok], nh * nh)
     rows = []
     for k in np.flatnonzero(np.isfinite(worst)).tolist():
         rows.append(
