@@ -238,14 +238,7 @@ def read_flows(
         links = LinkDict(
             [r[0] for r in con.execute("SELECT link_id FROM link_dict ORDER BY idx").fetchall()]
         )
-        p = {"since": since_ns, "until": until_ns}
-        stalls = con.sql(
-            _STALLS_SQL,
-            params={**p, "stall_loss": rule.loss, "spread": rule.spread,
-                    "max_share": rule.max_share},
-        ).to_arrow_table()  # fmt: skip
-        con.register("_cut", stalls.filter(stalls["excluded"]))
-        t = con.sql(_FLOWS_SQL, params=p).to_arrow_table()
+        t, stalls = _aggregate(con, since_ns, until_ns, rule)
     finally:
         con.close()
     paths = (
@@ -254,6 +247,31 @@ def read_flows(
         else pa.array([], pa.list_(pa.string()))
     )
     return _flows(t, paths), _stall_summary(stalls)
+
+
+def aggregate_windows(
+    windows: pa.Table, since_ns: int, until_ns: int, rule: StallRule | None = None
+) -> tuple[Flows, list[dict]]:
+    """:func:`read_flows` over window records in memory (WINDOW_SCHEMA, paths as lists)."""
+    con = duckdb.connect()
+    try:
+        con.register("windows", windows)
+        t, stalls = _aggregate(con, since_ns, until_ns, rule or StallRule())
+    finally:
+        con.close()
+    return _flows(t, t["path"].combine_chunks()), _stall_summary(stalls)
+
+
+def _aggregate(
+    con: duckdb.DuckDBPyConnection, since_ns: int, until_ns: int, rule: StallRule
+) -> tuple[pa.Table, pa.Table]:
+    p = {"since": since_ns, "until": until_ns}
+    stalls = con.sql(
+        _STALLS_SQL,
+        params={**p, "stall_loss": rule.loss, "spread": rule.spread, "max_share": rule.max_share},
+    ).to_arrow_table()
+    con.register("_cut", stalls.filter(stalls["excluded"]))
+    return con.sql(_FLOWS_SQL, params=p).to_arrow_table(), stalls
 
 
 def _stall_summary(stalls: pa.Table) -> list[dict]:
