@@ -13,7 +13,8 @@ verdicts (built to react in seconds) it fits the whole period at once:
   time, so each flow is compared with the *other paths of the same NIC pair* over the same
   period: ``excess_f = owd_f - min(owd of the pair's flows)``. Clock errors cancel (same two
   hosts, same period); a flow through a slow fabric link is late by that link's delay. Per
-  fabric link the median excess of the flows that cross it (greedy, largest first, each
+  fabric link the median excess of the flows crossing it; greedy, the most consistent link
+  first (the largest share of late flows: a slow link delays all of its flows), each
   chosen link's delay subtracted from its flows before the next pick, so links that merely
   share flows with it are explained away). A link fails at ``max_delay_ns``. Access links
   cannot be judged this way (every path of a pair crosses the same two); their loss is fitted
@@ -65,7 +66,7 @@ class LinkJudgement:
     loss_upper: float = 0.0  # 95 % upper bound on its loss, from the unexplained losses
     loss_llr: float = 0.0
     delay_flows: int = 0  # known-path flows behind the delay statistic
-    excess_delay_ns: float | None = None  # median excess of its flows (None: not judged)
+    excess_delay_ns: float | None = None  # median excess of its flows (None: no data)
     known_path_share: float = 0.0  # share of its probes from flows with a learned path
     # Links the evidence cannot tell this one from (flows without a learned path spread over
     # their ECMP candidates: a leaf's uplinks look alike), when this one failed on them.
@@ -217,17 +218,27 @@ def flow_excess(b: FlowRows, n_nics: int) -> np.ndarray:
     return np.where(ok, b.owd - best[inv], np.nan)
 
 
-def group_median(group: np.ndarray, value: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(median per group, count per group), NaN for empty groups; exact (one sort)."""
+def group_quantile(
+    group: np.ndarray, value: np.ndarray, n: int, q: float = 0.5
+) -> tuple[np.ndarray, np.ndarray]:
+    """(q-quantile per group, count per group), NaN for empty groups; exact (one sort),
+    linear interpolation between order statistics."""
     order = np.lexsort((value, group))
     g, v = group[order], value[order]
     count = np.bincount(g, minlength=n)
     start = np.concatenate([[0], np.cumsum(count)[:-1]])
-    lo, hi = start + (count - 1) // 2, start + count // 2
     has = count > 0
-    med = np.full(n, np.nan)
-    med[has] = 0.5 * (v[lo[has]] + v[hi[has]])
-    return med, count
+    pos = q * np.maximum(count - 1, 0)
+    lo = start + np.floor(pos).astype(np.int64)
+    hi = start + np.ceil(pos).astype(np.int64)
+    out = np.full(n, np.nan)
+    frac = pos - np.floor(pos)
+    out[has] = v[lo[has]] * (1 - frac[has]) + v[hi[has]] * frac[has]
+    return out, count
+
+
+def group_median(group: np.ndarray, value: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    return group_quantile(group, value, n, 0.5)
 
 
 def _delay(b: FlowRows, pm: TopoIndex, links: list[LinkJudgement], th: Thresholds) -> np.ndarray:
@@ -239,12 +250,17 @@ def _delay(b: FlowRows, pm: TopoIndex, links: list[LinkJudgement], th: Threshold
     work = e.copy()
     chosen: list[int] = []
     for _ in range(len(links)):
+        # Pick by consistency first: a slow link makes *every* flow through it late, a link
+        # that merely shares flows with it only a fraction of them — a fraction that can still
+        # be large when few flows have a learned path and those few are not a fair sample.
         med, cnt = group_median(link, work[row], pm.n_links)
+        late = np.bincount(link, work[row] >= th.max_delay_ns, pm.n_links)
+        frac = late / np.maximum(cnt, 1)
         ok = (cnt >= th.min_flows) & (med >= th.max_delay_ns)
         ok[chosen] = False
         if not ok.any():
             break
-        best = int(np.argmax(np.where(ok, med, -np.inf)))
+        best = int(np.argmax(np.where(ok, frac + 1e-12 * med, -np.inf)))
         chosen.append(best)
         hit = np.unique(row[link == best])
         work[hit] -= med[best]  # explain these flows' excess by the chosen link
@@ -253,7 +269,8 @@ def _delay(b: FlowRows, pm: TopoIndex, links: list[LinkJudgement], th: Threshold
         links[best].delay_flows = int(cnt[best])
         links[best].reasons.append(
             f"excess one-way delay {med[best] / 1e3:.1f} µs >= {th.max_delay_ns / 1e3:.1f} µs "
-            f"(median over {int(cnt[best])} flows vs the other paths of the same NIC pairs)"
+            f"(median of {int(cnt[best])} flows, {100 * frac[best]:.0f} % of them late, vs "
+            "the other paths of their NIC pairs)"
         )
     med, cnt = group_median(link, work[row], pm.n_links)
     for i, lj in enumerate(links):
