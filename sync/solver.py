@@ -40,6 +40,7 @@ from fleetlens.topology import Topology
 
 from .edgefit import EdgeFits, fit_edges
 from .network import MIN_EDGES, NetSolution, solve_network
+from .pooling import POOL_SIZES, HullPool, hull_reduce
 from .purity import HullPoints, complete_generations, hull_points
 from .tracking import DriftTracker
 
@@ -77,6 +78,8 @@ class SolveReport:
     steps: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
     passes: int = 0
+    edge_keys: list[str] = field(default_factory=list)  # "lo_nic|hi_nic" per edge
+    span: np.ndarray | None = None  # windows pooled for each edge's fit (:mod:`.pooling`)
 
     @property
     def outlier_edges(self) -> list[tuple[str, str]]:
@@ -93,6 +96,7 @@ class HuygensSync:
         reference_host: str | None = None,
         nic_latency: Mapping[str, tuple[float, float]] | None = None,
         min_edges: int = MIN_EDGES,
+        pool_sizes: tuple[int, ...] = POOL_SIZES,
     ) -> None:
         """``nic_latency``: optional calibrated fixed ``(egress_ns, ingress_ns)`` per NIC id,
         the part of each NIC's send and receive delay that differs between directions (what
@@ -106,6 +110,7 @@ class HuygensSync:
         self.models: list[ClockModel] = []
         self.idle_calls = 0
         self.tracker = DriftTracker()
+        self.pool = HullPool(tuple(pool_sizes))  # (1,): single-window fits only
         self.report = SolveReport()
 
     def __call__(
@@ -123,32 +128,38 @@ class HuygensSync:
             self.idle_calls = 0
         for rows, gen in todo[-MAX_BACKLOG:]:
             self.generation = gen if gen is not None else self.generation
-            self.models = self._one_window(rows, topology, prev)
+            self.models = self._one_window(rows, topology, prev, gen)
         return list(self.models)
 
-    def _one_window(self, windows: pa.Table, topology, prev) -> list[ClockModel]:
+    def _one_window(self, windows: pa.Table, topology, prev, gen: int | None) -> list[ClockModel]:
         pts = hull_points(windows)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
             self.report = SolveReport(hosts=hosts, dropped=pts.dropped)
             return [self._coast(h) for h in hosts]
-        rep = self._solve(pts, hosts, _ts_kind(windows))
+        rep = self._solve(pts, hosts, _ts_kind(windows), gen)
         self.report = rep
-        return self._publish(rep)
+        models = self._publish(rep)
+        if rep.steps:  # spans through a step would fit nothing: those edges start over
+            stepped = {rep.hosts.index(h) for h in rep.steps}
+            ends = zip(rep.edge_keys, rep.edge_lo, rep.edge_hi, strict=True)
+            self.pool.forget([k for k, lo, hi in ends if lo in stepped or hi in stepped])
+        self.pool.remember(pts, gen)
+        return models
 
     # ---- one window ---------------------------------------------------------------------
-    def _solve(self, pts: HullPoints, hosts: list[str], kind: str) -> SolveReport:
+    def _solve(self, pts: HullPoints, hosts: list[str], kind: str, gen: int | None) -> SolveReport:
         hidx = {h: i for i, h in enumerate(hosts)}
         nic_h = np.array([hidx[h] for h in pts.nic_host], np.int64)
         src_h = nic_h[pts.src]
         geo = _EdgeGeometry(pts, nic_h)
         theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
-        ref = hidx.get(self.reference_host) if self.reference_host else None
+        net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.min_edges)
         lat_out, lat_in = self._latency(pts)
         npass, mapped = 0, known.copy()
         while True:
             npass += 1
-            t = _fleet_t(pts, src_h, theta, drift, t_ref)
+            t = _fleet_t(pts.t_raw, src_h, theta, drift, t_ref)
             owd = pts.owd_raw - lat_out[pts.src] - lat_in[pts.dst]
             y = np.where(geo.upper, owd, -owd)
             b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
@@ -156,24 +167,7 @@ class HuygensSync:
             # Edges to a host whose time mapping is still a guess may look overlapped only
             # because its points sit at the wrong t: take them at face value this pass.
             lenient = ~(mapped[geo.lo] & mapped[geo.hi])
-            w0, unstable = _edge_weights(fits, geo, len(hosts), lenient)
-            off = solve_network(
-                len(hosts),
-                geo.lo,
-                geo.hi,
-                fits.a,
-                w0,
-                theta,
-                known,
-                FLOOR_NS[kind],
-                ref,
-                min_edges=self.min_edges,
-            )
-            w_drift = np.where(fits.slope_ok, (off.weight > 0).astype(np.float64), 0.0)
-            dft = solve_network(
-                len(hosts), geo.lo, geo.hi, fits.b * 1e9, w_drift, drift, known,
-                DRIFT_FLOOR_PPB[kind], ref, reject=False, min_edges=self.min_edges,
-            )  # fmt: skip
+            unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
             # How far the times used for this pass were off: offset change plus drift change
             # over the half window.
             moved = np.abs(off.x - theta) + np.abs(np.nan_to_num(dft.x - drift)) * 0.5
@@ -184,10 +178,41 @@ class HuygensSync:
             mapped |= off.solved
             if settled or npass >= MAX_PASSES:
                 break
-        return SolveReport(
-            t_ref, hosts, geo.lo, geo.hi, geo.nics, fits.a.copy(), fits, off, dft,
+        pairwise = fits.a.copy()
+        span = np.zeros(geo.n, np.int64)
+        if len(self.pool.sizes) > 1 and self.pool.history and mapped[off.solved].all():
+            fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits)
+            lenient = np.zeros(geo.n, bool)
+            unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
+        elif len(self.pool.sizes) > 1:
+            self.pool.choose(geo.keys, t_ref, [fits] * len(self.pool.sizes))  # start the tracks
+        rep = SolveReport(
+            t_ref, hosts, geo.lo, geo.hi, geo.nics, pairwise, fits, off, dft,
             [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
         )  # fmt: skip
+        rep.edge_keys, rep.span = geo.keys, np.array(self.pool.sizes)[span]
+        return rep
+
+    def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1):
+        """Fits over the last k windows' hulls for every span k, one chosen per edge."""
+        pool = self.pool.pooled(pts, gen)
+        n_nic = len(pts.nics)
+        lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
+        key = lo_nic * n_nic + hi_nic
+        edge = np.minimum(np.searchsorted(geo.key_codes, key), geo.n - 1)
+        known = geo.key_codes[edge] == key  # older points of edges missing now: dropped
+        lat_out, lat_in = self._latency(pts)
+        t = _fleet_t(pool.t_raw, nic_h[pool.src], theta, drift, t_ref)
+        owd = pool.owd_raw - lat_out[pool.src] - lat_in[pool.dst]
+        upper = pool.src < pool.dst
+        y = np.where(upper, owd, -owd)
+        b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
+        fits = [fits1]
+        for k in self.pool.sizes[1:]:
+            m = known & (pool.age < k)
+            e, up, tt, yy = hull_reduce(edge[m], upper[m], t[m], y[m], geo.n)
+            fits.append(fit_edges(e, up, tt, yy, geo.n, b_prior))
+        return self.pool.choose(geo.keys, t_ref, fits)
 
     def _latency(self, pts: HullPoints) -> tuple[np.ndarray, np.ndarray]:
         lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
@@ -245,6 +270,31 @@ def solve_clocks(
 
 
 # ---- helpers --------------------------------------------------------------------------------
+@dataclass
+class _Network:
+    """The per-window network solves (offsets, then drifts) over one edge geometry."""
+
+    n_hosts: int
+    geo: _EdgeGeometry
+    kind: str
+    ref: int | None
+    min_edges: int
+
+    def solve(self, fits: EdgeFits, lenient, theta, drift, known):
+        geo = self.geo
+        w0, unstable = _edge_weights(fits, geo, self.n_hosts, lenient)
+        off = solve_network(
+            self.n_hosts, geo.lo, geo.hi, fits.a, w0, theta, known, FLOOR_NS[self.kind],
+            self.ref, min_edges=self.min_edges,
+        )  # fmt: skip
+        w_drift = np.where(fits.slope_ok, (off.weight > 0).astype(np.float64), 0.0)
+        dft = solve_network(
+            self.n_hosts, geo.lo, geo.hi, fits.b * 1e9, w_drift, drift, known,
+            DRIFT_FLOOR_PPB[self.kind], self.ref, reject=False, min_edges=self.min_edges,
+        )  # fmt: skip
+        return unstable, off, dft
+
+
 class _EdgeGeometry:
     """NIC-pair edges: index per point, direction, and the hosts at both ends."""
 
@@ -257,12 +307,14 @@ class _EdgeGeometry:
         lo, hi = keys // len(pts.nics), keys % len(pts.nics)
         self.nics = [(pts.nics[a], pts.nics[b]) for a, b in zip(lo, hi, strict=True)]
         self.lo, self.hi = nic_h[lo], nic_h[hi]
+        self.key_codes = keys  # sorted lo·N + hi codes, N = NICs in this window
+        self.keys = [f"{a}|{b}" for a, b in self.nics]  # stable across windows
 
 
-def _fleet_t(pts: HullPoints, src_h, theta, drift, t_ref: int) -> np.ndarray:
+def _fleet_t(t_raw: np.ndarray, src_h, theta, drift, t_ref: int) -> np.ndarray:
     """Point times in fleet time relative to ``t_ref`` (float ns), through the given models
     (θ at t_ref, δ): fleet = raw − θ − δ·(fleet − t_ref), solved for fleet."""
-    rel = (pts.t_raw - t_ref).astype(np.float64)
+    rel = (t_raw - t_ref).astype(np.float64)
     d = drift[src_h] * 1e-9
     return (rel - theta[src_h]) / (1.0 + d)
 

@@ -207,9 +207,9 @@ def test_backlog_generations_are_each_folded_in_once_in_order() -> None:
     seen = []
     solve_one = sync._one_window
 
-    def spy(rows, topology, prev):  # type: ignore[no-untyped-def]
+    def spy(rows, topology, prev, g):  # type: ignore[no-untyped-def]
         seen.append(int(rows["start_ns"][0].as_py()) // 10**9)
-        return solve_one(rows, topology, prev)
+        return solve_one(rows, topology, prev, g)
 
     sync._one_window = spy  # type: ignore[method-assign]
     sync(pa.concat_tables([gen(0), gen(1), gen(2)]), None, {})
@@ -299,3 +299,31 @@ def test_simulator_symmetric_paths_averages_the_two_directions_of_each_link() ->
     assert np.abs(base - base[rev]).max() > 50.0  # the default stays asymmetric
     np.testing.assert_allclose(sbase, 0.5 * (base + base[rev]))  # same draws, averaged
     np.testing.assert_allclose(sym.flow_base, sym.link_base_ns[sym.flow_links].sum(axis=1))
+
+
+def _two_host_run(pool_sizes: tuple[int, ...], windows: int, delta: float) -> tuple:
+    """Two hosts, one edge, a fixed clock difference; each window's minimum delays sit a
+    random amount above a common floor (as on the lab's software stamps)."""
+    rng = np.random.default_rng(17)
+    sync = HuygensSync(min_edges=1, pool_sizes=pool_sizes)
+    errs = []
+    for k in range(windows):
+        rows = []
+        for s, d, sign in (("h0/eth0", "h1/eth0", 1.0), ("h1/eth0", "h0/eth0", -1.0)):
+            t = np.sort(rng.integers(0, 10**9, 100)) + 10**18 + k * 10**9
+            floor = 1500 + rng.exponential(60)  # this window's luck in this direction
+            owd = np.rint(floor + rng.exponential(400, 100) + sign * delta).astype(np.int64)
+            idx = lower_hull(t, owd)
+            rows.append(Window(s, d, 40000, k * 10**9, 10**9, 200, 200, 90,
+                               hull_t_ns=t[idx].tolist(), hull_owd_ns=owd[idx].tolist()))  # fmt: skip
+        m = {x.host_id: x for x in sync(windows_to_table(rows), None, {})}
+        errs.append(m["h1"].offset_ns - m["h0"].offset_ns - delta)
+    return np.abs(np.array(errs[windows // 2 :])), sync.report
+
+
+def test_stable_clocks_pool_the_hulls_of_many_windows() -> None:
+    one, _ = _two_host_run((1,), 60, 1234.0)
+    pooled, rep = _two_host_run((1, 8, 32), 60, 1234.0)
+    assert rep.span[0] == 32  # straight clocks: the longest span predicts best
+    assert np.percentile(pooled, 99) < 0.5 * np.percentile(one, 99)
+    assert np.percentile(pooled, 99) < 50.0

@@ -1,0 +1,179 @@
+"""Longer effective windows: max-margin fits over the hulls of several windows, where the
+clocks allow it.
+
+Why: one 1 s window gives each direction of an edge ~100 pure probes, and the lowest of them
+sits above that direction's true floor by a random amount (on the lab's software stamps the
+per-window minimum one-way delay ranged 1.45–1.96 µs around a 1.44 µs floor). Half the
+difference of the two directions' excesses is the edge's offset error: σ ≈ 75 ns per window,
+independent from window to window. A max-margin line through the pooled hulls of the last
+``k`` windows rests on the lowest points of ``k`` windows in each direction, and its slope on
+points up to ``k`` s apart instead of half a second.
+
+When: pooling assumes the clock difference is a straight line over ``k`` windows. Real
+oscillators wander (temperature, ageing) and a stepped clock breaks the line, so the span is
+chosen per edge by prediction: each candidate span (``POOL_SIZES``) keeps its last line, and
+when a new window arrives the single-window estimate is compared with each line's
+extrapolation. A running mean of the squared prediction errors (weight ``SCORE_WEIGHT``,
+each window's contribution capped at ``SCORE_CAP_NS``²) scores the spans: with stable clocks
+the long spans predict best (less noise); with wandering drift their lag shows up as
+prediction error and shorter spans win. A pooled fit whose points overlap (a step inside the
+span) is never used. Only the max-margin geometry changes: each pooled direction is reduced to
+its hull first, so the fit's cost grows with the hull size, not with ``k``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetlens.hull import lower_hull_rows
+
+from .edgefit import EdgeFits
+from .purity import HullPoints
+
+POOL_SIZES = (1, 8, 32)
+SCORE_WEIGHT = 0.2
+SCORE_CAP_NS = 1_000.0
+MIN_SCORED = 3  # predictions a span needs before it may be chosen over a single window
+
+
+@dataclass
+class _EdgeTrack:
+    t_ref: int  # fleet time the lines' intercepts are at
+    a: np.ndarray  # per span: intercept (ns)
+    b: np.ndarray  # per span: slope
+    ok: np.ndarray  # per span: the line was usable
+    score: np.ndarray | None = None  # per span: running mean squared prediction error
+    scored: np.ndarray | None = None  # per span: predictions scored so far
+
+    def __post_init__(self) -> None:
+        if self.score is None:
+            self.score = np.zeros(self.a.size)
+            self.scored = np.zeros(self.a.size, np.int64)
+
+
+@dataclass
+class Pooled:
+    """The current window's points plus older windows' points, in the current numbering."""
+
+    src: np.ndarray  # NIC number of the sender (current window's NIC list)
+    dst: np.ndarray
+    t_raw: np.ndarray
+    owd_raw: np.ndarray
+    age: np.ndarray  # windows before the current one (0: current)
+
+
+class HullPool:
+    """The last windows' hull points and, per edge, each span's last line and score."""
+
+    def __init__(self, sizes: tuple[int, ...] = POOL_SIZES) -> None:
+        if not sizes or sizes[0] != 1 or list(sizes) != sorted(set(sizes)):
+            raise ValueError(f"pool sizes must start at 1 and increase, not {sizes!r}")
+        self.sizes = sizes
+        self.history: deque[tuple[int | None, HullPoints]] = deque(maxlen=max(sizes) - 1)
+        self.tracks: dict[str, _EdgeTrack] = {}
+
+    def pooled(self, pts: HullPoints, gen: int | None) -> Pooled:
+        """The stored windows' points whose NICs occur in the current window; a window's age
+        is counted in window generations (a missed window still counts)."""
+        pos = {n: i for i, n in enumerate(pts.nics)}
+        parts = [(pts.src, pts.dst, pts.t_raw, pts.owd_raw, 0)]
+        for k, (g, old) in enumerate(reversed(self.history), start=1):
+            age = gen - g if gen is not None and g is not None else k
+            if not 0 < age < max(self.sizes):
+                continue
+            remap = np.array([pos.get(n, -1) for n in old.nics], np.int64)
+            s, d = remap[old.src], remap[old.dst]
+            keep = (s >= 0) & (d >= 0)
+            parts.append((s[keep], d[keep], old.t_raw[keep], old.owd_raw[keep], age))
+        cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+        age = np.concatenate([np.full(p[0].size, p[4], np.int64) for p in parts])
+        return Pooled(*cols, age)
+
+    def remember(self, pts: HullPoints, gen: int | None) -> None:
+        if len(self.sizes) > 1:
+            self.history.append((gen, pts))
+
+    def choose(
+        self, keys: list[str], t_ref: int, fits: list[EdgeFits]
+    ) -> tuple[EdgeFits, np.ndarray]:
+        """Score every span on this window, then pick one fit per edge; returns the chosen
+        fits and the span index per edge. ``fits[0]`` is the single-window fit."""
+        one = fits[0]
+        ok = np.array([f.usable & ~f.soft for f in fits])  # (spans, edges)
+        a = np.array([f.a for f in fits])
+        b = np.array([f.b for f in fits])
+        choice = np.zeros(len(keys), np.int64)
+        for e, key in enumerate(keys):
+            tr = self.tracks.get(key)
+            if tr is not None and ok[0, e]:
+                _score(tr, one.a[e], t_ref)
+            choice[e] = _pick(tr, ok[:, e])
+            self.tracks[key] = _EdgeTrack(
+                t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(),
+                *((tr.score, tr.scored) if tr is not None else ()),
+            )  # fmt: skip
+        return _select(fits, choice), choice
+
+    def forget(self, keys: list[str]) -> None:
+        """Edges of a host whose clock stepped: their spans start over."""
+        for k in keys:
+            self.tracks.pop(k, None)
+
+
+def _score(tr: _EdgeTrack, measured: float, t_ref: int) -> None:
+    pred = tr.a + tr.b * float(t_ref - tr.t_ref)
+    err2 = np.minimum((measured - pred) ** 2, SCORE_CAP_NS**2)
+    upd = tr.ok
+    tr.score = np.where(upd, (1 - SCORE_WEIGHT) * tr.score + SCORE_WEIGHT * err2, tr.score)
+    tr.score = np.where(upd & (tr.scored == 0), err2, tr.score)
+    tr.scored = tr.scored + upd
+
+
+def _pick(tr: _EdgeTrack | None, ok: np.ndarray) -> int:
+    if tr is None:
+        return 0
+    allowed = ok & (tr.scored >= MIN_SCORED)
+    allowed[0] = ok[0] or not ok.any()
+    if not allowed.any():
+        return int(np.argmax(ok))
+    return int(np.argmin(np.where(allowed, tr.score, np.inf)))
+
+
+def _select(fits: list[EdgeFits], choice: np.ndarray) -> EdgeFits:
+    cols = {}
+    for name in ("a", "b", "margin", "n_up", "n_low", "slope_ok", "soft", "usable"):
+        stack = np.array([getattr(f, name) for f in fits])
+        cols[name] = stack[choice, np.arange(choice.size)]
+    return EdgeFits(**cols)
+
+
+def hull_reduce(
+    edge: np.ndarray, upper: np.ndarray, t: np.ndarray, y: np.ndarray, n_edges: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Keep only the points the max-margin fit can rest on: the lower hull of each edge's
+    upper (lo→hi) points and the upper hull of its lower points. ``t`` is rounded to ns."""
+    row = edge * 2 + (~upper)
+    yy = np.where(upper, y, -y)  # upper hull of the lower set = −(lower hull of −y)
+    order = np.argsort(row, kind="stable")
+    row, tt, yy = (
+        row[order],
+        np.rint(t[order]).astype(np.int64),
+        np.rint(yy[order]).astype(np.int64),
+    )
+    rows = 2 * n_edges
+    count = np.bincount(row, minlength=rows)
+    width = max(int(count.max(initial=0)), 1)
+    col = np.arange(row.size) - (np.cumsum(count) - count)[row]
+    tm = np.zeros((rows, width), np.int64)
+    ym = np.zeros((rows, width), np.int64)
+    mask = np.zeros((rows, width), bool)
+    tm[row, col], ym[row, col], mask[row, col] = tt, yy, True
+    size, ht, hy = lower_hull_rows(tm, ym, mask)
+    keep = np.arange(ht.shape[1]) < size[:, None]
+    r_idx = np.repeat(np.arange(rows), size)
+    up = r_idx % 2 == 0
+    hy_f = hy[keep].astype(np.float64)
+    return r_idx // 2, up, ht[keep].astype(np.float64), np.where(up, hy_f, -hy_f)
