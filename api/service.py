@@ -37,6 +37,11 @@ from fleetlens.topology import Topology
 log = logging.getLogger("fleetlens.api")
 
 
+# From a host's first synced model until its windows are in fleet time: the agent's control
+# interval (1 s) to fetch it, plus one window.
+CLOCK_ADOPTION_NS = 2_000_000_000
+
+
 @dataclass
 class Engines:
     """What the background loops run. Clock sync is Huygens (one stateful solver for the
@@ -56,6 +61,8 @@ class State:
     max_start_ns: int | None = None
     triangulated_ns: int | None = None  # start of the newest window triangulation has seen
     live_from_ns: dict[str, int] = field(default_factory=dict)  # host -> first window it sent
+    # host -> when its one-way delays are in fleet time: its agent applies a synced model
+    clock_trusted_ns: dict[str, int] = field(default_factory=dict)
 
 
 class Collector:
@@ -114,6 +121,8 @@ class Collector:
             "SELECT arg_max(COLUMNS(*), updated_ns) FROM clocks GROUP BY host_id"
         ).fetchall():
             self.state.clocks[r[0]] = ClockModel(r[0], r[1], r[2], r[3], r[4], bool(r[5]))
+            if r[5]:  # its agents already run with it
+                self.state.clock_trusted_ns[r[0]] = 0
             self.state.clock_updated[r[0]] = r[6]
         for r in con.execute(
             "SELECT arg_max(COLUMNS(*), updated_ns) FROM verdicts GROUP BY subject"
@@ -212,6 +221,7 @@ class Collector:
         verdicts = self._triangulate(windows, now_ns)
         if clocks is None or verdicts is None:
             return
+        self._note_trusted_clocks(clocks, now_ns)
         decisions = self._decide(verdicts, now_ns)
         new_clocks = self._changed_clocks(clocks, now_ns)
         new_verdicts = self._changed_verdicts(verdicts, now_ns)
@@ -253,7 +263,7 @@ class Collector:
         self._note_live_hosts(todo)
         verdicts: list[Verdict] | None = list(self.state.verdicts.values())
         for start in sorted(set(todo["start_ns"].to_pylist())):
-            one = self._to_live_hosts(todo.filter(pc.equal(todo["start_ns"], start)))
+            one = self._judgeable(todo.filter(pc.equal(todo["start_ns"], start)))
             if not one.num_rows:  # nobody to judge yet: not evidence of health either
                 self.state.triangulated_ns = start
                 continue
@@ -277,15 +287,35 @@ class Collector:
         for h, t in zip(firsts["h"].to_pylist(), firsts["t_min"].to_pylist(), strict=True):
             live[h] = min(t, live.get(h, t))
 
-    def _to_live_hosts(self, one: pa.Table) -> pa.Table:
-        """Drop flows towards hosts whose agent was not running yet during the window: agents
-        start one by one, and probes nobody could answer are not a fabric fault. A whole window
-        of margin, since windows of different hosts are not aligned."""
+    def _note_trusted_clocks(self, clocks: list[ClockModel], now_ns: int) -> None:
+        """Agents fetch their model every control interval; a window later their one-way
+        delays are in fleet time."""
+        trusted = self.state.clock_trusted_ns
+        for c in clocks:
+            if c.synced and c.host_id not in trusted:
+                trusted[c.host_id] = now_ns + CLOCK_ADOPTION_NS
+
+    def _judgeable(self, one: pa.Table) -> pa.Table:
+        """What triangulation may judge in one window. Flows towards hosts whose agent was not
+        running yet are dropped: agents start one by one, and probes nobody could answer are
+        not a fabric fault (a whole window of margin: windows of different hosts are not
+        aligned). Delays of flows whose ends were not yet in fleet time are blanked (their
+        losses still count): a raw clock is off by up to milliseconds, and a per-flow baseline
+        taken from it would hide delay faults long after sync converges."""
         live = self.state.live_from_ns
+        src = pc.list_element(pc.split_pattern(one["src_nic"], "/", max_splits=1), 0)
         dst = pc.list_element(pc.split_pattern(one["dst_nic"], "/", max_splits=1), 0)
-        idx = pc.index_in(dst, value_set=pa.array(list(live), pa.string()))
-        first = pc.take(pa.array(list(live.values()), pa.int64()), idx)  # null: never sent
+        first = _lookup(dst, live)
         ok = pc.less_equal(pc.add(first, one["duration_ns"]), one["start_ns"])
+        trusted = self.state.clock_trusted_ns
+        timed = pc.and_(
+            pc.less_equal(_lookup(src, trusted), one["start_ns"]),
+            pc.less_equal(_lookup(dst, trusted), one["start_ns"]),
+        )
+        owd = pc.if_else(
+            pc.fill_null(timed, False), one["owd_min_ns"], pa.scalar(None, pa.float64())
+        )
+        one = one.set_column(one.schema.get_field_index("owd_min_ns"), "owd_min_ns", owd)
         return one.filter(pc.fill_null(ok, False))
 
     def _placeholder_triangulation(self, windows, topology, prev) -> list[Verdict]:
@@ -353,6 +383,12 @@ class Collector:
             )
         )
         return self._timed("retention", fut.result, 600)
+
+
+def _lookup(hosts: pa.Array, table: dict[str, int]) -> pa.Array:
+    """``table[host]`` per row, null where the host is missing."""
+    idx = pc.index_in(hosts, value_set=pa.array(list(table), pa.string()))
+    return pc.take(pa.array(list(table.values()), pa.int64()), idx)
 
 
 def _drain_key(d: Decision | None) -> tuple:

@@ -195,14 +195,15 @@ class Demo:
         ]  # fmt: skip
 
     def _baseline(self, s: Summary) -> None:
-        """Wait until nothing is faulty: agents start one by one, and until a peer's agent runs
-        its probes go unanswered, which triangulation rightly reports until it clears."""
+        """Wait until nothing is faulty, and at least ``--warmup`` seconds after sync: the
+        collector takes one-way delays as evidence only once both hosts' agents apply a synced
+        clock model, and each flow needs a few such windows for its delay baseline."""
         self.say("[bold]waiting for a clean baseline[/] (start-up verdicts to clear) …")
         t0, deadline = time.monotonic(), time.monotonic() + self.a.baseline_timeout
         with self._status("baseline") as status:
             while time.monotonic() < deadline:
                 bad = self._faulty("/v1/links") + self._faulty("/v1/nics")
-                if not bad:
+                if not bad and time.monotonic() - t0 >= self.a.warmup:
                     s.baseline_clean_s = round(time.monotonic() - t0, 1)
                     break
                 status.update(f"still faulty: {', '.join(bad)}")
@@ -418,6 +419,10 @@ def _parser() -> argparse.ArgumentParser:
         "--background-loss", type=float, default=1e-3,
         help="loss triangulation treats as normal: software stamps on a loaded 2-core lab "
         "lose ~1e-4 of probes in the measurement itself (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--warmup", type=float, default=6.0,
+        help="seconds of clean, synced probing before the fault (delay baselines)",
     )  # fmt: skip
     p.add_argument("--localize-timeout", type=float, default=15.0)
     p.add_argument("--clear-timeout", type=float, default=30.0)

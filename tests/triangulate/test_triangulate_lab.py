@@ -24,6 +24,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network n
 NAME = f"r{os.getpid() % 100000}"
 LOCALIZE_S = 5.0  # the issue's bound from injection to the verdict
 CLEAR_S = 30.0  # ... and from heal to healthy again
+# Delays count as evidence once both ends apply a synced clock model (~2 s after sync), and
+# each flow then needs a few windows for its delay baseline.
+WARMUP_S = 6.0
 SETTLE_S = 3.0  # extra time for any wrong verdict to show before "nothing else" is judged
 
 
@@ -38,6 +41,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             st.start_agent(h)
         _wait(lambda: not _faulty(st, "links") and not _faulty(st, "nics") and _synced(st),
               60, "a clean, synced baseline")  # fmt: skip
+        time.sleep(WARMUP_S)
         yield st
 
 
