@@ -314,8 +314,9 @@ def _two_host_run(pool_sizes: tuple[int, ...], windows: int, delta: float) -> tu
             floor = 1500 + rng.exponential(60)  # this window's luck in this direction
             owd = np.rint(floor + rng.exponential(400, 100) + sign * delta).astype(np.int64)
             idx = lower_hull(t, owd)
-            rows.append(Window(s, d, 40000, k * 10**9, 10**9, 200, 200, 90,
-                               hull_t_ns=t[idx].tolist(), hull_owd_ns=owd[idx].tolist()))  # fmt: skip
+            ht, hy = t[idx].tolist(), owd[idx].tolist()
+            rows.append(Window(s, d, 40000, k * 10**9, 10**9, 200, 200, 90, hull_t_ns=ht,
+                               hull_owd_ns=hy))  # fmt: skip
         m = {x.host_id: x for x in sync(windows_to_table(rows), None, {})}
         errs.append(m["h1"].offset_ns - m["h0"].offset_ns - delta)
     return np.abs(np.array(errs[windows // 2 :])), sync.report
