@@ -37,6 +37,7 @@ POOL_SIZES = (1, 8, 32)
 SCORE_WEIGHT = 0.2
 SCORE_CAP_NS = 1_000.0
 MIN_SCORED = 3  # predictions a span needs before it may be chosen over a single window
+SURPRISE_K = 4.0  # a prediction error beyond this many of the span's rms restarts its score
 
 
 @dataclass
@@ -127,6 +128,10 @@ def _score(tr: _EdgeTrack, measured: float, t_ref: int) -> None:
     pred = tr.a + tr.b * float(t_ref - tr.t_ref)
     err2 = np.minimum((measured - pred) ** 2, SCORE_CAP_NS**2)
     upd = tr.ok
+    # A surprise (the clocks bent: a drift jump or a step) takes a span out at once; it must
+    # predict MIN_SCORED windows again before it is used.
+    surprise = upd & (tr.scored >= MIN_SCORED) & (err2 > SURPRISE_K**2 * tr.score)
+    tr.scored = np.where(surprise, 0, tr.scored)
     tr.score = np.where(upd, (1 - SCORE_WEIGHT) * tr.score + SCORE_WEIGHT * err2, tr.score)
     tr.score = np.where(upd & (tr.scored == 0), err2, tr.score)
     tr.scored = tr.scored + upd

@@ -80,6 +80,7 @@ class SolveReport:
     passes: int = 0
     edge_keys: list[str] = field(default_factory=list)  # "lo_nic|hi_nic" per edge
     span: np.ndarray | None = None  # windows pooled for each edge's fit (:mod:`.pooling`)
+    ts_kind: str = "software"
 
     @property
     def outlier_edges(self) -> list[tuple[str, str]]:
@@ -180,17 +181,22 @@ class HuygensSync:
                 break
         pairwise = fits.a.copy()
         span = np.zeros(geo.n, np.int64)
-        if len(self.pool.sizes) > 1 and self.pool.history and mapped[off.solved].all():
+        # Hardware stamps: a window is already at the ns level, and spans bent by temperature
+        # drift steps cost more than they gave (128-host sim, steps on: p99 34 ns pooled vs
+        # 16 ns single-window), so only software-stamped windows are pooled.
+        pool_ok = kind != TS_HARDWARE and len(self.pool.sizes) > 1
+        if pool_ok and self.pool.history and mapped[off.solved].all():
             fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits)
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
-        elif len(self.pool.sizes) > 1:
+        elif pool_ok:
             self.pool.choose(geo.keys, t_ref, [fits] * len(self.pool.sizes))  # start the tracks
         rep = SolveReport(
             t_ref, hosts, geo.lo, geo.hi, geo.nics, pairwise, fits, off, dft,
             [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
         )  # fmt: skip
         rep.edge_keys, rep.span = geo.keys, np.array(self.pool.sizes)[span]
+        rep.ts_kind = kind
         return rep
 
     def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1):
@@ -237,6 +243,13 @@ class HuygensSync:
     def _publish(self, rep: SolveReport) -> list[ClockModel]:
         off, dft = rep.offsets, rep.drifts
         steps = []
+        on = off.weight > 0
+        deg = np.bincount(rep.edge_lo[on], minlength=len(rep.hosts))
+        deg += np.bincount(rep.edge_hi[on], minlength=len(rep.hosts))
+        # Hardware stamps are not delayed by the scheduler: a host whose value is agreed on by
+        # MIN_EDGES+ edges through the network solve is measured, not an outlier, even when it
+        # jumped (a temperature drift step): follow it at once instead of gating it out.
+        trusted = (deg >= MIN_EDGES) & (rep.ts_kind == TS_HARDWARE)
         for i, h in enumerate(rep.hosts):
             if not off.solved[i]:
                 continue
@@ -251,7 +264,9 @@ class HuygensSync:
             # is at least ~2 offset errors over 0.5 s, whatever the (maybe single) edge says.
             s_th = float(np.hypot(off.sigma[i], off.scale))
             s_d = max(float(dft.sigma[i]), 2.0 * s_th / SLOPE_BASE_S) if d_ok else DRIFT_UNKNOWN_PPB
-            if self.tracker.update(h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d):
+            if self.tracker.update(
+                h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, trust=bool(trusted[i])
+            ):
                 steps.append(h)
         rep.steps = steps
         return [self.tracker.model(h, rep.t_ref_ns, bool(off.solved[i])) for i, h in

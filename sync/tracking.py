@@ -78,9 +78,18 @@ class DriftTracker:
         return st.theta + st.drift * dt, st.drift, f @ st.p @ f.T + q
 
     def update(
-        self, host: str, t_ns: int, theta: float, s_theta: float, drift: float, s_drift: float
+        self,
+        host: str,
+        t_ns: int,
+        theta: float,
+        s_theta: float,
+        drift: float,
+        s_drift: float,
+        trust: bool = False,
     ) -> bool:
-        """Fold in one measurement; returns True when a clock step was detected."""
+        """Fold in one measurement; returns True when a clock step was detected. ``trust``:
+        the measurement is known good (cross-checked by several edges on hardware stamps), so
+        a gate-sized surprise is a change of the clock, followed at once."""
         pred = self.predict(host, t_ns)
         floor = np.array([s_theta**2, s_drift**2])
         if pred is None or pred[2][0, 0] >= MAX_P_THETA_NS2:
@@ -101,7 +110,7 @@ class DriftTracker:
             # the measurement noise: it must not inflate the running noise estimate (that made
             # a host whose drift prior was wrong keep µs error bounds for tens of windows).
             side = 1 if innov[0] > 0 else -1
-            if old.rejected * side >= 1:  # second in a row, same way: the clock changed
+            if trust or old.rejected * side >= 1:  # (second in a row, same way) it changed
                 self._restart(host, t_ns, theta, drift, r)
                 return False
             self.states[host] = HostState(t_ns, th, dr, p, old.r, side)
