@@ -15,6 +15,8 @@ Steps per window:
    a residual ≤ 200 ppm × 5 µs = 1 ns); two or three passes.
 3. Max-margin fit per NIC pair (:mod:`.edgefit`). Edges are NIC pairs, not host pairs, so a
    fault on one NIC's link shows up as disagreement between that host's NICs.
+   With software stamps, each edge is also fitted over the pooled hulls of the last 8 and
+   32 windows (:mod:`.pooling`) and the span that best predicted the next window is used.
 4. Hosts with most of their edges overlapping (a clock step or broken stamps inside the
    window) are left out of this window: they are reported unsynchronized, not guessed.
    Soft-margin edges otherwise count with weight ``SOFT_WEIGHT``.
