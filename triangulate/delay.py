@@ -54,6 +54,9 @@ class DelayModel:
         self.flows = FlowStore({"base": (np.float64, np.nan, 0), "t": (np.int64, 0, 0)})
         self.mu = np.zeros(n_links)
         self.var = np.zeros(n_links)
+        # windows a link was seen clean: a link is judged only after one (its first window
+        # with a baseline has no healthy level yet, and a sampled access link is noisy then)
+        self.seen = np.zeros(n_links, np.int64)
 
     def observe(self, b: FlowBatch) -> DelayFit:
         at = self.flows.locate(b.key)
@@ -132,6 +135,7 @@ class DelayModel:
             ex = med - self.mu
             z = ex / sigma
             ok = (wt >= cfg.delay_min_flows) & (ex >= floor) & (z >= cfg.delay_z)
+            ok &= self.seen > 0
             ok[list(chosen)] = False
             if not ok.any():
                 break
@@ -180,3 +184,4 @@ class DelayModel:
         dev = np.clip(fit.median[clean] - self.mu[clean], -4 * sig, 4 * sig)
         self.mu[clean] += a * dev
         self.var[clean] = (1 - a) * (self.var[clean] + a * dev**2)
+        self.seen[clean] += 1

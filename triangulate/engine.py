@@ -5,10 +5,18 @@
 remembered paths, per-flow delay baselines, long-horizon loss evidence, link healthy levels,
 NIC sending rates and the verdict hysteresis.
 
-Per window: decode the records into flow rows and path incidence (``paths``), fit loss twice —
-on this window alone (fast: black holes, heavy loss) and on exponentially decayed per-flow
-counts (slow: 0.01 % loss needs tens of seconds of probes) — fit delay (``delay``), fold links
-into switches, NICs and hosts (``attribution``), and update the verdicts (``verdicts``).
+Per window: decode the records into flow rows and their factorized incidence (``paths``,
+``incidence``), fit loss twice — on this window alone (fast: black holes, heavy loss) and on
+exponentially decayed per-flow counts (slow: 0.01 % loss needs tens of seconds of probes) —
+fit delay (``delay``), fold links into switches, NICs and hosts (``attribution``), and update
+the verdicts (``verdicts``).
+
+Cost: the flows repeat window after window, so the decoded layout, the per-link packet totals
+and the per-flow state stay aligned with the window's rows and are updated in place; the loss
+fits expand only lossy flows (and the flows of the links they pick); delay tomography runs on a
+fixed hash-sample of the flows when a window has more than ``delay_sample_rows`` of them (a
+delay fault moves *every* flow of its link, so a uniform sample of a few hundred flows per
+fabric link finds and sizes it as well as all of them).
 """
 
 from __future__ import annotations
@@ -25,12 +33,14 @@ from fleetlens.topology import Topology
 from .attribution import Attributor, Finding
 from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
-from .loss import LossFit, fit_loss
-from .paths import FlowBatch, PathModel
+from .incidence import Incidence
+from .loss import LossFit, fit_incidence
+from .paths import FlowBatch, Frame, PathModel
 from .store import FlowStore
 from .verdicts import Evidence, VerdictTracker
 
 _HEALED_EXPECTED = 10.0  # lost packets a healed link would have shown, to call it healed
+_LOST_FLOOR = 1e-3  # decayed lost packets below this are forgotten (after ~7 decay times)
 
 
 @dataclass
@@ -63,8 +73,9 @@ class Triangulator:
         self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})
         self.tracker = VerdictTracker(self.cfg)
         self.sending = np.zeros(p.n_nics)
-        self._acc_stamp: tuple = ()
-        self._acc_inc: tuple = ()
+        self._sums: tuple = ()  # (token, sent, S) of the last window
+        self._slow: tuple = ()  # (token, S) of the long-horizon counts
+        self._sample: tuple = ()  # (token, rows, batch entries) of the delay sample
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, Verdict]
@@ -72,58 +83,89 @@ class Triangulator:
         topo = topology or self.topo
         if topo is None:
             raise ValueError("triangulation needs a topology (none given, none configured)")
-        if self.topo is None or _link_ids(topo) != self.paths.link_ids:
+        if self.topo is None or (topo is not self.topo and _link_ids(topo) != self.paths.link_ids):
             self._build(topo)
         self.tracker.seed(prev)
         if windows.num_rows == 0:
             return [self.tracker.verdict(s) for s in self.tracker.tracks]
-        b = self.paths.batch(windows)
-        self.last = WindowReport(b.end_ns, b.n, b.dropped)
-        if b.n == 0:
+        f = self.paths.frame(windows)
+        self.last = WindowReport(f.end_ns, f.n, f.dropped)
+        if f.n == 0:
             return [self.tracker.verdict(s) for s in self.tracker.tracks]
-        return self._window(b)
+        return self._window(f)
 
     # ---- one window -----------------------------------------------------------------------
-    def _window(self, b: FlowBatch) -> list[Verdict]:
-        cfg, n_links = self.cfg, self.paths.n_links
-        fast = fit_loss(
-            b.ent_row, b.ent_link, b.ent_w, b.sent, b.lost, n_links,
+    def _window(self, f: Frame) -> list[Verdict]:
+        cfg = self.cfg
+        S = self._link_sums(f)
+        fast = fit_incidence(
+            f.inc, f.sent, f.lost, S,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,
         )  # fmt: skip
-        extra = self._slow_loss(b, fast)
-        dfit = self.delay.observe(b)
-        silent = self._silent(b)
+        extra = self._slow_loss(f, fast, S)
+        db = self._delay_batch(f)
+        dfit = self.delay.observe(db)
+        silent = self._silent(f)
         findings = self.attrib.attribute(fast, extra, dfit, silent, self._blamed())
         self.last.findings = findings
-        bad = {f.subject: self._evidence(f, b, dfit) for f in findings}
-        clean = self._observed(b, fast)
-        self.tracker.update(bad, clean, b.end_ns)
+        bad = {x.subject: self._evidence(x, f, db, dfit) for x in findings}
+        clean = self._observed(fast)
+        self.tracker.update(bad, clean, f.end_ns)
         out = [self.tracker.verdict(s) for s in self.tracker.tracks]
         if cfg.emit_healthy_links:
             quiet = clean - self.tracker.tracks.keys()
-            out += [Verdict(s, "link", "healthy", b.end_ns) for s in sorted(quiet)]
+            out += [Verdict(s, "link", "healthy", f.end_ns) for s in sorted(quiet)]
         self.tracker.forget_healthy()
         return out
 
-    def _slow_loss(self, b: FlowBatch, fast: LossFit) -> dict[int, tuple[float, float]]:
+    def _link_sums(self, f: Frame) -> np.ndarray:
+        """Packets per link, ``A^T sent``; updated from the rows whose count changed."""
+        last = self._sums
+        if last and last[0] == f.token:
+            diff = f.sent - last[1]
+            ch = np.flatnonzero(diff)
+            if ch.size == 0:
+                return last[2]
+            if ch.size * 8 < f.n:
+                S = last[2] + f.inc.take(ch).link_sums(diff[ch])
+                self._sums = (f.token, f.sent, S)
+                return S
+        S = f.inc.link_sums(f.sent)
+        self._sums = (f.token, f.sent, S)
+        return S
+
+    def _slow_loss(self, f: Frame, fast: LossFit, S: np.ndarray) -> dict[int, tuple[float, float]]:
         """Long-horizon loss fit; its links count unless this window shows them healed."""
         cfg = self.cfg
-        dt = max(b.end_ns - b.start_ns, 1) * 1e-9
+        dt = max(f.end_ns - f.start_ns, 1) * 1e-9
         gamma = math.exp(-dt / cfg.loss_decay_s)
         acc = self.acc
-        acc.cols["sent"] *= gamma
-        acc.cols["lost"] *= gamma
-        at = acc.locate(b.key)
-        np.add.at(acc.cols["sent"], at, b.sent)
-        np.add.at(acc.cols["lost"], at, b.lost)
-        acc.drop(acc.cols["sent"] >= 0.05)
-        keys, version = self._acc_stamp or (None, -1)
-        if keys is not acc.keys or version != self.paths.version:  # else reuse the incidence
-            self._acc_inc = self.paths.incidence_for_keys(acc.keys)
-            self._acc_stamp = (acc.keys, self.paths.version)
-        row, link, w = self._acc_inc
-        slow = fit_loss(
-            row, link, w, acc.cols["sent"], acc.cols["lost"], self.paths.n_links,
+        sent, lost = acc.cols["sent"], acc.cols["lost"]
+        sent *= gamma
+        lost *= gamma
+        if acc.aligned(f.key):  # the usual case: the same flows as before, in the same order
+            sent += f.sent
+            lost += f.lost
+        else:
+            at = acc.locate(f.key)
+            sent, lost = acc.cols["sent"], acc.cols["lost"]
+            sent[at] += f.sent
+            lost[at] += f.lost
+        lost[lost < _LOST_FLOOR] = 0.0  # long gone; keeps the lossy set small
+        n_before = len(acc)
+        acc.drop(sent >= 0.05)
+        sent, lost = acc.cols["sent"], acc.cols["lost"]
+        aligned = acc.aligned(f.key)
+        inc = f.inc if aligned else self._acc_incidence()
+        last = self._slow
+        token = (f.token, aligned)
+        if last and last[0] == token and len(acc) == n_before:
+            S_slow = gamma * last[1] + S
+        else:
+            S_slow = inc.link_sums(sent)
+        self._slow = (token, S_slow)
+        slow = fit_incidence(
+            inc, sent, lost, S_slow,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,
         )  # fmt: skip
         out: dict[int, tuple[float, float]] = {}
@@ -133,11 +175,40 @@ class Triangulator:
                 continue
             expect = fast.sent[lk] * r
             if expect >= _HEALED_EXPECTED and fast.lost[lk] <= 0.2 * expect:
-                crossing = np.unique(row[link == lk])
-                acc.cols["lost"][crossing] = 0.0  # healed: forget the old losses
+                lost[inc.rows_of(np.array([lk]))] = 0.0  # healed: forget the old losses
                 continue
             out[lk] = (float(r), float(llr))
         return out
+
+    def _acc_incidence(self) -> Incidence:
+        keys = self.acc.keys
+        got = getattr(self, "_acc_inc", None)
+        if got is None or got[0] is not keys or got[1] != self.paths.version:
+            got = self._acc_inc = (keys, self.paths.version, self.paths.incidence(keys))
+        return got[2]
+
+    def _delay_batch(self, f: Frame) -> FlowBatch:
+        """The rows delay tomography runs on: all, or a fixed hash-sample of a big window."""
+        last = self._sample
+        if last and last[0] == f.token:
+            rows, ent = last[1], last[2]
+        else:
+            rows = None
+            step = 1
+            while f.n > step * self.cfg.delay_sample_rows:
+                step *= 2
+            if step > 1:  # hash of the flow key: the same flows every window
+                h = (f.key * 0x9E3779B1) >> 7
+                rows = np.flatnonzero(h % step == 0)
+            ent = f.inc.entries(rows)
+            self._sample = (f.token, rows, ent)
+        if rows is None:
+            return FlowBatch(f.key, f.src, f.dst, f.sport, f.sent, f.lost, f.owd_min, f.known,
+                             *ent, f.start_ns, f.end_ns, f.dropped)  # fmt: skip
+        return FlowBatch(
+            f.key[rows], f.src[rows], f.dst[rows], f.sport[rows], f.sent[rows], f.lost[rows],
+            f.owd_min[rows], f.known[rows], *ent, f.start_ns, f.end_ns, f.dropped,
+        )  # fmt: skip
 
     def _blamed(self) -> np.ndarray:
         """NICs under a current non-healthy NIC or host verdict."""
@@ -150,9 +221,9 @@ class Triangulator:
             ]
         )
 
-    def _silent(self, b: FlowBatch) -> np.ndarray:
+    def _silent(self, f: Frame) -> np.ndarray:
         """NICs sending far fewer flow rows than usual (a stalled or dead sender)."""
-        now = np.bincount(b.src, minlength=self.paths.n_nics).astype(np.float64)
+        now = self._rows_per_src(f)
         silent = (self.sending >= 4) & (now < self.cfg.silent_fraction * self.sending)
         upd = ~silent
         self.sending[upd] = np.where(
@@ -160,20 +231,33 @@ class Triangulator:
         )
         return silent
 
-    def _evidence(self, f: Finding, b: FlowBatch, dfit: DelayFit) -> Evidence:
-        """The flows behind a finding: lossy or late rows crossing its links."""
-        if f.links:
-            rows = np.unique(b.ent_row[np.isin(b.ent_link, f.links)])
-        else:  # a host clock event: every row to or from the host
-            hosts = np.array([h == f.subject for h in self.paths.nic_host_name])
-            rows = np.flatnonzero(hosts[b.src] | hosts[b.dst])
-        late = np.nan_to_num(np.abs(dfit.row_excess[rows]), nan=0.0)
-        hit = rows[(b.lost[rows] > 0) | (late >= max(0.5 * f.delay_ns, self.cfg.delay_min_ns))]
-        hit = hit if hit.size else rows
-        labels = [self.paths.flow_label(k) for k in b.key[hit[: self.cfg.evidence_flows]]]
-        return Evidence(f.kind, f.strength, f.loss, f.delay_ns, labels, int(hit.size))
+    def _rows_per_src(self, f: Frame) -> np.ndarray:
+        got = getattr(self, "_per_src", None)
+        if got is None or got[0] != f.token:
+            now = np.bincount(f.src, minlength=self.paths.n_nics).astype(np.float64)
+            got = self._per_src = (f.token, now)
+        return got[1]
 
-    def _observed(self, b: FlowBatch, fast: LossFit) -> set[str]:
+    def _evidence(self, x: Finding, f: Frame, db: FlowBatch, dfit: DelayFit) -> Evidence:
+        """The flows behind a finding: lossy rows crossing its links, or (delay) late rows of
+        the delay sample crossing them."""
+        cfg = self.cfg
+        if x.links:
+            rows = f.inc.rows_of(np.array(x.links, np.int64))
+            d_rows = np.unique(db.ent_row[np.isin(db.ent_link, x.links)])
+        else:  # a host clock event: every row to or from the host
+            hosts = np.array([h == x.subject for h in self.paths.nic_host_name])
+            rows = np.flatnonzero(hosts[f.src] | hosts[f.dst])
+            d_rows = np.flatnonzero(hosts[db.src] | hosts[db.dst])
+        late = np.nan_to_num(np.abs(dfit.row_excess[d_rows]), nan=0.0)
+        d_hit = d_rows[late >= max(0.5 * x.delay_ns, cfg.delay_min_ns)]
+        keys = np.union1d(f.key[rows[f.lost[rows] > 0]], db.key[d_hit])
+        if keys.size == 0:
+            keys = f.key[rows]
+        labels = [self.paths.flow_label(k) for k in keys[: cfg.evidence_flows]]
+        return Evidence(x.kind, x.strength, x.loss, x.delay_ns, labels, int(keys.size))
+
+    def _observed(self, fast: LossFit) -> set[str]:
         seen = np.flatnonzero(fast.sent > 0)
         ids = self.paths.link_ids
         out = {ids[i] for i in seen.tolist()}

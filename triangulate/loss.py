@@ -17,6 +17,12 @@ NetBouncer's dense least squares when few links are bad and access links see few
 4. stop when no link passes the threshold.
 
 Black holes (rate 1) fit the same way; the Poisson ratio is only used to rank and test.
+
+``fit_incidence`` is the same search over a factorized :class:`~.incidence.Incidence`: a flow
+without lost packets only enters the likelihood through its link's packet total ``S`` (given,
+computed once per window), so the search expands the entries of the lossy flows only, plus —
+once links are chosen — the flows crossing them (their explained rate sets the expectation of
+the other links those flows cross). With no loss anywhere it returns at once.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+
+from .incidence import Incidence
 
 
 @dataclass
@@ -169,3 +177,72 @@ def fit_loss(
     llr = sub.drop_llr(chosen, rate) if chosen.size else np.empty(0)
     keep = llr >= threshold
     return LossFit(chosen[keep], rate[keep], llr[keep], f.S, f.O)
+
+
+def _local(inc: Incidence, rows: np.ndarray, sent, lost, S, n_links, p0) -> _Fit:
+    """A fit over ``rows`` only (renumbered 0..), with the packet totals ``S`` of all rows."""
+    r, lk, w = inc.entries(rows)
+    f = _Fit(r, lk, w, sent[rows], lost[rows], n_links, p0)
+    f.__dict__["S"] = S
+    return f
+
+
+def fit_incidence(
+    inc: Incidence,
+    sent: np.ndarray,
+    lost: np.ndarray,
+    S: np.ndarray,
+    p0: float = 1e-6,
+    threshold: float = 12.0,
+    min_lost: float = 2.0,
+    max_links: int = 64,
+) -> LossFit:
+    """:func:`fit_loss` on a factorized incidence; ``S = inc.link_sums(sent)``."""
+    n = inc.n_links
+    lossy = np.flatnonzero(lost > 0)
+    f = _local(inc, lossy, sent, lost, S, n, p0)
+    O = f.O  # noqa: E741 - lossless rows add nothing
+    chosen, rate = np.empty(0, np.int64), np.empty(0)
+    banned = min_lost > O
+    cand = f.on_links(~banned)
+    rate_lossy = np.zeros(lossy.size)  # explained rate of the lossy rows
+    x: _Fit | None = None  # the rows crossing the chosen links
+    x_rate = np.empty(0)
+    for _ in range(max_links):
+        if banned.all():
+            break
+        exp = p0 * S
+        if x is not None:
+            exp = exp + np.bincount(x.link, x.ws * x_rate[x.row], n)
+        p_hat = np.clip((O - exp) / np.maximum(S, 1e-12), 0.0, 1.0)
+        m = p0 + rate_lossy[cand.row]
+        g = cand.lost[cand.row] * np.log1p(cand.w * p_hat[cand.link] / m)
+        llr = np.where(banned, 0.0, np.bincount(cand.link, g, n) - p_hat * S)
+        llr[chosen] = 0.0
+        best = int(np.argmax(llr))
+        if llr[best] < threshold:
+            break
+        chosen, rate = np.append(chosen, best), np.append(rate, max(float(p_hat[best]), 1e-6))
+        sub = _local(inc, inc.rows_of(chosen), sent, lost, S, n, p0)
+        rate = sub.em(chosen, rate)
+        keep = sub.drop_llr(chosen, rate) >= threshold
+        if not keep.all():  # a link that only shared flows with the bad ones: never again
+            banned[chosen[~keep]] = True
+            chosen, rate = chosen[keep], sub.em(chosen[keep], rate[keep])
+        rows = inc.rows_of(chosen)
+        if rows.size == 0:
+            x, rate_lossy = None, np.zeros(lossy.size)
+            continue
+        x = _local(inc, rows, sent, lost, S, n, p0)
+        x_rate = x.row_rate(chosen, rate)
+        at = np.searchsorted(rows, lossy)
+        hit = at < rows.size
+        hit[hit] = rows[at[hit]] == lossy[hit]
+        rate_lossy = np.where(hit, x_rate[np.minimum(at, rows.size - 1)], 0.0)
+    if chosen.size:
+        sub = _local(inc, inc.rows_of(chosen), sent, lost, S, n, p0)
+        llr = sub.drop_llr(chosen, rate)
+    else:
+        llr = np.empty(0)
+    keep = llr >= threshold
+    return LossFit(chosen[keep], rate[keep], llr[keep], S, O)

@@ -1,4 +1,4 @@
-"""Path model: every flow row of a window becomes weighted (row, link) incidence entries.
+"""Path model: every flow row of a window gets its links (a factorized incidence, ``incidence``).
 
 A flow's path is the ordered list of directed links it crosses. Three cases:
 
@@ -9,6 +9,12 @@ A flow's path is the ordered list of directed links it crosses. Three cases:
   access links are certain (weight 1); each fabric link gets the share of candidate paths that
   cross it (uniform prior — ECMP hashing spreads flows evenly), so the evidence of the flow is
   spread over the links it may have crossed instead of guessing one path.
+
+The flows an agent probes are the same window after window, so the decoded *layout* (flow
+keys in key order, their remembered routes, the incidence and its inverse indexes) is kept
+and reused while the window's (src, dst, sport) columns are unchanged; reported paths are
+decoded only for flows whose path is unknown plus a rotating 1/64 of the others (a re-learned
+path is picked up within 64 windows), and a changed path updates its rows in place.
 
 Everything is indexed by topology link number; rows naming NICs or links that are not in the
 topology are dropped and counted (bad input never raises).
@@ -26,15 +32,17 @@ import pyarrow.compute as pc
 from fleetlens.ids import is_nic_id
 from fleetlens.topology import Topology
 
+from .incidence import Incidence, RouteTable
 from .store import FlowStore
 
 SPORT_SPAN = 1 << 16
-_RECHECK = 16
+_RECHECK = 64
 
 
 @dataclass
 class FlowBatch:
-    """One window's flows, as arrays over rows, plus the incidence entries."""
+    """One window's flows, as arrays over rows, plus the expanded incidence entries (the
+    interface of ``PathModel.batch``, for callers that want plain (row, link, weight) lists)."""
 
     key: np.ndarray  # int64 flow key
     src: np.ndarray  # NIC numbers
@@ -56,6 +64,57 @@ class FlowBatch:
         return int(self.key.size)
 
 
+@dataclass
+class Frame:
+    """One window's flows in table order, with the factorized incidence (what the engine
+    uses); the engine's per-flow stores are aligned with these rows after the first window."""
+
+    key: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    sport: np.ndarray
+    sent: np.ndarray
+    lost: np.ndarray
+    owd_min: np.ndarray
+    known: np.ndarray
+    inc: Incidence
+    start_ns: int
+    end_ns: int
+    dropped: dict[str, int]
+    token: object  # the same object while the flows and their paths stay the same
+
+    @property
+    def n(self) -> int:
+        return int(self.key.size)
+
+    def batch(self, rows: np.ndarray | None = None) -> FlowBatch:
+        """A :class:`FlowBatch` of some rows (all by default) with expanded entries."""
+        if rows is None:
+            rows = np.arange(self.n)
+        e_row, e_link, e_w = self.inc.entries(rows)
+        return FlowBatch(
+            self.key[rows], self.src[rows], self.dst[rows], self.sport[rows], self.sent[rows],
+            self.lost[rows], self.owd_min[rows], self.known[rows], e_row, e_link, e_w,
+            self.start_ns, self.end_ns, self.dropped,
+        )  # fmt: skip
+
+
+@dataclass
+class _Layout:
+    """The decoded flow columns of the last window, reused while they repeat."""
+
+    raw: np.ndarray  # flow key per table row (-1: unusable row)
+    rows: np.ndarray | None  # table row of each flow, in key order (None: the table is)
+    key: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    sport: np.ndarray
+    known: np.ndarray
+    inc: Incidence
+    dropped: dict[str, int]
+    token: object = field(default_factory=object)
+
+
 class PathModel:
     """Topology indexes, the remembered path of every flow, and ECMP candidate spreading."""
 
@@ -66,6 +125,8 @@ class PathModel:
         self.nic_index = {n: i for i, n in enumerate(self.nic_ids)}
         self.link_index = {lk: i for i, lk in enumerate(self.link_ids)}
         self.n_nics, self.n_links = len(self.nic_ids), len(self.link_ids)
+        self._nic_set = pa.array(self.nic_ids, pa.string())
+        self._link_set = pa.array(self.link_ids, pa.string())
         self.nic_up = np.full(self.n_nics, -1, np.int64)
         self.nic_down = np.full(self.n_nics, -1, np.int64)
         for i, lk in enumerate(topo.links):
@@ -73,16 +134,21 @@ class PathModel:
                 self.nic_up[self.nic_index[lk.a]] = i
             if is_nic_id(lk.b) and lk.b in self.nic_index:
                 self.nic_down[self.nic_index[lk.b]] = i
+        # access link per NIC, with the sentinel n_links where a NIC has none
+        self._up = np.where(self.nic_up >= 0, self.nic_up, self.n_links)
+        self._dn = np.where(self.nic_down >= 0, self.nic_down, self.n_links)
         leaves = sorted({n.leaf for n in topo.nics})
         self.leaf_names = leaves
         leaf_no = {lf: i for i, lf in enumerate(leaves)}
         self.nic_leaf = np.array([leaf_no[n.leaf] for n in topo.nics], np.int64)
         self.nic_host_name = [n.host for n in topo.nics]
-        self._cand: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.routes = RouteTable(self.n_links)
+        self._cand: dict[int, int] = {}  # leaf pair -> candidate route id
         self.max_hops = 2 + 2 * max(1, _depth(topo))
-        self.paths = FlowStore({"links": (np.int32, -1, self.max_hops)})
+        self.paths = FlowStore({"route": (np.int64, -1, 0), "acc": (np.bool_, True, 0)})
         self.version = 0  # bumped whenever a remembered path is added or changes
-        self._last: tuple | None = None  # (keys, version, incidence) of the last batch
+        self._layout: _Layout | None = None
+        self._decoded: dict[str, tuple[pa.ChunkedArray, np.ndarray]] = {}
         self._tick = 0
 
     # ---- keys -----------------------------------------------------------------------------
@@ -95,143 +161,204 @@ class PathModel:
         return f"{self.nic_ids[s]}>{self.nic_ids[d]}:{sport}"
 
     # ---- decoding -------------------------------------------------------------------------
-    def _nics(self, col: pa.ChunkedArray) -> np.ndarray:
-        enc = pc.dictionary_encode(col).combine_chunks()
-        lut = np.array([self.nic_index.get(v, -1) for v in enc.dictionary.to_pylist()] + [-1])
-        idx = enc.indices.fill_null(len(enc.dictionary)).to_numpy()
-        return lut[idx]
+    def _nics(self, col: pa.ChunkedArray, which: str) -> np.ndarray:
+        """NIC number per row (-1: unknown); a column equal to the last window's (a cheap
+        buffer compare) is not decoded again."""
+        last = self._decoded.get(which)
+        if last is not None and last[0].equals(col):
+            return last[1]
+        idx = pc.index_in(col, value_set=self._nic_set)
+        out = np.asarray(idx.fill_null(-1).to_numpy(), np.int64)
+        self._decoded[which] = (col, out)
+        return out
 
     def batch(self, table: pa.Table) -> FlowBatch:
+        """Decode a WINDOW_SCHEMA table into rows with expanded incidence entries."""
+        return self.frame(table).batch()
+
+    def frame(self, table: pa.Table) -> Frame:
         """Decode a WINDOW_SCHEMA table; drop (and count) rows it cannot use."""
-        dropped: dict[str, int] = {}
-        src, dst = self._nics(table["src_nic"]), self._nics(table["dst_nic"])
+        src, dst = self._nics(table["src_nic"], "src"), self._nics(table["dst_nic"], "dst")
         sport = _ints(table["sport"], -1)
+        lay = self._layout
+        raw = src * self.n_nics
+        raw += dst
+        raw *= SPORT_SPAN
+        raw += sport
+        bad = (src < 0) | (dst < 0) | (src == dst) | (sport < 0) | (sport >= SPORT_SPAN)
+        if bad.any():
+            raw[bad] = -1
+        if lay is None or not np.array_equal(lay.raw, raw):
+            lay = self._layout = self._arrange(raw, lay)
+        dropped = dict(lay.dropped)
         sent = _ints(table["sent"], 0).astype(np.float64)
         recv = _ints(table["received"], 0).astype(np.float64)
-        ok = (src >= 0) & (dst >= 0) & (src != dst) & (sport >= 0)
-        dropped["unknown_nic_or_bad_key"] = int((~ok).sum())
-        bad_counts = ok & ((sent <= 0) | (recv < 0) | (recv > sent))
-        dropped["bad_counts"] = int(bad_counts.sum())
-        ok &= ~bad_counts
-        rows = np.flatnonzero(ok)
-        key = self.flow_key(src[rows], dst[rows], sport[rows])
-        # Rows in key order: the same flows then give the same arrays window after window,
-        # so flow positions and incidence are reused instead of recomputed.
-        order = np.argsort(key, kind="stable")
-        rows, key = rows[order], key[order]
-        owd = table["owd_min_ns"].combine_chunks().to_numpy(zero_copy_only=False)
-        owd = np.asarray(owd, np.float64)[rows]
-        starts = _ints(table["start_ns"], 0)[rows]
-        ends = starts + _ints(table["duration_ns"], 0)[rows]
-        self._remember(table, rows, key, dropped)
-        last = self._last
-        if (
-            last is not None
-            and last[0].size == key.size
-            and last[1] == self.version
-            and np.array_equal(last[0], key)
-        ):  # same flows in the same order, no path changed: same incidence
-            known, e_row, e_link, e_w = last[2]
-        else:
-            known_links, known = self._recall(key)
-            e_row, e_link, e_w = self._incidence(src[rows], dst[rows], known_links, known)
-            self._last = (key.copy(), self.version, (known, e_row, e_link, e_w))
-        return FlowBatch(
-            key, src[rows], dst[rows], sport[rows], sent[rows], sent[rows] - recv[rows],
-            owd, known, e_row, e_link, e_w,
-            int(starts.min()) if rows.size else 0, int(ends.max()) if rows.size else 0, dropped,
+        owd = np.asarray(
+            table["owd_min_ns"].combine_chunks().to_numpy(zero_copy_only=False), np.float64
+        )
+        if lay.rows is not None:
+            sent, recv, owd = sent[lay.rows], recv[lay.rows], owd[lay.rows]
+        bad = (sent <= 0) | (recv < 0) | (recv > sent)
+        dropped["bad_counts"] = int(bad.sum())
+        self._remember(table, lay, dropped)
+        start, end = _span(table, None if lay.key.size == table.num_rows else lay.rows)
+        f = Frame(
+            lay.key, lay.src, lay.dst, lay.sport, sent, sent - recv, owd, lay.known, lay.inc,
+            start, end, dropped, (lay.token, self.version),
         )  # fmt: skip
+        if dropped["bad_counts"]:  # rare: a one-off frame without those rows
+            keep = np.flatnonzero(~bad)
+            f = Frame(
+                f.key[keep], f.src[keep], f.dst[keep], f.sport[keep], f.sent[keep],
+                f.lost[keep], f.owd_min[keep], f.known[keep], f.inc.take(keep),
+                f.start_ns, f.end_ns, dropped, object(),
+            )  # fmt: skip
+        return f
 
-    def _remember(self, table: pa.Table, rows: np.ndarray, key: np.ndarray, dropped) -> None:
-        """Store the paths the records carry (only rows whose every link is in the topology)."""
-        # Paths are stable per flow: decode only flows not remembered yet, plus a rotating
-        # 1/16 of the others so a re-learned (changed) path is picked up within 16 windows.
+    def _arrange(self, raw: np.ndarray, lay: _Layout | None) -> _Layout:
+        """Flows in key order; the same flows in another row order keep the layout (only the
+        row map changes), anything else builds a new one."""
+        n = raw.size
+        order = np.argsort(raw, kind="stable")  # cheap: agents send nearly sorted runs
+        key = raw[order]
+        first = int(np.searchsorted(key, 0))
+        dropped = {"unknown_nic_or_bad_key": first, "bad_counts": 0, "bad_path": 0}
+        rows, key = order[first:], key[first:]
+        dup = key[1:] == key[:-1]
+        if dup.any():  # the same flow twice in one window: keep its first row
+            keep = np.concatenate([[True], ~dup])
+            dropped["duplicate_flow"] = int(dup.sum())
+            rows, key = rows[keep], key[keep]
+        if rows.size == n and bool(np.all(rows == np.arange(n))):
+            rows = None
+        if lay is not None and np.array_equal(lay.key, key):
+            lay.raw, lay.rows, lay.dropped = raw, rows, dropped
+            return lay
+        pair = key // SPORT_SPAN
+        s, d, sp = pair // self.n_nics, pair % self.n_nics, key % SPORT_SPAN
+        route, acc, known = self._recall(key, s, d)
+        inc = Incidence(
+            np.where(acc, self._up[s], self.n_links), np.where(acc, self._dn[d], self.n_links),
+            route, self.routes, self.n_links,
+        )  # fmt: skip
+        return _Layout(raw, rows, key, s, d, sp, known, inc, dropped)
+
+    def _recall(self, key, src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(route, access-links-implied, known) per flow: remembered or ECMP candidates."""
+        at = self.paths.find(key)
+        known = at >= 0
+        route = np.empty(key.size, np.int64)
+        acc = np.ones(key.size, bool)
+        route[known] = self.paths.cols["route"][at[known]]
+        acc[known] = self.paths.cols["acc"][at[known]]
+        unk = np.flatnonzero(~known)
+        if unk.size:
+            route[unk] = self._candidate_routes(src[unk], dst[unk])
+        return route, acc, known
+
+    def _remember(self, table: pa.Table, lay: _Layout, dropped: dict[str, int]) -> None:
+        """Store the paths the records carry (only rows whose every link is in the topology).
+
+        Decoded: the rows of flows whose path is unknown, and a rotating 1/_RECHECK slice of
+        the table (a zero-copy slice: a re-learned path is picked up within _RECHECK windows).
+        """
         self._tick += 1
-        recheck = key % _RECHECK == self._tick % _RECHECK
-        last = self._last
-        same = last is not None and last[0].size == key.size and np.array_equal(last[0], key)
-        # a flow of the last batch whose path was unknown is still unknown unless reported now
-        unseen = ~last[2][0] if same else self.paths.find(key) < 0
-        need = unseen | recheck
-        if not need.any():
+        col = table["path"]
+        n = table.num_rows
+        if col.null_count == n or lay.key.size == 0:
             return
-        rows, key = rows[need], key[need]
-        col = table["path"].combine_chunks().take(pa.array(rows))
-        has = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool)
-        if not has.any():
+        step = -(-n // _RECHECK)
+        lo = (self._tick % _RECHECK) * step
+        sl = slice(lo, min(lo + step, n))
+        k = lay.raw[sl]
+        pos = np.searchsorted(lay.key, k)
+        ok = (k >= 0) & (pos < lay.key.size)
+        ok[ok] = lay.key[pos[ok]] == k[ok]
+        parts, where = [col.slice(sl.start, sl.stop - sl.start)], [pos[ok]]
+        mask = [ok]
+        unknown = np.flatnonzero(~lay.known)
+        if unknown.size:
+            trows = unknown if lay.rows is None else lay.rows[unknown]
+            inside = (trows >= sl.start) & (trows < sl.stop)
+            unknown, trows = unknown[~inside], trows[~inside]
+            if unknown.size:
+                parts.append(col.take(pa.array(trows)))
+                where.append(unknown)
+                mask.append(np.ones(unknown.size, bool))
+        sub = pa.chunked_array([c for p in parts for c in p.chunks], col.type).combine_chunks()
+        keep = np.concatenate(mask)
+        pos = np.concatenate(where)
+        has = np.asarray(sub.is_valid().to_numpy(zero_copy_only=False), bool)
+        use = keep & has
+        if not use.any():
             return
-        sub = col.filter(pa.array(has))
-        lens = np.diff(sub.offsets.to_numpy())
-        flat = pc.dictionary_encode(sub.flatten())
-        lut = np.array([self.link_index.get(v, -1) for v in flat.dictionary.to_pylist()] + [-1])
-        links = lut[flat.indices.fill_null(len(flat.dictionary)).to_numpy()]
+        pos, sub = pos[has[keep]], sub.filter(pa.array(use))
+        lens = np.diff(np.asarray(sub.offsets.to_numpy(), np.int64))
+        flat = sub.flatten()
+        links = np.asarray(pc.index_in(flat, value_set=self._link_set).fill_null(-1)
+                           .to_numpy(), np.int64)  # fmt: skip
         owner = np.repeat(np.arange(lens.size), lens)
-        bad = np.zeros(lens.size, bool)
-        np.logical_or.at(bad, owner, links < 0)
+        bad = np.bincount(owner[links < 0], minlength=lens.size) > 0
         bad |= (lens == 0) | (lens > self.max_hops)
         dropped["bad_path"] = int(bad.sum())
         good = ~bad
-        pad = np.full((lens.size, self.max_hops), -1, np.int32)
+        if not good.any():
+            return
+        width = self.max_hops
+        pad = np.full((lens.size, width), -1, np.int64)
         col_in_row = np.arange(links.size) - np.repeat(np.cumsum(lens) - lens, lens)
-        fits = col_in_row < self.max_hops
+        fits = col_in_row < width
         pad[owner[fits], col_in_row[fits]] = links[fits]
-        k = key[has][good]
-        at = self.paths.locate(k)
-        if k.size and not np.array_equal(self.paths.cols["links"][at], pad[good]):
-            self.version += 1
-        self.paths.cols["links"][at] = pad[good]
+        self._store(lay, pos[good], pad[good], lens[good])
 
-    def _recall(self, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        at = self.paths.find(key)
-        known = at >= 0
-        links = np.full((key.size, self.max_hops), -1, np.int32)
-        links[known] = self.paths.cols["links"][at[known]]
-        return links, known
+    def _store(self, lay: _Layout, pos, pad, lens) -> None:
+        s, d = lay.src[pos], lay.dst[pos]
+        last = pad[np.arange(lens.size), np.maximum(lens - 1, 0)]
+        acc = (lens >= 2) & (pad[:, 0] == self.nic_up[s]) & (last == self.nic_down[d])
+        mid = pad.copy()
+        inner = np.flatnonzero(acc)
+        mid[inner, :-1] = pad[inner, 1:]
+        mid[inner, -1] = -1
+        mid[inner, lens[inner] - 2] = -1  # drop the last (access) link
+        route = self.routes.known(mid)
+        k = lay.key[pos]
+        at = self.paths.locate(k)
+        old_r, old_a = self.paths.cols["route"][at], self.paths.cols["acc"][at]
+        changed = (old_r != route) | (old_a != acc) | ~lay.known[pos]
+        if not changed.any():
+            return
+        self.version += 1
+        self.paths.cols["route"][at], self.paths.cols["acc"][at] = route, acc
+        c = np.flatnonzero(changed)
+        p = pos[c]
+        up = np.where(acc[c], self._up[s[c]], self.n_links)
+        dn = np.where(acc[c], self._dn[d[c]], self.n_links)
+        lay.inc.set_rows(p, up, dn, route[c])
+        lay.known[p] = True
 
     # ---- incidence ------------------------------------------------------------------------
-    def incidence_for_keys(self, key: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Incidence entries of stored flows (rows = positions in ``key``)."""
+    def incidence(self, key: np.ndarray) -> Incidence:
+        """Incidence of stored flows given by their keys."""
         pair = key // SPORT_SPAN
         src, dst = pair // self.n_nics, pair % self.n_nics
-        known_links, known = self._recall(key)
-        return self._incidence(src, dst, known_links, known)
+        route, acc, _ = self._recall(key, src, dst)
+        up = np.where(acc, self._up[src], self.n_links)
+        dn = np.where(acc, self._dn[dst], self.n_links)
+        return Incidence(up, dn, route, self.routes, self.n_links)
 
-    def _incidence(self, src, dst, known_links, known) -> tuple[np.ndarray, ...]:
-        r_k, c_k = np.nonzero(known_links >= 0)
-        rows_k = r_k
-        links_k = known_links[r_k, c_k].astype(np.int64)
-        unk = np.flatnonzero(~known)
-        parts_r, parts_l, parts_w = [rows_k], [links_k], [np.ones(rows_k.size)]
-        if unk.size:
-            r, lk, w = self._candidates(unk, src[unk], dst[unk])
-            parts_r.append(r)
-            parts_l.append(lk)
-            parts_w.append(w)
-        return np.concatenate(parts_r), np.concatenate(parts_l), np.concatenate(parts_w)
+    def incidence_for_keys(self, key: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Incidence entries of stored flows (rows = positions in ``key``)."""
+        return self.incidence(key).entries()
 
-    def _candidates(self, rows, src, dst) -> tuple[np.ndarray, ...]:
+    def _candidate_routes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Access links with weight 1, fabric links weighted by their share of ECMP paths."""
         n_leaf = len(self.leaf_names)
         pair = self.nic_leaf[src] * n_leaf + self.nic_leaf[dst]
         uniq, inv = np.unique(pair, return_inverse=True)
-        cands = [self._leaf_pair(int(p)) for p in uniq]
-        lens = np.array([c[0].size for c in cands], np.int64)
-        ptr = np.concatenate([[0], np.cumsum(lens)])
-        all_l = np.concatenate([c[0] for c in cands] + [np.empty(0, np.int64)])
-        all_w = np.concatenate([c[1] for c in cands] + [np.empty(0)])
-        cnt = lens[inv]
-        e_row = np.repeat(rows, cnt)
-        within = np.arange(e_row.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        at = np.repeat(ptr[inv], cnt) + within
-        acc_r = np.concatenate([rows, rows])
-        acc_l = np.concatenate([self.nic_up[src], self.nic_down[dst]])
-        return (
-            np.concatenate([acc_r, e_row]),
-            np.concatenate([acc_l, all_l[at]]),
-            np.concatenate([np.ones(acc_r.size), all_w[at]]),
-        )
+        ids = np.array([self._leaf_pair(int(p)) for p in uniq.tolist()], np.int64)
+        return ids[inv.reshape(-1)]
 
-    def _leaf_pair(self, pair: int) -> tuple[np.ndarray, np.ndarray]:
+    def _leaf_pair(self, pair: int) -> int:
         if pair not in self._cand:
             n_leaf = len(self.leaf_names)
             a, b = self.leaf_names[pair // n_leaf], self.leaf_names[pair % n_leaf]
@@ -243,8 +370,19 @@ class PathModel:
                     counts[i] = counts.get(i, 0) + 1
             links = np.array(sorted(counts), np.int64)
             w = np.array([counts[i] / len(paths) for i in links.tolist()], np.float64)
-            self._cand[pair] = (links, w)
+            self._cand[pair] = self.routes.add(b"c%d" % pair, links, w)
         return self._cand[pair]
+
+
+def _span(table: pa.Table, rows: np.ndarray | None) -> tuple[int, int]:
+    """(first start, last end) over the kept rows."""
+    starts = _ints(table["start_ns"], 0)
+    ends = starts + _ints(table["duration_ns"], 0)
+    if rows is not None:
+        starts, ends = starts[rows], ends[rows]
+    if starts.size == 0:
+        return 0, 0
+    return int(starts.min()), int(ends.max())
 
 
 def _ints(col: pa.ChunkedArray, fill: int) -> np.ndarray:

@@ -52,7 +52,12 @@ def test_flow_store_grows_and_keeps_values() -> None:
     s.cols["x"][at] = [50, 10, 90]
     at2 = s.locate(np.array([3, 9, 1]))
     assert np.isnan(s.cols["x"][at2[0]]) and list(s.cols["x"][at2[1:]]) == [90, 10]
-    assert list(s.find(np.array([7, 5]))) == [-1, int(np.searchsorted(s.keys, 5))]
+    miss, five = s.find(np.array([7, 5]))
+    assert miss == -1 and s.keys[five] == 5 and s.cols["x"][five] == 50
+    assert s.aligned(np.array([5, 1, 9, 3])) and not s.aligned(np.array([1, 5, 9, 3]))
+    s.drop(s.keys != 1)
+    assert list(s.cols["x"][s.find(np.array([9, 5, 1]))[:2]]) == [90, 50]
+    assert s.find(np.array([1]))[0] == -1
 
 
 def _w(src: str, dst: str, sport: int, sent: int, recv: int, path=None) -> Window:

@@ -1,0 +1,215 @@
+"""Flow -> link incidence, factorized so that per-window work stays linear in the flows.
+
+A flow row crosses (a) the up access link of its source NIC, (b) the down access link of its
+destination NIC and (c) the fabric links of its *route*. Routes are few (a leaf-spine has one
+per (source leaf, destination leaf, spine), plus one ECMP candidate set per leaf pair), so the
+incidence is kept as three integer columns per row plus a small route -> links CSR table, and
+never expanded to millions of (row, link) entries except for the rows a fit actually needs:
+
+- ``link_sums(x)``: ``A^T x`` (packets per link) in three ``bincount`` passes;
+- ``entries(rows)``: the (row, link, weight) entries of a subset of rows;
+- ``rows_of(links)``: the rows crossing any of ``links``, from inverse indexes built once per
+  layout (the flows an agent probes are the same window after window) and dropped when a route
+  changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+class RouteTable:
+    """Distinct fabric-link sequences (known paths) and ECMP candidate sets, as CSR."""
+
+    def __init__(self, n_links: int) -> None:
+        self.n_links = n_links
+        self._index: dict[bytes, int] = {}
+        self._links: list[np.ndarray] = []
+        self._w: list[np.ndarray] = []
+        self._csr: tuple[np.ndarray, ...] | None = None
+        self._by_link: tuple[np.ndarray, np.ndarray] | None = None
+        # known-path routes by row hash: sorted hashes, their route ids, padded rows by id
+        self._hash = np.empty(0, np.uint64)
+        self._hash_id = np.empty(0, np.int64)
+        self._pad: dict[int, np.ndarray] = {}
+        self.add(b"empty", np.empty(0, np.int64), np.empty(0))  # route 0: no fabric links
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def add(self, tag: bytes, links: np.ndarray, w: np.ndarray) -> int:
+        got = self._index.get(tag)
+        if got is None:
+            got = self._index[tag] = len(self._links)
+            self._links.append(np.asarray(links, np.int64))
+            self._w.append(np.asarray(w, np.float64))
+            self._csr = self._by_link = None
+        return got
+
+    def known(self, mid: np.ndarray) -> np.ndarray:
+        """Route id of every row of ``mid`` (links padded with -1, weight 1 each)."""
+        if mid.shape[0] == 0:
+            return np.empty(0, np.int64)
+        h = _row_hash(mid)
+        at = np.searchsorted(self._hash, h)
+        hit = at < self._hash.size
+        hit[hit] = self._hash[at[hit]] == h[hit]
+        ids = np.full(h.size, -1, np.int64)
+        ids[hit] = self._hash_id[at[hit]]
+        miss = ~hit
+        if hit.any():  # a hash match must also be the same links (collisions are possible)
+            rows = np.flatnonzero(hit)
+            width = mid.shape[1]
+            pads = self._pad_matrix(width)
+            same = np.all(pads[ids[rows]] == mid[rows], axis=1)
+            miss[rows[~same]] = True
+        rows = np.flatnonzero(miss)
+        if rows.size:
+            first, inv = _unique_rows(mid[rows])
+            new = np.empty(first.size, np.int64)
+            for i, r in enumerate(rows[first].tolist()):
+                row = mid[r]
+                links = row[row >= 0].astype(np.int64)
+                new[i] = self.add(b"k" + links.tobytes(), links, np.ones(links.size))
+                self._pad[int(new[i])] = row.astype(np.int64)
+            ids[rows] = new[inv]
+            hs = h[rows[first]]
+            order = np.argsort(np.concatenate([self._hash, hs]), kind="stable")
+            self._hash = np.concatenate([self._hash, hs])[order]
+            self._hash_id = np.concatenate([self._hash_id, new])[order]
+            self._pads = None
+        return ids
+
+    def _pad_matrix(self, width: int) -> np.ndarray:
+        got = getattr(self, "_pads", None)
+        if got is None or got.shape != (len(self._links), width):
+            got = np.full((len(self._links), width), -2, np.int64)
+            for i, row in self._pad.items():
+                if row.size == width:
+                    got[i] = row
+            self._pads = got
+        return got
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._csr is None:
+            lens = np.array([a.size for a in self._links], np.int64)
+            ptr = np.concatenate([[0], np.cumsum(lens)])
+            self._csr = (ptr, np.concatenate(self._links), np.concatenate(self._w))
+        return self._csr
+
+    def link_sum(self, per_route: np.ndarray) -> np.ndarray:
+        """Per link: sum over routes of the route's value times the link's weight in it."""
+        ptr, link, w = self.csr()
+        owner = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
+        return np.bincount(link, w * per_route[owner], self.n_links)
+
+    def routes_of(self, links: np.ndarray) -> np.ndarray:
+        """Routes containing any of ``links``."""
+        if self._by_link is None:
+            ptr, link, _ = self.csr()
+            owner = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
+            order = np.argsort(link, kind="stable")
+            lptr = np.searchsorted(link[order], np.arange(self.n_links + 1))
+            self._by_link = (lptr, owner[order])
+        lptr, routes = self._by_link
+        return np.unique(_ranges(routes, lptr[links], lptr[links + 1]))
+
+
+class Incidence:
+    """The incidence of a set of flow rows (see the module doc)."""
+
+    def __init__(
+        self, up: np.ndarray, dn: np.ndarray, route: np.ndarray, routes: RouteTable, n_links: int
+    ) -> None:
+        # up/dn: access link number per row, ``n_links`` (a sentinel) when not on the path
+        self.up, self.dn, self.route = up, dn, route
+        self.routes, self.n_links = routes, n_links
+        self._inverse: tuple | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.route.size)
+
+    def set_rows(self, rows: np.ndarray, up: np.ndarray, dn: np.ndarray, route: np.ndarray):
+        """Paths of some rows changed: update them in place (the inverse index is rebuilt)."""
+        self.up[rows], self.dn[rows], self.route[rows] = up, dn, route
+        self._inverse = None
+
+    def take(self, rows: np.ndarray) -> Incidence:
+        return Incidence(self.up[rows], self.dn[rows], self.route[rows], self.routes, self.n_links)
+
+    def link_sums(self, x: np.ndarray) -> np.ndarray:
+        n = self.n_links
+        s = np.bincount(self.up, x, n + 1)[:n] + np.bincount(self.dn, x, n + 1)[:n]
+        return s + self.routes.link_sum(np.bincount(self.route, x, len(self.routes)))
+
+    def entries(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """(row, link, weight) entries; rows numbered by position in ``rows`` when given."""
+        if rows is None:
+            rows = np.arange(self.n)
+        local = np.arange(rows.size)
+        up, dn, route = self.up[rows], self.dn[rows], self.route[rows]
+        has_up, has_dn = up < self.n_links, dn < self.n_links
+        ptr, link, w = self.routes.csr()
+        cnt = ptr[route + 1] - ptr[route]
+        e_row = np.repeat(local, cnt)
+        within = np.arange(e_row.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        at = np.repeat(ptr[route], cnt) + within
+        return (
+            np.concatenate([local[has_up], local[has_dn], e_row]),
+            np.concatenate([up[has_up], dn[has_dn], link[at]]),
+            np.concatenate([np.ones(int(has_up.sum()) + int(has_dn.sum())), w[at]]),
+        )
+
+    def rows_of(self, links: np.ndarray) -> np.ndarray:
+        """Sorted rows crossing any of ``links``."""
+        links = np.asarray(links, np.int64)
+        if links.size == 0:
+            return np.empty(0, np.int64)
+        up_o, up_p, dn_o, dn_p, rt_o, rt_p = self._index()
+        routes = self.routes.routes_of(links)
+        parts = [
+            _ranges(up_o, up_p[links], up_p[links + 1]),
+            _ranges(dn_o, dn_p[links], dn_p[links + 1]),
+            _ranges(rt_o, rt_p[routes], rt_p[routes + 1]),
+        ]
+        return np.unique(np.concatenate(parts))
+
+    def _index(self) -> tuple:
+        if self._inverse is None:
+            out = []
+            for col, size in ((self.up, self.n_links + 1), (self.dn, self.n_links + 1),
+                              (self.route, len(self.routes))):  # fmt: skip
+                order = np.argsort(col, kind="stable")
+                out += [order, np.searchsorted(col[order], np.arange(size + 1))]
+            self._inverse = tuple(out)
+        return self._inverse
+
+
+def _ranges(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenation of ``values[s:e]`` for every (s, e), without a Python loop."""
+    lens = np.maximum(ends - starts, 0)
+    total = int(lens.sum())
+    if total == 0:
+        return np.empty(0, values.dtype)
+    idx = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens) + np.repeat(starts, lens)
+    return values[idx]
+
+
+def _row_hash(mid: np.ndarray) -> np.ndarray:
+    h = np.zeros(mid.shape[0], np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(mid.shape[1]):
+            h = (h ^ (mid[:, j].astype(np.int64) + 2).astype(np.uint64)) * _MIX
+    return h
+
+
+def _unique_rows(mid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct row, inverse) for a small-int matrix, via a 64-bit hash
+    checked for collisions (falls back to an exact row sort if two rows ever share one)."""
+    _, first, inv = np.unique(_row_hash(mid), return_index=True, return_inverse=True)
+    if not np.array_equal(mid[first[inv]], mid):
+        _, first, inv = np.unique(mid, axis=0, return_index=True, return_inverse=True)
+    return first, inv.reshape(-1)
