@@ -1,6 +1,6 @@
 """``fleetlens audit``: pre-handover validation of every fabric link and NIC, with a report.
 
-    fleetlens audit --minutes N --report DIR --collector URL [--token-file F] [--db COPY
+    fleetlens audit --minutes N --report DIR --collector URL [--token-file F] [--db FILE
                     --inventory FILE]
     fleetlens audit --minutes N --report DIR --lab [--inject loss:0.5%|delay:50us] [--seed S]
 
@@ -11,8 +11,9 @@ as validated or failed and writes DIR/report.json and DIR/report.html.
 Judgement (see ``audit_judge``): loss and delay tomography over per-flow totals for the whole
 period — far more sensitive than the collector's per-window verdicts, which are kept in the
 report as evidence. Per-flow totals need the stored windows: ``--lab`` reads its collector's
-database after stopping it; against a running collector pass a copy of its database with
-``--db`` (and the inventory), or the judgement falls back to the collector's verdict history.
+database after stopping it; against a running collector on this machine pass its database
+file with ``--db`` (and the inventory; the audit reads a copy, since DuckDB locks the file
+against other processes), or the judgement falls back to the collector's verdict history.
 
 Exit code: 0 pass, 1 fail, 2 usage or infrastructure error (collector unreachable, lab not
 buildable, interrupted).
@@ -25,6 +26,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict
@@ -32,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetlens.audit_data import AuditInputError, RestEvidence, RestReader, read_flows
+from fleetlens.audit_data import AuditInputError, RestEvidence, RestReader, read_flows, snapshot
 
 if TYPE_CHECKING:  # scipy and matplotlib load only when an audit runs (fast usage errors)
     from fleetlens.audit_data import Flows
@@ -60,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", type=Path,
                    help="read token (default: $FLEETLENS_READ_TOKEN)")  # fmt: skip
     p.add_argument("--db", type=Path,
-                   help="copy of the collector's DuckDB file: per-flow tomography")  # fmt: skip
+                   help="the collector's DuckDB file (copied): per-flow tomography")  # fmt: skip
     p.add_argument("--inventory", type=Path, help="fleet inventory (with --db)")
     g = p.add_argument_group("thresholds")
     g.add_argument("--max-loss", type=float, default=0.2,
@@ -380,7 +382,8 @@ def run_collector(a: argparse.Namespace) -> dict:
             topo = Topology.load(a.inventory)
         except (OSError, ValueError, KeyError) as e:
             raise AuditInputError(f"--inventory {a.inventory}: {e}") from None
-        flows, stalls = read_flows(a.db, since, until)
+        with tempfile.TemporaryDirectory(prefix="fleetlens-audit-") as tmp:
+            flows, stalls = read_flows(snapshot(a.db, Path(tmp)), since, until)
         verdict = judge(topo, flows, _thresholds(a))
     return build_report(
         source=a.collector, since_ns=since, until_ns=until, warmup_s=warm,

@@ -15,6 +15,8 @@ sentence for the operator, never a traceback.
 
 from __future__ import annotations
 
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -217,6 +219,32 @@ class StallRule:
     loss: float = 0.02  # a host-second losing this share of its probes ...
     spread: float = 0.5  # ... to/from at least this share of its peers is a burst
     max_share: float = 0.25  # left out only while a host has at most this share of bursts
+
+
+def snapshot(db: Path, into: Path) -> Path:
+    """Copy a collector's DuckDB file and its WAL (DuckDB locks the file it has open against
+    every other process, readers included; a copy is ours). The copy is taken while the
+    collector writes: an incomplete last WAL record is a transaction DuckDB discards on
+    replay, and windows of the audit period were committed seconds before."""
+    if not db.exists():
+        raise AuditInputError(f"no collector database at {db}")
+    out, wal = into / db.name, Path(f"{db}.wal")
+    try:
+        for _ in range(5):
+            before = db.stat()
+            wal_bytes = wal.read_bytes() if wal.exists() else None  # WAL first: it only grows
+            shutil.copyfile(db, out)
+            after = db.stat()
+            # The main file changes only at a checkpoint (WAL folded in, WAL restarted):
+            # then the two copies may not match, so take both again.
+            if (before.st_mtime_ns, before.st_size) == (after.st_mtime_ns, after.st_size):
+                if wal_bytes is not None:
+                    Path(f"{out}.wal").write_bytes(wal_bytes)
+                return out
+            time.sleep(0.5)
+    except OSError as e:
+        raise AuditInputError(f"cannot copy {db}: {e.strerror}") from None
+    raise AuditInputError(f"{db} kept changing (checkpoints) while being copied")
 
 
 def read_flows(
