@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # scipy and matplotlib load only when an audit runs (fast usa
     from fleetlens.audit_judge import Judgement, Thresholds
 
 MAX_MINUTES = 24 * 60
+LIVE_HISTORY = 120  # verdict-history rows kept per link in report.json
 SETTLE_S = 3.0  # after the period: last uploads land and the collector's loops catch up
 
 
@@ -199,8 +200,10 @@ def build_report(
         method = "collector verdict history (no per-flow data: pass --db)"
         links, nics = _live_only(rest, seconds, live_fraction)
     for lk in links:
-        lk.update(_live_stats(rest.history.get(lk["link_id"], [])))
+        hist = rest.history.get(lk["link_id"], [])
+        lk.update(_live_stats(hist))
         lk["live_state_at_end"] = live_state.get(lk["link_id"])
+        lk["live_history"] = hist[:LIVE_HISTORY]  # newest first, as the collector serves it
     nic_state = {n["nic_id"]: n["state"] for n in rest.nics}
     for n in nics:
         n["live_state"] = nic_state.get(n["nic_id"])
