@@ -44,23 +44,20 @@ from .edgefit import EdgeFits, fit_edges
 from .network import MIN_EDGES, NetSolution, solve_network
 from .pooling import POOL_SIZES, HullPool, hull_reduce
 from .purity import HullPoints, complete_generations, hull_points
-from .tracking import DriftTracker
+from .tracking import DRIFT_UNKNOWN_PPB, DriftTracker
 
 REMAP_NS = 5_000.0
 MAX_BACKLOG = 3  # window generations folded in per call when the caller fell behind
 STALE_CALLS = 5  # calls in a row without a new window: models no longer count as synced
 MAX_PASSES = 5
 SOFT_WEIGHT = 0.1
-SLOPE_BASE_S = 0.5  # effective time between the hull points that fix a window's slope
+SLOPE_BASE_S = 0.5
+SHORT_WINDOW_K = 3.0  # effective time between the hull points that fix a window's slope
 UNSTABLE_FRACTION = 0.5
 # Residual-scale floors: below these, edges are never called outliers (noise, not faults).
 FLOOR_NS = {"software": 20.0, TS_HARDWARE: 5.0}
 # Drift: within-window wander (≈ 20 ppb/√s) dominates stamp noise in both modes.
 DRIFT_FLOOR_PPB = {"software": 20.0, TS_HARDWARE: 20.0}
-# A window without a usable slope (e.g. the first, partial window after agents start) says
-# nothing about drift: the stated uncertainty must cover real drifts (±100 ppm), or the next
-# window's true drift looks like a 5-sigma outlier and is gated out.
-DRIFT_UNKNOWN_PPB = 1e5
 
 
 @dataclass
@@ -258,13 +255,12 @@ class HuygensSync:
             d_ok = bool(dft.solved[i])
             # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
             # over a host's edges: its offset is never known better than one edge's scatter.
-            d = float(dft.x[i]) if d_ok else 0.0
-            if not d_ok:  # slope unknown this window: keep the tracked drift
-                p = self.tracker.predict(h, rep.t_ref_ns)
-                d = p[1] if p is not None else 0.0
+            d = float(dft.x[i]) if d_ok else None  # None: slope unknown this window
             # A window's slope rests on the extreme hull points half a window apart: its error
             # is at least ~2 offset errors over 0.5 s, whatever the (maybe single) edge says.
             s_th = float(np.hypot(off.sigma[i], off.scale))
+            if not d_ok:  # a window too short for a slope (e.g. the first, partial one): its
+                s_th *= SHORT_WINDOW_K  # few points sit well above the floors (lab: 2-3x σ)
             s_d = max(float(dft.sigma[i]), 2.0 * s_th / SLOPE_BASE_S) if d_ok else DRIFT_UNKNOWN_PPB
             if self.tracker.update(
                 h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, trust=bool(trusted[i])

@@ -39,6 +39,11 @@ GATE_K = 5.0
 ADAPT = 0.1  # weight of a new window in the running measurement-noise estimate (~10 windows)
 STEP_K = 8.0
 STEP_FLOOR_NS = 500.0
+# A window without a usable slope (e.g. the first, partial window after agents start) says
+# nothing about drift: the prior must cover real drifts (±100 ppm), or the next window's true
+# drift looks like a 5-sigma outlier and is gated out.
+DRIFT_UNKNOWN_PPB = 1e5
+DRIFT_RESTART_PPB = 100.0  # drift kept across a restart without a drift measurement
 MAX_P_THETA_NS2 = 1e14  # unknown offset (10 ms): state from an unsynced model
 
 
@@ -83,26 +88,35 @@ class DriftTracker:
         t_ns: int,
         theta: float,
         s_theta: float,
-        drift: float,
+        drift: float | None,
         s_drift: float,
         trust: bool = False,
     ) -> bool:
-        """Fold in one measurement; returns True when a clock step was detected. ``trust``:
-        the measurement is known good (cross-checked by several edges on hardware stamps), so
-        a gate-sized surprise is a change of the clock, followed at once."""
+        """Fold in one measurement; returns True when a clock step was detected.
+
+        ``drift`` None (or ``s_drift`` ≥ ``DRIFT_UNKNOWN_PPB``): the window had no slope; only
+        the offset is measured (the drift is learnt from successive offsets), and nothing is
+        folded into the running drift-noise estimate. ``trust``: the measurement is known
+        good (cross-checked by several edges on hardware stamps), so a gate-sized surprise is
+        a change of the clock, followed at once."""
+        has_d = drift is not None and s_drift < DRIFT_UNKNOWN_PPB
+        idx = [0, 1] if has_d else [0]
+        floor = np.array([s_theta**2, s_drift**2 if has_d else 0.0])
         pred = self.predict(host, t_ns)
-        floor = np.array([s_theta**2, s_drift**2])
         if pred is None or pred[2][0, 0] >= MAX_P_THETA_NS2:
-            self._restart(host, t_ns, theta, drift, floor)
+            d0 = drift if has_d else (pred[1] if pred is not None else 0.0)
+            self._restart(host, t_ns, theta, d0, floor, has_d)
             return False
         th, dr, p = pred
         old = self.states[host]
         r = np.maximum(floor, old.r)
-        s = p + np.diag(r)
-        innov = np.array([theta - th, drift - dr])
+        z = np.array([theta, drift if has_d else dr])
+        innov = (z - np.array([th, dr]))[idx]
+        s = p[np.ix_(idx, idx)] + np.diag(r[idx])
         sd = np.sqrt(np.diag(s))
+        new_d = drift if has_d else dr
         if abs(innov[0]) > STEP_K * sd[0] + STEP_FLOOR_NS:
-            self._restart(host, t_ns, theta, drift, np.maximum(floor, old.r))
+            self._restart(host, t_ns, theta, new_d, r, has_d or old.p[1, 1] < DRIFT_UNKNOWN_PPB**2)
             return True
         out = np.abs(innov) > GATE_K * sd
         if out.any():
@@ -111,22 +125,33 @@ class DriftTracker:
             # a host whose drift prior was wrong keep µs error bounds for tens of windows).
             side = 1 if innov[0] > 0 else -1
             if trust or old.rejected * side >= 1:  # (second in a row, same way) it changed
-                self._restart(host, t_ns, theta, drift, r)
+                self._restart(host, t_ns, theta, new_d, r, True)
                 return False
             self.states[host] = HostState(t_ns, th, dr, p, old.r, side)
             return False
         # Running noise estimates from the innovations the prediction does not explain.
-        r_obs = np.maximum(innov**2 - np.diag(p), floor)
-        r_new = (1 - ADAPT) * old.r + ADAPT * r_obs
-        k = p @ np.linalg.inv(s)
+        r_new = old.r.copy()
+        r_obs = np.maximum(innov**2 - np.diag(p)[idx], floor[idx])
+        r_new[idx] = np.where(old.r[idx] > 0, (1 - ADAPT) * old.r[idx] + ADAPT * r_obs, r_obs)
+        k = p[:, idx] @ np.linalg.inv(s)
         x = np.array([th, dr]) + k @ innov
-        p_new = (np.eye(2) - k) @ p
+        h = np.eye(2)[idx]
+        p_new = (np.eye(2) - k @ h) @ p
         p_new = 0.5 * (p_new + p_new.T)
         self.states[host] = HostState(t_ns, float(x[0]), float(x[1]), p_new, r_new, 0)
         return False
 
-    def _restart(self, host: str, t_ns: int, theta: float, drift: float, r: np.ndarray) -> None:
-        self.states[host] = HostState(t_ns, theta, drift, np.diag(r), r.copy(), 0)
+    def _restart(
+        self, host: str, t_ns: int, theta: float, drift: float, r: np.ndarray, drift_known: bool
+    ) -> None:
+        """Start over at a measurement; an unknown drift gets the prior of real drifts and no
+        running noise estimates (the next informative window seeds them)."""
+        r = r.copy()
+        p_dd = (r[1] if r[1] > 0 else DRIFT_RESTART_PPB**2) if drift_known else DRIFT_UNKNOWN_PPB**2
+        p = np.diag([r[0], p_dd])
+        if not drift_known:  # a slope-less (short) window: nothing to learn its noise from
+            r[:] = 0.0
+        self.states[host] = HostState(t_ns, theta, drift, p, r, 0)
 
     def model(self, host: str, t_ns: int, synced: bool) -> ClockModel:
         """The published model at fleet time ``t_ns`` (coasting if not updated there)."""
