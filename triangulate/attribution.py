@@ -46,16 +46,18 @@ class Attributor:
         self.nic_up, self.nic_down = nic_up, nic_down
         idx = {lk: i for i, lk in enumerate(link_ids)}
         switches = {s.id for s in topo.switches}
+        touching: dict[str, list] = {s.id: [] for s in topo.switches}
+        for lk in topo.links:  # one pass over the links, not one per switch
+            for end in {lk.a, lk.b} & switches:
+                touching[end].append(lk)
         self.switch_fabric: dict[str, np.ndarray] = {}
         self.switch_all: dict[str, np.ndarray] = {}
         for s in topo.switches:
-            touching = [lk for lk in topo.links if s.id in (lk.a, lk.b)]
-            fab = [idx[lk.id] for lk in touching if lk.a in switches and lk.b in switches]
+            fab = [idx[lk.id] for lk in touching[s.id] if lk.a in switches and lk.b in switches]
             self.switch_fabric[s.id] = np.array(fab, np.int64)
-            self.switch_all[s.id] = np.array([idx[lk.id] for lk in touching], np.int64)
-        self.host_nics = {
-            h: [self.nic_ids.index(n.id) for n in ns] for h, ns in topo.nics_by_host.items()
-        }
+            self.switch_all[s.id] = np.array([idx[lk.id] for lk in touching[s.id]], np.int64)
+        nic_no = {n: i for i, n in enumerate(self.nic_ids)}
+        self.host_nics = {h: [nic_no[n.id] for n in ns] for h, ns in topo.nics_by_host.items()}
         self.host_names = list(topo.hosts)
         self.nic_host_name = [n.host for n in topo.nics]
 

@@ -67,7 +67,8 @@ class Triangulator:
         self.topo = topo
         self.paths = PathModel(topo)
         p = self.paths
-        nic_host = np.array([topo.hosts.index(h) for h in p.nic_host_name], np.int64)
+        host_no = {h: i for i, h in enumerate(topo.hosts)}
+        nic_host = np.array([host_no[h] for h in p.nic_host_name], np.int64)
         self.delay = DelayModel(p.n_links, p.n_nics, nic_host, self.cfg)
         self.attrib = Attributor(topo, p.link_ids, p.nic_up, p.nic_down, self.cfg)
         self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})

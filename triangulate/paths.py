@@ -267,24 +267,28 @@ class PathModel:
         n = table.num_rows
         if col.null_count == n or lay.key.size == 0:
             return
-        step = -(-n // _RECHECK)
-        lo = (self._tick % _RECHECK) * step
-        sl = slice(lo, min(lo + step, n))
-        k = lay.raw[sl]
-        pos = np.searchsorted(lay.key, k)
-        ok = (k >= 0) & (pos < lay.key.size)
-        ok[ok] = lay.key[pos[ok]] == k[ok]
-        parts, where = [col.slice(sl.start, sl.stop - sl.start)], [pos[ok]]
-        mask = [ok]
         unknown = np.flatnonzero(~lay.known)
-        if unknown.size:
+        if unknown.size * 4 > lay.key.size:  # mostly unknown (a first window): every row
+            pos = np.full(n, -1, np.int64)
+            pos[np.arange(n) if lay.rows is None else lay.rows] = np.arange(lay.key.size)
+            parts, where, mask = [col], [pos[pos >= 0]], [pos >= 0]
+            unknown = unknown[:0]
+        else:
+            step = -(-n // _RECHECK)
+            lo = (self._tick % _RECHECK) * step
+            sl = slice(lo, min(lo + step, n))
+            k = lay.raw[sl]
+            pos = np.searchsorted(lay.key, k)
+            ok = (k >= 0) & (pos < lay.key.size)
+            ok[ok] = lay.key[np.minimum(pos[ok], lay.key.size - 1)] == k[ok]
+            parts, where, mask = [col.slice(sl.start, sl.stop - sl.start)], [pos[ok]], [ok]
             trows = unknown if lay.rows is None else lay.rows[unknown]
-            inside = (trows >= sl.start) & (trows < sl.stop)
-            unknown, trows = unknown[~inside], trows[~inside]
-            if unknown.size:
-                parts.append(col.take(pa.array(trows)))
-                where.append(unknown)
-                mask.append(np.ones(unknown.size, bool))
+            outside = (trows < sl.start) | (trows >= sl.stop)
+            unknown, trows = unknown[outside], trows[outside]
+        if unknown.size:
+            parts.append(col.take(pa.array(trows)))
+            where.append(unknown)
+            mask.append(np.ones(unknown.size, bool))
         sub = pa.chunked_array([c for p in parts for c in p.chunks], col.type).combine_chunks()
         keep = np.concatenate(mask)
         pos = np.concatenate(where)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from tri_helpers import drive, small
 
+from fleetlens.topology import from_spec
+
 TOPO = small()
 NICS = [n.id for n in TOPO.nics]
 STEADY_CLOCKS = {"clock": "identity", "max_drift_ppb": 0.0, "drift_walk_ppb": 0.0,
@@ -65,3 +67,22 @@ def test_access_link_delay_is_the_nic_round_trip() -> None:
 def test_one_way_access_link_loss_is_that_link() -> None:
     steps = drive(TOPO, ("h09/eth0->leaf1:loss=0.05:start_s=1",), seconds=3, seed=4)
     assert steps[-1].reported() == {"h09/eth0->leaf1"}, steps[-1].bad
+
+
+def test_hosts_starting_late_are_hosts_never_links() -> None:
+    """Start-up: agents of some hosts start seconds after the others. Until then those hosts
+    send nothing and every probe towards any of their NICs is lost (100 % loss on that subset
+    of flows). That must read as the hosts (or nothing) — never as access or fabric links."""
+    rack = from_spec("leafspine:hosts=32,nics=2,leaves=8,spines=4,wiring=host")
+    cases = [(TOPO, ("h05",), 1), (TOPO, ("h11", "h12"), 2), (rack, ("h20",), 3),
+             (rack, ("h02", "h29"), 4)]  # fmt: skip
+    for topo, late, seed in cases:
+        faults = tuple(f"{h}:stall:start_s=0,end_s={2 + i}" for i, h in enumerate(late))
+        steps = drive(topo, faults, seconds=6, seed=seed)
+        mine = set(late) | {n.id for h in late for n in topo.nics_by_host[h]}
+        for i, s in enumerate(steps):
+            links = {k for k, v in s.bad.items() if v.kind in ("link", "switch")}
+            assert not links, (late, i, links)
+            assert s.reported() <= mine, (late, i, s.reported())
+        assert all(steps[0].reported() & ({h} | {n.id for n in topo.nics_by_host[h]})
+                   for h in late), (late, steps[0].reported())  # fmt: skip
