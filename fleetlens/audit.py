@@ -401,6 +401,7 @@ def run_lab(a: argparse.Namespace) -> dict:
 
     warm = 10.0 if a.warmup is None else a.warmup
     run = LabRun(a.name, a.hosts, a.nics, a.leaves, a.spines, a.seed, 1e-3, _say)
+    keep = a.keep_workdir
     try:
         topo = run.up()
         if a.inject:
@@ -424,6 +425,11 @@ def run_lab(a: argparse.Namespace) -> dict:
         assert db is not None
         _say("judging every link and NIC")
         flows, stalls = read_flows(db, since, until)
+        if flows.n == 0:  # the stack itself failed: nothing here says anything of the fabric
+            raise AuditInputError(
+                "no probe windows reached the collector during the audit period; "
+                f"agent and collector logs kept in {run.workdir}"
+            )
         verdict = judge(topo, flows, _thresholds(a))
         lab = {
             "name": a.name, "hosts": a.hosts, "nics": a.nics, "leaves": a.leaves,
@@ -435,9 +441,14 @@ def run_lab(a: argparse.Namespace) -> dict:
             th=_thresholds(a), rest=ev, verdict=verdict, live_fraction=a.live_fraction,
             flows=flows, stalls=stalls, clock_truth=truth, lab=lab,
         )  # fmt: skip
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        keep = run.workdir is not None  # the logs say what went wrong
+        raise
     finally:
         _say("tearing the lab down")
-        run.close(keep_workdir=a.keep_workdir)
+        run.close(keep_workdir=keep)
 
 
 _MAIN_PID = os.getpid()
