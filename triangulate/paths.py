@@ -181,29 +181,30 @@ class PathModel:
         src, dst = self._nics(table["src_nic"], "src"), self._nics(table["dst_nic"], "dst")
         sport = _ints(table["sport"], -1)
         lay = self._layout
-        raw = src * self.n_nics
-        raw += dst
-        raw *= SPORT_SPAN
-        raw += sport
-        bad = (src < 0) | (dst < 0) | (src == dst) | (sport < 0) | (sport >= SPORT_SPAN)
-        if bad.any():
+        base, pair_bad = self._pair_base(src, dst)
+        raw = base + sport
+        if pair_bad or (sport.size and (sport.min() < 0 or sport.max() >= SPORT_SPAN)):
+            bad = (src < 0) | (dst < 0) | (src == dst) | (sport < 0) | (sport >= SPORT_SPAN)
             raw[bad] = -1
         if lay is None or not np.array_equal(lay.raw, raw):
             lay = self._layout = self._arrange(raw, lay)
         dropped = dict(lay.dropped)
-        sent = _ints(table["sent"], 0).astype(np.float64)
-        recv = _ints(table["received"], 0).astype(np.float64)
+        sent, recv = _ints(table["sent"], 0), _ints(table["received"], 0)
         owd = np.asarray(
             table["owd_min_ns"].combine_chunks().to_numpy(zero_copy_only=False), np.float64
         )
         if lay.rows is not None:
             sent, recv, owd = sent[lay.rows], recv[lay.rows], owd[lay.rows]
-        bad = (sent <= 0) | (recv < 0) | (recv > sent)
-        dropped["bad_counts"] = int(bad.sum())
+        dropped["bad_counts"] = 0
+        if sent.size and (sent.min() <= 0 or recv.min() < 0 or bool(np.any(recv > sent))):
+            bad = (sent <= 0) | (recv < 0) | (recv > sent)
+            dropped["bad_counts"] = int(bad.sum())
+        lost = (sent - recv).astype(np.float64)
+        sent = sent.astype(np.float64)
         self._remember(table, lay, dropped)
         start, end = _span(table, None if lay.key.size == table.num_rows else lay.rows)
         f = Frame(
-            lay.key, lay.src, lay.dst, lay.sport, sent, sent - recv, owd, lay.known, lay.inc,
+            lay.key, lay.src, lay.dst, lay.sport, sent, lost, owd, lay.known, lay.inc,
             start, end, dropped, (lay.token, self.version),
         )  # fmt: skip
         if dropped["bad_counts"]:  # rare: a one-off frame without those rows
@@ -215,12 +216,28 @@ class PathModel:
             )  # fmt: skip
         return f
 
+    def _pair_base(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``(src * n_nics + dst) * SPORT_SPAN`` per row and whether any pair is unusable;
+        reused while the decoded NIC columns are the same arrays as last window's."""
+        got = getattr(self, "_base", None)
+        if got is not None and got[0] is src and got[1] is dst:
+            return got[2], got[3]
+        base = src * self.n_nics
+        base += dst
+        base *= SPORT_SPAN
+        pair_bad = bool(src.size) and bool(src.min() < 0 or dst.min() < 0 or np.any(src == dst))
+        self._base = (src, dst, base, pair_bad)
+        return base, pair_bad
+
     def _arrange(self, raw: np.ndarray, lay: _Layout | None) -> _Layout:
         """Flows in key order; the same flows in another row order keep the layout (only the
         row map changes), anything else builds a new one."""
         n = raw.size
-        order = np.argsort(raw, kind="stable")  # cheap: agents send nearly sorted runs
-        key = raw[order]
+        if n < 2 or bool(np.all(raw[1:] > raw[:-1])):  # already in key order, no duplicates
+            order, key = np.arange(n), raw
+        else:
+            order = np.argsort(raw, kind="stable")  # cheap: agents send nearly sorted runs
+            key = raw[order]
         first = int(np.searchsorted(key, 0))
         dropped = {"unknown_nic_or_bad_key": first, "bad_counts": 0, "bad_path": 0}
         rows, key = order[first:], key[first:]
