@@ -397,10 +397,14 @@ class PathModel:
 
 def _span(table: pa.Table, rows: np.ndarray | None) -> tuple[int, int]:
     """(first start, last end) over the kept rows."""
-    starts = _ints(table["start_ns"], 0)
-    ends = starts + _ints(table["duration_ns"], 0)
-    if rows is not None:
-        starts, ends = starts[rows], ends[rows]
+    if rows is None:  # every row kept: Arrow's kernels, no conversion
+        if table.num_rows == 0:
+            return 0, 0
+        start = pc.min(table["start_ns"]).as_py()
+        end = pc.max(pc.add(table["start_ns"], table["duration_ns"])).as_py()
+        return int(start or 0), int(end or 0)
+    starts = _ints(table["start_ns"], 0)[rows]
+    ends = starts + _ints(table["duration_ns"], 0)[rows]
     if starts.size == 0:
         return 0, 0
     return int(starts.min()), int(ends.max())
