@@ -433,6 +433,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", action="store_true", help="leave the stack running to explore")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary only")
+    p.add_argument(
+        "--sim", action="store_true",
+        help="tell the story on the simulator at 1024 hosts, no root "
+        "('fleetlens demo --sim --help' lists its options)",
+    )  # fmt: skip
     return p
 
 
@@ -451,6 +456,10 @@ def _unwind_on_sigterm() -> None:
 
 
 def main(argv: list[str]) -> int:
+    if "--sim" in argv:  # the same story on the simulator: its own options, no root
+        from fleetlens import demo_sim
+
+        return demo_sim.main([x for x in argv if x != "--sim"])
     a = _parser().parse_args(argv)
     if os.geteuid() != 0:
         print("fleetlens demo: the lab fabric needs root (network namespaces)", file=sys.stderr)
