@@ -9,21 +9,41 @@ or Ctrl-C.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pyroute2 import IPRoute
 
+from fleetlens.audit_data import AuditInputError
 from fleetlens.fixtures.lab import faults
-from fleetlens.fixtures.lab.fabric import Lab
+from fleetlens.fixtures.lab.fabric import Lab, default_mgmt_subnet
 from fleetlens.fixtures.lab.stack import Stack
 from fleetlens.topology import Topology
 
 _INJECT = re.compile(r"^(loss|delay):([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(%|us|µs)?$")
+
+
+def _check_mgmt_subnet(name: str) -> None:
+    """The lab's management /24 is derived from its name (a hash mod 250): two names can
+    share it, and a second bridge on a subnet already in use here silently breaks the
+    agents' way to the collector. Refuse before building anything."""
+    net = ipaddress.ip_network(default_mgmt_subnet(name))
+    with IPRoute() as ipr:
+        for msg in ipr.get_addr(family=socket.AF_INET):
+            addr = msg.get_attr("IFA_ADDRESS")
+            if addr and ipaddress.ip_address(addr) in net:
+                dev = msg.get_attr("IFA_LABEL") or f"interface {msg['index']}"
+                raise AuditInputError(
+                    f"lab name {name!r} maps to management subnet {net}, already used by "
+                    f"{dev} (another lab?): pick another --name"
+                )
 
 
 @dataclass(frozen=True)
@@ -71,6 +91,7 @@ class LabRun:
             f"building lab {self.name!r}: {self.hosts} hosts x {self.nics} NICs, "
             f"{self.leaves} leaves, {self.spines} spines"
         )
+        _check_mgmt_subnet(self.name)
         self.lab = Lab.up(self.name, self.hosts, self.nics, self.leaves, self.spines)
         return self.lab.inventory()
 

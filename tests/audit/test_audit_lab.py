@@ -105,3 +105,26 @@ def test_hidden_delay_fails_exactly_that_link(tmp_path: Path) -> None:
     # the lab measures what its delay daemon really adds (+50 asked is ~+60 µs here)
     assert abs(bad["excess_delay_ns"] / 1e3 - truth["measured_us"]) <= 25, _context(rep)
     assert _worst_healthy(rep, "excess_delay_ns") < 0.1 * rep["thresholds"]["max_delay_ns"]
+
+
+def test_lab_name_whose_subnet_is_taken_is_refused(tmp_path: Path) -> None:
+    """Lab names hash to a management /24; a name landing on a subnet some interface here
+    already uses (another lab's bridge) is refused before anything is built."""
+    import zlib
+
+    name = f"au{os.getpid() % 1000}s"
+    third = zlib.crc32(name.encode()) % 250  # fixtures.lab.fabric.default_mgmt_subnet
+    dev = f"au{os.getpid() % 1000}br"
+    subprocess.run(["ip", "link", "add", dev, "type", "bridge"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", f"10.254.{third}.77/24", "dev", dev], check=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "fleetlens.cli", "audit", "--lab", "--name", name,
+             "--minutes", "0.1", "--report", str(tmp_path)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["ip", "link", "del", dev], check=False)
+    assert r.returncode == 2
+    assert "already used by" in r.stderr and "pick another --name" in r.stderr
+    assert not _namespaces(name)
