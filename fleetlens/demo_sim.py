@@ -19,11 +19,23 @@ real ones and its exact truth to judge against:
 5. The fault ends (heal); wait for the verdict to clear. Stop the collector and remove its
    directory unless ``keep``.
 
-Time: the run lies in the recent past (like ``fleetlens sim --fast``), and each window is
-posted only once the collector has solved the clocks and triangulated the one before: a
-collector slower than real time delays the story, it never drops a window. Simulated and wall
-time are therefore decoupled; every "..._s" figure of the story is simulated seconds, and the
-wall time is reported separately.
+Time: the run lies in the recent past (like ``fleetlens sim --fast``), so the collector never
+sees a window "from the future" and judges each one as soon as a round finds it stored. Each
+window is posted right after a collector round ends, within the round period
+(:func:`quiet_interval`), and the next window waits until the served clock models show that a
+round has solved and triangulated it: a collector slower than real time delays the story, it
+never drops or half-judges a window (a posting that overlapped a round is reported). Simulated
+and wall time are therefore decoupled: every "..._s" figure of the story is simulated seconds
+(windows of probes), the wall time is reported separately.
+
+Two things the simulated agents do that the lab's real ones do not (yet):
+
+- They align each window's ``start_ns`` to the fleet-time window boundary, as the real agent
+  does (the simulator reports the sender's fleet reading of the true boundary instead).
+- They send no one-way-delay statistics until both endpoints' agents have been served a synced
+  clock model (:func:`withhold_unsynced_owd`): the collector's first clock solve often catches
+  a window half-posted, and raw-clock delays (±50 ms off) would become triangulation's per-flow
+  baselines and raise false alarms for many windows.
 
 LinkPass moves real bytes over real NIC sockets: there is nothing for it to run on here, and
 the summary says so instead of pretending.
@@ -72,7 +84,7 @@ class SimDemoError(RuntimeError):
 @dataclass(frozen=True)
 class SimDemoConfig:
     hosts: int = 1024
-    nics: int = 1  # 1024 x 1 NIC: 0.7 M window rows per simulated second (see the README)
+    nics: int = 1  # 1024 x 1 NIC is already 0.7 M window rows per simulated second
     leaves: int | None = None  # None: 32 at >= 1024 hosts, else hosts // 8
     spines: int | None = None  # None: 8 at >= 1024 hosts, else leaves // 2
     peers: int = 16
@@ -132,6 +144,7 @@ class SimSummary:
     sync_p99_ns: float | None = None
     sync_max_ns: float | None = None
     sync_p99_run_ns: float | None = None  # over every (host, window) once converged
+    sync_p99_worst_window_ns: float | None = None  # the worst window's p99 once converged
     hosts_synced: int = 0  # hosts with a solved model, all scored
     hosts_flagged_synced: int = 0  # of which the collector flagged synced in that window
     owd_withheld_rows: int = 0  # rows sent without one-way delays: an endpoint never synced
@@ -449,11 +462,12 @@ class _Story:
             s.wall_s["register"] = round(time.monotonic() - t0, 1)
             say(f"[bold]streaming windows[/]; fault {self.d.link} loss {c.fault_loss_pct:g}% "
                 f"from {c.fault_at_s} s to {c.heal_at_s} s (simulated)")  # fmt: skip
-            for win in self.sim.stream(c.max_seconds):
-                t0 = time.monotonic()
+            t0 = time.monotonic()
+            for win in self.sim.stream(c.max_seconds):  # simulating is part of a window's time
                 self._post(stream, win)
                 models = self._wait_processed(win.index)
                 self._judge(win, models, round(time.monotonic() - t0, 2))
+                t0 = time.monotonic()
                 if self.d.on_window is not None:
                     self.d.on_window(win.index, self.d)
                 if s.cleared_s is not None:
@@ -496,7 +510,8 @@ class _Story:
             refs = [(m.t0_ns - round(m.offset_ns)) // WINDOW_NS for m in models.values()]
             if refs and max(refs) >= gen:
                 return models
-            time.sleep(0.1)
+            # Polling /v1/clocks (a page per 1000 hosts) takes CPU from the collector's round.
+            time.sleep(min(1.0, max(0.1, self.s.loop_interval_s / 20)))
         raise SimDemoError(f"collector did not process window {w} within "
                            f"{self.cfg.window_timeout_s:.0f} s{self.col.log_tail()}")  # fmt: skip
 
@@ -601,6 +616,13 @@ class _Story:
         s, c = self.s, self.cfg
         if self.errs_run:
             s.sync_p99_run_ns = _pct(np.concatenate(self.errs_run), 99)
+            s.sync_p99_worst_window_ns = max(_pct(e, 99) or 0.0 for e in self.errs_run)
+            if s.sync_p99_worst_window_ns > SYNC_BOUND_NS:
+                s.notes.append(
+                    f"clock p99 of some later window reached {s.sync_p99_worst_window_ns} ns "
+                    f"(pooled over every host and window since convergence: "
+                    f"{s.sync_p99_run_ns} ns); the check judges the clocks as the fault starts"
+                )
         m = self.col.metrics("finishing")
         for loop in ("clocks", "triangulate"):
             n = m.get(f"fleetlens_loop_duration_seconds_count:{loop}", 0)
@@ -652,6 +674,11 @@ def render(s: SimSummary, console: Console) -> None:
         f"{s.sync_p50_ns} / {s.sync_p99_ns} / {s.sync_max_ns} ns "
         f"(bound p99 {SYNC_BOUND_NS:.0f} ns; {s.hosts_synced}/{s.hosts} hosts solved, "
         f"{s.hosts_flagged_synced} flagged synced in that window)",
+    )
+    res.add_row(
+        "clock error since converged",
+        f"p99 {s.sync_p99_run_ns} ns over every host and window; worst window p99 "
+        f"{s.sync_p99_worst_window_ns} ns",
     )
     res.add_row("clock sync converged", f"after {s.sync_converged_s} s")
     res.add_row("fault", f"{s.fault.get('kind')} {s.fault.get('value')}% on {s.fault.get('link')}"
