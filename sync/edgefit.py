@@ -52,6 +52,7 @@ class EdgeFits:
     slope_ok: np.ndarray  # bool
     soft: np.ndarray  # bool: the soft-margin fit was used
     usable: np.ndarray  # bool: both sides have points (and a soft fit succeeded if needed)
+    span: np.ndarray | None = None  # ns between the edge's first and last point
 
 
 def fit_edges(
@@ -76,7 +77,7 @@ def fit_edges(
     with np.errstate(invalid="ignore"):  # an edge with one side empty: inf − inf
         a, margin = 0.5 * (f + g), 0.5 * (f - g)
     a, margin = np.where(usable, a, 0.0), np.where(usable, margin, 0.0)
-    fits = EdgeFits(a, b, margin, nu, nl, slope_ok, np.zeros(n_edges, bool), usable)
+    fits = EdgeFits(a, b, margin, nu, nl, slope_ok, np.zeros(n_edges, bool), usable, span)
     _soft_fallback(fits, edge, upper, t, y)
     return fits
 

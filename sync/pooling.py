@@ -42,6 +42,7 @@ POOL_SIZES = (1, 8, 32)
 SCORE_WEIGHT = 0.2
 SCORE_CAP_NS = 1_000.0
 MIN_SCORED = 3  # predictions a span needs before it may be chosen over a single window
+STALE_NS = 5_000_000_000  # an edge unseen this long starts its spans' scores over
 SURPRISE_K = 4.0  # a prediction error beyond this many of the span's rms restarts its score
 
 
@@ -114,6 +115,8 @@ class HullPool:
         choice = np.zeros(len(keys), np.int64)
         for e, key in enumerate(keys):
             tr = self.tracks.get(key)
+            if tr is not None and t_ref - tr.t_ref > STALE_NS:  # the edge was gone: start over
+                tr = None
             if tr is not None and ok[0, e]:
                 _score(tr, one.a[e], t_ref)
             choice[e] = _pick(tr, ok[:, e])
@@ -154,7 +157,7 @@ def _pick(tr: _EdgeTrack | None, ok: np.ndarray) -> int:
 
 def _select(fits: list[EdgeFits], choice: np.ndarray) -> EdgeFits:
     cols = {}
-    for name in ("a", "b", "margin", "n_up", "n_low", "slope_ok", "soft", "usable"):
+    for name in ("a", "b", "margin", "n_up", "n_low", "slope_ok", "soft", "usable", "span"):
         stack = np.array([getattr(f, name) for f in fits])
         cols[name] = stack[choice, np.arange(choice.size)]
     return EdgeFits(**cols)

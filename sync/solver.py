@@ -52,7 +52,8 @@ STALE_CALLS = 5  # calls in a row without a new window: models no longer count a
 MAX_PASSES = 5
 SOFT_WEIGHT = 0.1
 SLOPE_BASE_S = 0.5
-SHORT_WINDOW_K = 3.0  # effective time between the hull points that fix a window's slope
+SHORT_WINDOW_K = 3.0
+SHORT_SPAN_S = 0.6  # a host whose points span less than this is in a partial window
 UNSTABLE_FRACTION = 0.5
 # Residual-scale floors: below these, edges are never called outliers (noise, not faults).
 FLOOR_NS = {"software": 20.0, TS_HARDWARE: 5.0}
@@ -249,6 +250,11 @@ class HuygensSync:
         # MIN_EDGES+ edges through the network solve is measured, not an outlier, even when it
         # jumped (a temperature drift step): follow it at once instead of gating it out.
         trusted = (deg >= MIN_EDGES) & (rep.ts_kind == TS_HARDWARE)
+        # How far apart in time each host's points are (its longest used edge): a partial
+        # window (agents just started) pins neither slope nor floors as well as a full one.
+        span = np.zeros(len(rep.hosts))
+        np.maximum.at(span, rep.edge_lo[on], rep.fits.span[on] * 1e-9)
+        np.maximum.at(span, rep.edge_hi[on], rep.fits.span[on] * 1e-9)
         for i, h in enumerate(rep.hosts):
             if not off.solved[i]:
                 continue
@@ -256,12 +262,15 @@ class HuygensSync:
             # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
             # over a host's edges: its offset is never known better than one edge's scatter.
             d = float(dft.x[i]) if d_ok else None  # None: slope unknown this window
-            # A window's slope rests on the extreme hull points half a window apart: its error
-            # is at least ~2 offset errors over 0.5 s, whatever the (maybe single) edge says.
+            # A window's slope rests on hull points about half the span apart: its error is at
+            # least ~2 offset errors over that, whatever the (maybe single) edge says.
             s_th = float(np.hypot(off.sigma[i], off.scale))
-            if not d_ok:  # a window too short for a slope (e.g. the first, partial one): its
-                s_th *= SHORT_WINDOW_K  # few points sit well above the floors (lab: 2-3x σ)
-            s_d = max(float(dft.sigma[i]), 2.0 * s_th / SLOPE_BASE_S) if d_ok else DRIFT_UNKNOWN_PPB
+            short = span[i] < SHORT_SPAN_S
+            if short or not d_ok:  # e.g. the first, partial window: its few points sit well
+                s_th *= SHORT_WINDOW_K  # above the floors (lab: 2-3x the stated σ)
+            # The slope rests on points about half the span apart.
+            base = max(span[i] / 2, SLOPE_BASE_S) if not short else max(span[i] / 2, 0.05)
+            s_d = max(float(dft.sigma[i]), 2.0 * s_th / base) if d_ok else DRIFT_UNKNOWN_PPB
             if self.tracker.update(
                 h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, trust=bool(trusted[i])
             ):

@@ -45,6 +45,10 @@ STEP_FLOOR_NS = 500.0
 DRIFT_UNKNOWN_PPB = 1e5
 DRIFT_RESTART_PPB = 100.0  # drift kept across a restart without a drift measurement
 MAX_P_THETA_NS2 = 1e14  # unknown offset (10 ms): state from an unsynced model
+# Not measured for this long (agents restarted, a collector catching up): start over from the
+# next measurement rather than weigh it against a prediction extrapolated that far.
+STALE_NS = 10_000_000_000
+RESTART_INFLATE = 9.0  # variance factor of a restarted state over its one measurement
 
 
 @dataclass
@@ -103,7 +107,8 @@ class DriftTracker:
         idx = [0, 1] if has_d else [0]
         floor = np.array([s_theta**2, s_drift**2 if has_d else 0.0])
         pred = self.predict(host, t_ns)
-        if pred is None or pred[2][0, 0] >= MAX_P_THETA_NS2:
+        stale = host in self.states and t_ns - self.states[host].t_ns > STALE_NS
+        if pred is None or stale or pred[2][0, 0] >= MAX_P_THETA_NS2:
             d0 = drift if has_d else (pred[1] if pred is not None else 0.0)
             self._restart(host, t_ns, theta, d0, floor, has_d)
             return False
@@ -148,7 +153,10 @@ class DriftTracker:
         running noise estimates (the next informative window seeds them)."""
         r = r.copy()
         p_dd = (r[1] if r[1] > 0 else DRIFT_RESTART_PPB**2) if drift_known else DRIFT_UNKNOWN_PPB**2
-        p = np.diag([r[0], p_dd])
+        # One window is all the restarted state rests on, and windows that cause restarts
+        # (agents starting, a step inside the window) fit worse than they say: trust the
+        # next windows as much as this one.
+        p = np.diag([RESTART_INFLATE * r[0], p_dd if not drift_known else RESTART_INFLATE * p_dd])
         if not drift_known:  # a slope-less (short) window: nothing to learn its noise from
             r[:] = 0.0
         self.states[host] = HostState(t_ns, theta, drift, p, r, 0)
