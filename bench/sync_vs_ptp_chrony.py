@@ -230,8 +230,12 @@ def run_fleetlens(lab, procs: Procs, tmp: Path, seconds: float, settle: float) -
 
     rec = Recorder()
     port = 18470
+    # A fresh store and agent state per run: the collector would otherwise start from the
+    # previous run's windows and clock models (a stale "synced" model at once, then a
+    # tracker that had not seen these hosts for minutes).
+    run_dir = Path(tempfile.mkdtemp(prefix="fleetlens-", dir=tmp))
     settings = Settings(
-        db_path=tmp / "fl.duckdb",
+        db_path=run_dir / "fl.duckdb",
         inventory=str(tmp / "topology.json"),
         insecure_no_auth=True,
         loop_interval_s=1.0,
@@ -259,11 +263,11 @@ def run_fleetlens(lab, procs: Procs, tmp: Path, seconds: float, settle: float) -
                 "--nics",
                 "eth*",
                 "--state-dir",
-                str(tmp / "agent-state"),
+                str(run_dir / "agent-state"),
                 "--metrics",
                 "127.0.0.1:0",
             ],
-            tmp / f"agent-{h}.log",
+            run_dir / f"agent-{h}.log",
         )
         for h in lab.topo.hosts
     ]
@@ -276,7 +280,7 @@ def run_fleetlens(lab, procs: Procs, tmp: Path, seconds: float, settle: float) -
         errs = np.array([e for t, e in rec.samples if t - t_start >= settle])
         first = rec.first_synced
     conv = f"first synced model {first - t_start:.1f} s after start" if first else "never synced"
-    note = conv if errs.size else f"{conv}; see {tmp}/agent-h00.log"
+    note = conv if errs.size else f"{conv}; see {run_dir}/agent-h00.log"
     return Result(errs, note)
 
 
