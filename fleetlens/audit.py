@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     lab.add_argument("--leaves", type=int, default=4)
     lab.add_argument("--spines", type=int, default=2)
     lab.add_argument("--inject", help="hide a fault on a random leaf-spine link: "
-                     "loss:PCT% or delay:USus")  # fmt: skip
+                     "loss:PCT%% or delay:USus")  # fmt: skip
     lab.add_argument("--seed", type=int, default=1, help="picks the faulted link and clocks")
     lab.add_argument("--keep-workdir", action="store_true",
                      help="keep the collector DB and logs (path in report.json)")  # fmt: skip
