@@ -3,6 +3,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from fleetlens.cli import SUBCOMMANDS
 
 
@@ -23,3 +25,11 @@ def test_subcommand_help_and_unknown_command() -> None:
     assert lab.returncode == 0 and "fault" in lab.stdout and "path" in lab.stdout
     bad = _run("nonsense")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [[name, "--help"] for name in SUBCOMMANDS] + [["demo", "--sim", "--help"]]
+)
+def test_every_command_prints_its_help(argv: list[str]) -> None:
+    out = _run(*argv)
+    assert out.returncode == 0 and "usage:" in out.stdout, out.stderr
