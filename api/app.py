@@ -411,6 +411,35 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
             src_nic=src_nic, dst_nic=dst_nic, since=s, until=u, step_ns=st, points=points
         )
 
+    @app.get("/v1/flows", response_model=list[m.FlowOut], dependencies=deps, responses=ERRORS,
+             tags=["fabric"])  # fmt: skip
+    def flows(
+        response: Response,
+        since: str | None = Query(
+            None, description="period start (ns, ISO 8601, -1h); default until-1h"
+        ),
+        until: str | None = Query(None, description="period end; default now"),
+        limit: Limit = 100,
+        offset: Offset = 0,
+    ) -> list[m.FlowOut]:
+        """Per probe flow (src NIC, dst NIC, source port), totals over the windows lying wholly
+        inside [since, until): windows, probes sent and received, the smallest and the median
+        window-minimum one-way delay, the median of the window medians, and the newest known
+        path. Ordered by src_nic, dst_nic, sport (stable for paging a past period);
+        X-Total-Count gives the number of flows. Read from the raw windows (retention keeps
+        them for a limited time; older periods have only per-pair minute rollups, see
+        /v1/pairs). This is the evidence ``fleetlens audit`` fits its loss and delay
+        tomography on."""
+        s, u = _time_range(c, since, until, 3600 * 10**9)
+        if s < c.store.raw_floor_ns:  # those windows are gone: totals would silently shrink
+            raise ApiError(
+                422, f"since is before the oldest raw window kept ({c.store.raw_floor_ns})",
+                "since",
+            )  # fmt: skip
+        total, page = q.flows(c, s, u, limit, offset)
+        response.headers["X-Total-Count"] = str(total)
+        return page
+
     @app.post("/v1/jobs", response_model=m.JobOut, status_code=201, dependencies=[agent_auth],
               responses=ERRORS, tags=["jobs"])  # fmt: skip
     async def post_job(body: m.JobIn) -> m.JobOut:

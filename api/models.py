@@ -129,6 +129,27 @@ class OwdOut(BaseModel):
     points: list[OwdPoint]
 
 
+class FlowOut(BaseModel):
+    src_nic: str
+    dst_nic: str
+    sport: int = Field(description="UDP source port: with the NIC pair it pins one ECMP path")
+    windows: int = Field(description="windows of this flow lying wholly inside [since, until)")
+    sent: int
+    received: int
+    owd_min_ns: float | None = Field(description="smallest window minimum one-way delay")
+    owd_min_median_ns: float | None = Field(
+        description="median over the windows of each window's minimum one-way delay: the "
+        "flow's path delay with the least queueing in it, robust to a few odd windows"
+    )
+    owd_p50_ns: float | None = Field(
+        description="median over the windows of each window's median (as in the pair series)"
+    )
+    path: list[str] | None = Field(
+        description="directed link ids of the newest window that carried a path (null: the "
+        "agent never learned this flow's path in the period)"
+    )
+
+
 class JobIn(Strict):
     name: str = Field(pattern=_ID)
     hosts: list[str] = Field(min_length=1, max_length=10_000)

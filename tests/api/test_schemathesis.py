@@ -61,7 +61,7 @@ def with_data(server: Server, topo: Topology) -> Server:
 def test_read_api_conforms(with_data: Server) -> None:
     r = _run(with_data, READ, "--exclude-tag", "ingest")
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
-    assert "Tested: 11" in r.stdout  # every read operation was exercised
+    assert "Tested: 12" in r.stdout  # every read operation was exercised (/v1/flows too)
     assert "Missing test data" not in r.stdout  # ... with ids that exist
 
 
