@@ -1,7 +1,7 @@
 """``fleetlens audit``: pre-handover validation of every fabric link and NIC, with a report.
 
-    fleetlens audit --minutes N --report DIR --collector URL [--token-file F] [--db FILE
-                    --inventory FILE]
+    fleetlens audit --minutes N --report DIR --collector URL [--token-file F]
+                    [--inventory FILE] [--db FILE]
     fleetlens audit --minutes N --report DIR --lab [--inject loss:0.5%|delay:50us] [--seed S]
 
 For N minutes the agents probe every planned NIC pair over every ECMP path (the planner gives
@@ -10,10 +10,13 @@ as validated or failed and writes DIR/report.json and DIR/report.html.
 
 Judgement (see ``audit_judge``): loss and delay tomography over per-flow totals for the whole
 period — far more sensitive than the collector's per-window verdicts, which are kept in the
-report as evidence. Per-flow totals need the stored windows: ``--lab`` reads its collector's
-database after stopping it; against a running collector on this machine pass its database
-file with ``--db`` (and the inventory; the audit reads a copy, since DuckDB locks the file
-against other processes), or the judgement falls back to the collector's verdict history.
+report as evidence. Per-flow totals come from the collector's ``GET /v1/flows`` (from any
+machine; the topology from ``--inventory`` or, without it, the inventory the collector
+serves). ``--lab`` reads its collector's database after stopping it; on the collector's own
+machine ``--db FILE`` reads a copy of its live DuckDB file instead of the REST API, which
+also leaves out host stalls (seconds an agent lost probes to or from nearly every peer at
+once; the REST totals cannot tell them). Only when the collector has no inventory (and none
+is given) or predates /v1/flows does the judgement fall back to its verdict history.
 
 Exit code: 0 pass, 1 fail, 2 usage or infrastructure error (collector unreachable, lab not
 buildable, interrupted).
@@ -34,11 +37,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetlens.audit_data import AuditInputError, RestEvidence, RestReader, read_flows, snapshot
+from fleetlens.audit_data import (
+    AuditInputError,
+    RestEvidence,
+    RestReader,
+    read_flows,
+    snapshot,
+    topology_from_rest,
+)
 
 if TYPE_CHECKING:  # scipy and matplotlib load only when an audit runs (fast usage errors)
     from fleetlens.audit_data import Flows
     from fleetlens.audit_judge import Judgement, Thresholds
+    from fleetlens.topology import Topology
 
 MAX_MINUTES = 24 * 60
 LIVE_HISTORY = 120  # verdict-history rows kept per link in report.json
@@ -63,8 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", type=Path,
                    help="read token (default: $FLEETLENS_READ_TOKEN)")  # fmt: skip
     p.add_argument("--db", type=Path,
-                   help="the collector's DuckDB file (copied): per-flow tomography")  # fmt: skip
-    p.add_argument("--inventory", type=Path, help="fleet inventory (with --db)")
+                   help="the collector's DuckDB file, on its machine (copied): per-flow totals "
+                   "from it instead of GET /v1/flows, host stalls left out")  # fmt: skip
+    p.add_argument("--inventory", type=Path,
+                   help="fleet inventory (default: the one the collector serves)")  # fmt: skip
     g = p.add_argument_group("thresholds")
     g.add_argument("--max-loss", type=float, default=0.2,
                    help="percent loss that fails a link (default %(default)s)")  # fmt: skip
@@ -109,8 +122,6 @@ def _validate(a: argparse.Namespace) -> None:
             raise UsageError(f"--collector wants an http(s):// URL, got {a.collector!r}")
         if a.inject:
             raise UsageError("--inject only works with --lab (it faults the lab fabric)")
-        if (a.db is None) != (a.inventory is None):
-            raise UsageError("--db and --inventory go together")
     if a.lab:
         from fleetlens.audit_lab import parse_inject
 
@@ -189,15 +200,21 @@ def build_report(
     rest: RestEvidence, verdict: Judgement | None, live_fraction: float,
     flows: Flows | None = None, stalls: list[dict] | None = None,
     clock_truth: dict[str, float] | None = None, lab: dict | None = None,
+    flows_source: str = "collector database",
 ) -> dict:  # fmt: skip
     seconds = (until_ns - since_ns) / 1e9
     live_state = {r["link_id"]: r["state"] for r in rest.links}
     if verdict is not None:
-        method = "tomography over per-flow totals of the whole period"
+        method = f"tomography over per-flow totals of the whole period ({flows_source})"
+        if stalls is None:  # /v1/flows has totals only: no host-second to tell a stall by
+            method += "; host stalls not detected"
         links = [asdict(lj) for lj in verdict.links]
         nics = [asdict(nj) for nj in verdict.nics]
     else:
-        method = "collector verdict history (no per-flow data: pass --db)"
+        method = (
+            "collector verdict history (no per-flow data: the collector has no inventory "
+            "and none was given, or it predates GET /v1/flows)"
+        )
         links, nics = _live_only(rest, seconds, live_fraction)
     for lk in links:
         hist = rest.history.get(lk["link_id"], [])
@@ -361,9 +378,6 @@ def _thresholds(a: argparse.Namespace) -> Thresholds:
 
 
 def run_collector(a: argparse.Namespace) -> dict:
-    from fleetlens.audit_judge import judge
-    from fleetlens.topology import Topology
-
     rest = RestReader(a.collector, _token(a))
     try:
         rest.check()
@@ -374,25 +388,43 @@ def run_collector(a: argparse.Namespace) -> dict:
         _wait(a.minutes * 60, "audit")
         until = time.time_ns()
         _wait(SETTLE_S, "settling")
-        # Per-pair figures come from the flows when there are any (no request per pair).
-        pairs = [] if a.db is not None else _probed_pairs(rest, rest.paged("/v1/nics"))
-        ev = rest.gather(since, until, pairs)
+        ev = rest.gather(since, until, [])
+        topo = _topology(a, ev)
+        flows = stalls = None
+        if a.db is not None:
+            with tempfile.TemporaryDirectory(prefix="fleetlens-audit-") as tmp:
+                flows, stalls = read_flows(snapshot(a.db, Path(tmp)), since, until)
+        elif topo is not None:
+            _say("reading per-flow totals (GET /v1/flows)")
+            flows = rest.flows(since, until)
+        if flows is None or topo is None:  # only the live verdicts: per-pair figures for them
+            _say("no per-flow data: judging from the collector's verdict history")
+            ev.pairs = rest.gather_pairs(since, until, _probed_pairs(rest, ev.nics))
     finally:
         rest.close()
-    verdict = flows = stalls = None
-    if a.db is not None:
-        try:
-            topo = Topology.load(a.inventory)
-        except (OSError, ValueError, KeyError) as e:
-            raise AuditInputError(f"--inventory {a.inventory}: {e}") from None
-        with tempfile.TemporaryDirectory(prefix="fleetlens-audit-") as tmp:
-            flows, stalls = read_flows(snapshot(a.db, Path(tmp)), since, until)
+    verdict = None
+    if flows is not None and topo is not None:
+        from fleetlens.audit_judge import judge
+
         verdict = judge(topo, flows, _thresholds(a))
+    source = "--db copy" if a.db is not None else "GET /v1/flows"
     return build_report(
         source=a.collector, since_ns=since, until_ns=until, warmup_s=warm,
         th=_thresholds(a), rest=ev, verdict=verdict, live_fraction=a.live_fraction,
-        flows=flows, stalls=stalls,
+        flows=flows if verdict else None, stalls=stalls, flows_source=source,
     )  # fmt: skip
+
+
+def _topology(a: argparse.Namespace, ev: RestEvidence) -> Topology | None:
+    """--inventory when given, else the inventory the collector serves (None: it has none)."""
+    from fleetlens.topology import Topology
+
+    if a.inventory is None:
+        return topology_from_rest(ev.links, ev.nics)
+    try:
+        return Topology.load(a.inventory)
+    except (OSError, ValueError, KeyError) as e:
+        raise AuditInputError(f"--inventory {a.inventory}: {e}") from None
 
 
 def run_lab(a: argparse.Namespace) -> dict:

@@ -3,11 +3,15 @@
 - :class:`RestReader` asks a running collector for its inventory (links, NICs), clock models,
   the live triangulation's verdict history per link, and every probed NIC pair's one-way delay
   and loss over the audit period (one bucket per pair).
+- :meth:`RestReader.flows` asks the collector for the same per-flow totals
+  (``GET /v1/flows``, paged), so an audit from any machine fits the same tomography; and
+  :func:`topology_from_rest` rebuilds the fleet inventory the collector serves when the
+  operator passes none.
 - :func:`read_flows` aggregates the stored windows per probe flow (src NIC, dst NIC, source
   port) over the audit period: probes sent and received, the typical one-way delay and the
-  flow's path. The collector's REST API has no per-flow endpoint, so this reads its DuckDB
-  file — which DuckDB only lets another process open once the collector has stopped (the lab
-  mode stops it first; against a fleet, pass a copy with ``--db``).
+  flow's path, with host stalls left out (see ``_STALLS_SQL``). It reads a DuckDB file, which
+  DuckDB only lets another process open once the collector has stopped (the lab mode stops it
+  first; on the collector's machine, ``--db`` reads a copy of the live file).
 
 Every failure to reach or understand the collector is an :class:`AuditInputError` with a
 sentence for the operator, never a traceback.
@@ -27,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from fleetlens.api.codec import LinkDict, blob_to_list
+from fleetlens.topology import TIER_LEAF, TIER_SPINE, Link, Nic, Switch, Topology
 
 PAGE = 1000  # the API's largest page
 
@@ -117,6 +122,38 @@ class RestReader:
             "owd_min_ns": min(mins) if mins else None,
         }  # fmt: skip
 
+    def flows(self, since_ns: int, until_ns: int, attempts: int = 3) -> Flows | None:
+        """Per-flow totals of the windows wholly inside [since, until) from ``GET /v1/flows``,
+        page by page in the collector's stable order; None when the collector predates the
+        endpoint (404). The typical delay is the median window minimum, as :func:`read_flows`
+        computes it; the path is the flow's newest known one. A late upload adding a flow
+        while we page would shift the offsets: then the count differs and we read again."""
+        for _ in range(attempts):
+            total = self._flow_count(since_ns, until_ns)
+            if total is None:
+                return None
+            rows = self.paged("/v1/flows", since=since_ns, until=until_ns)
+            if len(rows) == total:
+                return flows_from_rows(rows)
+        raise AuditInputError(
+            f"collector {self.url}: /v1/flows kept changing while being read ({attempts} tries)"
+        )
+
+    def _flow_count(self, since_ns: int, until_ns: int) -> int | None:
+        params = {"since": since_ns, "until": until_ns, "limit": 1}
+        try:
+            r = self.http.get("/v1/flows", params=params)
+        except httpx.HTTPError as e:
+            raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            self.get("/v1/flows", **params)  # asked again: its errors become sentences
+        try:
+            return int(r.headers["X-Total-Count"])
+        except (KeyError, ValueError):
+            raise AuditInputError(f"collector {self.url}: /v1/flows without a count") from None
+
     def gather(self, since_ns: int, until_ns: int, pairs: list[tuple[str, str]]) -> RestEvidence:
         ev = RestEvidence(
             links=self.paged("/v1/links"),
@@ -126,11 +163,15 @@ class RestReader:
         )
         for row in ev.links:
             ev.history[row["link_id"]] = self.link_history(row["link_id"], since_ns, until_ns)
-        for src, dst in pairs:
-            p = self.pair(src, dst, since_ns, until_ns)
-            if p is not None:
-                ev.pairs.append(p)
+        ev.pairs = self.gather_pairs(since_ns, until_ns, pairs)
         return ev
+
+    def gather_pairs(
+        self, since_ns: int, until_ns: int, pairs: list[tuple[str, str]]
+    ) -> list[dict]:
+        """One request per NIC pair (only when no per-flow data is to be had)."""
+        out = [self.pair(src, dst, since_ns, until_ns) for src, dst in pairs]
+        return [p for p in out if p is not None]
 
 
 # ---- per-flow aggregates from the collector's DuckDB file ----------------------------------
@@ -212,6 +253,44 @@ WHERE start_ns >= $since AND start_ns + duration_ns <= $until
        WHERE side = 'dst')
 GROUP BY src_nic, dst_nic, sport ORDER BY src_nic, dst_nic, sport
 """
+
+
+def flows_from_rows(rows: list[dict]) -> Flows:
+    """:class:`Flows` from ``/v1/flows`` rows (the delay: ``owd_min_median_ns``)."""
+    try:
+        owd = [r["owd_min_median_ns"] for r in rows]
+        return Flows(
+            src=np.array([r["src_nic"] for r in rows], dtype=object),
+            dst=np.array([r["dst_nic"] for r in rows], dtype=object),
+            sport=np.array([r["sport"] for r in rows], np.int64),
+            windows=np.array([r["windows"] for r in rows], np.int64),
+            sent=np.array([r["sent"] for r in rows], np.float64),
+            received=np.array([r["received"] for r in rows], np.float64),
+            owd_ns=np.array([np.nan if v is None else v for v in owd], np.float64),
+            path=pa.array([r["path"] for r in rows], pa.list_(pa.string())),
+        )
+    except (KeyError, TypeError, ValueError, pa.ArrowException) as e:
+        raise AuditInputError(f"/v1/flows rows not understood: {e}") from None
+
+
+def topology_from_rest(links: list[dict], nics: list[dict]) -> Topology | None:
+    """The fleet inventory as the collector serves it (``/v1/nics`` with their leaves,
+    ``/v1/links`` with both ends and tiers); None when the collector runs without one. Switch
+    tiers are not served: switches with NICs are leaves, the rest spines (the audit's paths
+    and judgement use only the links)."""
+    inv = [n for n in nics if n.get("leaf")]
+    if not inv or not links:  # (registered NICs outside the inventory have no leaf: left out)
+        return None
+    leaves = {n["leaf"] for n in inv}
+    ends = {e for lk in links for e in (lk["a"], lk["b"])}
+    switches = sorted(ends - {n["nic_id"] for n in inv})
+    return Topology(
+        kind="collector", params={},
+        hosts=sorted({n["host_id"] for n in inv}),
+        nics=[Nic(n["host_id"], n["ifname"], n["ip"] or "", n["leaf"]) for n in inv],
+        switches=[Switch(s, TIER_LEAF if s in leaves else TIER_SPINE) for s in switches],
+        links=[Link(lk["a"], lk["b"], lk["tier"]) for lk in links],
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

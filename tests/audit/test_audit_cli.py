@@ -45,7 +45,6 @@ def _free_port() -> int:
         (["--minutes", "1", "--max-delay-us", "-5"], "--max-delay-us"),
         (["--minutes", "1", "--warmup", "-1"], "--warmup"),
         (["--minutes", "1", "--inject", "loss:0.5%"], "--inject only works with --lab"),
-        (["--minutes", "1", "--db", "x.duckdb"], "--db and --inventory go together"),
     ],
 )
 def test_bad_parameters(
@@ -172,7 +171,9 @@ def test_collector_without_agents_fails_every_nic(tmp_path: Path, collector: str
     assert r.returncode == 1, r.stderr
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["result"] == "fail"
-    assert rep["method"].startswith("collector verdict history")
+    assert rep["method"].startswith("tomography"), rep["method"]  # from GET /v1/flows: none
+    assert "GET /v1/flows" in rep["method"] and rep["flows"]["count"] == 0
+    assert all(lk["status"] == "unobserved" for lk in rep["links"])
     assert len(rep["nics"]) == 8
     assert all(n["status"] == "failed" for n in rep["nics"])
     assert sorted(rep["failed_nics"]) == sorted(n["nic_id"] for n in rep["nics"])

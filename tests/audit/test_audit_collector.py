@@ -1,7 +1,9 @@
-"""``fleetlens audit --collector URL --db FILE`` against a running collector (no root): the
-simulator streams an 8-host fabric with a hidden 0.5 % loss into a real collector in real
-time while the audit waits out its period, then reads the REST API and a copy of the
-collector's live DuckDB file and fails exactly that link."""
+"""``fleetlens audit --collector URL`` against a running collector (no root): the simulator
+streams an 8-host fabric with a hidden 0.5 % loss into a real collector in real time while
+two audits wait out the same period at once — one remote (per-flow totals from
+GET /v1/flows, the topology from the collector's inventory: what an operator on another
+machine runs), one reading a copy of the collector's live DuckDB file (``--db``) — and
+both fail exactly that link."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from fleetlens.topology import from_spec
 
@@ -47,25 +50,43 @@ def test_audit_of_a_running_collector_finds_the_lossy_link(tmp_path: Path) -> No
                 env=env, stdout=slog, stderr=slog,
             ))  # fmt: skip
             time.sleep(4)  # the simulated agents' first windows are in
-            r = subprocess.run(
-                [*py, "audit", "--collector", url, "--minutes", "0.25", "--db", str(db),
-                 "--inventory", str(topo), "--report", str(tmp_path / "r")],
-                env={**env, "FLEETLENS_INGEST_TOKEN": ""}, capture_output=True, text=True,
-                timeout=180,
-            )  # fmt: skip
+            audits = {
+                "remote": [],  # nothing but the URL (and the read token)
+                "db": ["--db", str(db), "--inventory", str(topo)],
+            }
+            runs = {}
+            for name, extra in audits.items():
+                runs[name] = subprocess.Popen(
+                    [*py, "audit", "--collector", url, "--minutes", "0.25", *extra,
+                     "--report", str(tmp_path / name)],
+                    env={**env, "FLEETLENS_INGEST_TOKEN": ""}, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                )  # fmt: skip
+                procs.append(runs[name])
+            done = {name: (p, *p.communicate(timeout=180)) for name, p in runs.items()}
         finally:
-            for p in procs:
+            for p in procs:  # (the audits have exited unless the test failed)
                 p.terminate()
                 p.wait(30)
-    assert r.returncode == 1, r.stderr
-    rep = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert rep["method"].startswith("tomography"), rep["method"]
-    assert rep["failed_links"] == [FAULT], rep["summary"]
-    assert rep["failed_nics"] == []
-    bad = next(lk for lk in rep["links"] if lk["link_id"] == FAULT)
-    assert 0.003 <= bad["loss_rate"] <= 0.007
-    assert rep["flows"]["known_path"] == rep["flows"]["count"] > 0
-    assert len(rep["hosts"]) == 8 and (tmp_path / "r" / "report.html").exists()
+    reports = {}
+    for name, (p, _out, err) in done.items():
+        assert p.returncode == 1, f"{name}: {err}"
+        rep = reports[name] = json.loads((tmp_path / name / "report.json").read_text())
+        assert rep["method"].startswith("tomography"), rep["method"]
+        assert rep["failed_links"] == [FAULT], (name, rep["summary"])
+        assert rep["failed_nics"] == [], name
+        bad = next(lk for lk in rep["links"] if lk["link_id"] == FAULT)
+        assert 0.003 <= bad["loss_rate"] <= 0.007, (name, bad["loss_rate"])
+        assert rep["flows"]["known_path"] == rep["flows"]["count"] > 0, name
+        assert len(rep["hosts"]) == 8 and (tmp_path / name / "report.html").exists()
+    remote, local = reports["remote"], reports["db"]
+    assert "GET /v1/flows" in remote["method"] and "--db" in local["method"]
+    # Same period, same windows: the same flows and the same evidence on the bad link.
+    assert remote["flows"]["count"] == local["flows"]["count"]
+    lossy = {r: next(lk for lk in reports[r]["links"] if lk["link_id"] == FAULT)
+             for r in reports}  # fmt: skip
+    assert lossy["remote"]["probes"] == pytest.approx(lossy["db"]["probes"], rel=0.02)
+    assert lossy["remote"]["loss_rate"] == pytest.approx(lossy["db"]["loss_rate"], rel=0.1)
 
 
 def _wait_healthy(url: str) -> None:
