@@ -3,7 +3,7 @@ streams an 8-host fabric with a hidden 0.5 % loss into a real collector in real 
 two audits wait out the same period at once — one remote (per-flow totals from
 GET /v1/flows, the topology from the collector's inventory: what an operator on another
 machine runs), one reading a copy of the collector's live DuckDB file (``--db``) — and
-both fail exactly that link."""
+both fail exactly that link; without the fault the remote audit passes."""
 
 from __future__ import annotations
 
@@ -30,12 +30,19 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def test_audit_of_a_running_collector_finds_the_lossy_link(tmp_path: Path) -> None:
+def _audits_while_streaming(
+    tmp_path: Path, fault: str | None, with_db: bool
+) -> dict[str, tuple[int, str, dict]]:
+    """Collector + simulator streaming in real time; the remote audit (and with ``with_db``
+    the --db one) over the same period, at once. Per audit: (exit code, stderr, report)."""
     topo = tmp_path / "topology.json"
     from_spec(SPEC).save(topo)
     db, url = tmp_path / "c.duckdb", f"http://127.0.0.1:{_port()}"
     env = {**os.environ, "FLEETLENS_INGEST_TOKEN": "in-tok", "FLEETLENS_READ_TOKEN": "rd-tok"}
     py = [sys.executable, "-m", "fleetlens.cli"]
+    audits = {"remote": []}  # nothing but the URL (and the read token)
+    if with_db:
+        audits["db"] = ["--db", str(db), "--inventory", str(topo)]
     procs: list[subprocess.Popen] = []
     with open(tmp_path / "collector.log", "wb") as clog, open(tmp_path / "sim.log", "wb") as slog:
         try:
@@ -46,14 +53,10 @@ def test_audit_of_a_running_collector_finds_the_lossy_link(tmp_path: Path) -> No
             _wait_healthy(url)
             procs.append(subprocess.Popen(
                 [*py, "sim", "--topology", SPEC, "--seconds", "35", "--seed", "3", "--paths-known",
-                 "--fault", f"{FAULT}:loss=0.005", "--collector", url],
+                 *(["--fault", f"{fault}:loss=0.005"] if fault else []), "--collector", url],
                 env=env, stdout=slog, stderr=slog,
             ))  # fmt: skip
             time.sleep(4)  # the simulated agents' first windows are in
-            audits = {
-                "remote": [],  # nothing but the URL (and the read token)
-                "db": ["--db", str(db), "--inventory", str(topo)],
-            }
             runs = {}
             for name, extra in audits.items():
                 runs[name] = subprocess.Popen(
@@ -63,22 +66,31 @@ def test_audit_of_a_running_collector_finds_the_lossy_link(tmp_path: Path) -> No
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 )  # fmt: skip
                 procs.append(runs[name])
-            done = {name: (p, *p.communicate(timeout=180)) for name, p in runs.items()}
+            done = {name: (p, p.communicate(timeout=180)[1]) for name, p in runs.items()}
         finally:
             for p in procs:  # (the audits have exited unless the test failed)
                 p.terminate()
                 p.wait(30)
+    out = {}
+    for name, (p, err) in done.items():
+        assert p.returncode in (0, 1), f"{name}: {err}"
+        out[name] = (p.returncode, err, json.loads((tmp_path / name / "report.json").read_text()))
+        assert (tmp_path / name / "report.html").exists()
+    return out
+
+
+def test_audit_of_a_running_collector_finds_the_lossy_link(tmp_path: Path) -> None:
     reports = {}
-    for name, (p, _out, err) in done.items():
-        assert p.returncode == 1, f"{name}: {err}"
-        rep = reports[name] = json.loads((tmp_path / name / "report.json").read_text())
+    for name, (code, err, rep) in _audits_while_streaming(tmp_path, FAULT, True).items():
+        assert code == 1, f"{name}: {err}"
+        reports[name] = rep
         assert rep["method"].startswith("tomography"), rep["method"]
         assert rep["failed_links"] == [FAULT], (name, rep["summary"])
         assert rep["failed_nics"] == [], name
         bad = next(lk for lk in rep["links"] if lk["link_id"] == FAULT)
         assert 0.003 <= bad["loss_rate"] <= 0.007, (name, bad["loss_rate"])
         assert rep["flows"]["known_path"] == rep["flows"]["count"] > 0, name
-        assert len(rep["hosts"]) == 8 and (tmp_path / name / "report.html").exists()
+        assert len(rep["hosts"]) == 8
     remote, local = reports["remote"], reports["db"]
     assert "GET /v1/flows" in remote["method"] and "--db" in local["method"]
     # Same period, same windows: the same flows and the same evidence on the bad link.
@@ -87,6 +99,15 @@ def test_audit_of_a_running_collector_finds_the_lossy_link(tmp_path: Path) -> No
              for r in reports}  # fmt: skip
     assert lossy["remote"]["probes"] == pytest.approx(lossy["db"]["probes"], rel=0.02)
     assert lossy["remote"]["loss_rate"] == pytest.approx(lossy["db"]["loss_rate"], rel=0.1)
+
+
+def test_remote_audit_of_a_clean_fabric_passes(tmp_path: Path) -> None:
+    ((code, err, rep),) = _audits_while_streaming(tmp_path, None, False).values()
+    assert code == 0, (err, rep["summary"])
+    assert rep["result"] == "pass" and "GET /v1/flows" in rep["method"]
+    assert rep["failed_links"] == rep["failed_nics"] == rep["unobserved_links"] == []
+    assert all(lk["status"] == "validated" for lk in rep["links"]) and len(rep["links"]) == 48
+    assert rep["flows"]["known_path"] == rep["flows"]["count"] > 1000
 
 
 def _wait_healthy(url: str) -> None:
