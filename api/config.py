@@ -36,6 +36,9 @@ class Settings:
     # A window goes to triangulation once it ended this long ago: every agent's upload
     # (sent ~0.7 s after the window's end) is in by then, and each window is judged once.
     triangulate_settle_ns: int = 1_500_000_000
+    # ... unless a host that sent the previous window has not sent this one yet (a late
+    # upload): then up to this long after the window's end.
+    triangulate_max_wait_ns: int = 5_000_000_000
     top_k_links: int = 20
     max_range_ns: int = 31 * DAY_NS
     max_points: int = 10_000

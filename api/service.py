@@ -63,6 +63,7 @@ class State:
     live_from_ns: dict[str, int] = field(default_factory=dict)  # host -> first window it sent
     # host -> when its one-way delays are in fleet time: its agent applies a synced model
     clock_trusted_ns: dict[str, int] = field(default_factory=dict)
+    last_senders: frozenset[str] = frozenset()  # hosts in the last window triangulated
 
 
 class Collector:
@@ -263,7 +264,10 @@ class Collector:
         self._note_live_hosts(todo)
         verdicts: list[Verdict] | None = list(self.state.verdicts.values())
         for start in sorted(set(todo["start_ns"].to_pylist())):
-            one = self._judgeable(todo.filter(pc.equal(todo["start_ns"], start)))
+            window = todo.filter(pc.equal(todo["start_ns"], start))
+            if not self._all_senders_in(window, now_ns):
+                break  # a late upload: judge this window (and the next ones) next round
+            one = self._judgeable(window)
             if not one.num_rows:  # nobody to judge yet: not evidence of health either
                 self.state.triangulated_ns = start
                 continue
@@ -274,6 +278,20 @@ class Collector:
                 return None
             self.state.triangulated_ns = start
         return verdicts
+
+    def _all_senders_in(self, window: pa.Table, now_ns: int) -> bool:
+        """Every host that sent rows for the previous window has sent this one's, or it
+        ended ``triangulate_max_wait_ns`` ago. A window is judged once, so rows that arrive
+        after it are lost to triangulation; an agent that died is waited for only once."""
+        hosts = pc.list_element(pc.split_pattern(window["src_nic"], "/", max_splits=1), 0)
+        senders = frozenset(pc.unique(hosts).to_pylist())
+        end = window["start_ns"][0].as_py() + window["duration_ns"][0].as_py()
+        if not self.state.last_senders <= senders and (
+            now_ns - end < self.settings.triangulate_max_wait_ns
+        ):
+            return False
+        self.state.last_senders = senders
+        return True
 
     def _note_live_hosts(self, windows: pa.Table) -> None:
         """Remember when each host's agent first sent a window: from then on it answers probes."""
