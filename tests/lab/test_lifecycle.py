@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,23 @@ def test_kill_9_during_up_then_down_leaves_no_trace(tidy: dict) -> None:  # type
     down = _fleetlens("down")
     assert "removed" in down.stdout
     assert _trace() == tidy
+
+
+def test_two_labs_whose_names_hash_alike_get_different_management_subnets() -> None:
+    base = f"m{os.getpid() % 1000}"
+    seen: dict[int, str] = {}
+    for i in range(36 * 36):
+        name = base + "".join("abcdefghijklmnopqrstuvwxyz0123456789"[d] for d in divmod(i, 36))
+        bucket = zlib.crc32(name.encode()) % 250
+        if bucket in seen:
+            break
+        seen[bucket] = name
+    first, second = seen[bucket], name
+    try:
+        a = Lab.up(first, hosts=2, nics=1, leaves=2, spines=1)
+        b = Lab.up(second, hosts=2, nics=1, leaves=2, spines=1)
+        assert a.state.mgmt_subnet != b.state.mgmt_subnet
+        assert a.collector_ip != b.collector_ip
+    finally:
+        Lab.down(second)
+        Lab.down(first)
