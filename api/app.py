@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fleetlens.api import flows as fq
 from fleetlens.api import models as m
 from fleetlens.api import queries as q
 from fleetlens.api.config import MINUTE_NS
@@ -436,7 +437,7 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
                 422, f"since is before the oldest raw window kept ({c.store.raw_floor_ns})",
                 "since",
             )  # fmt: skip
-        total, page = q.flows(c, s, u, limit, offset)
+        total, page = fq.flows(c, s, u, limit, offset)
         response.headers["X-Total-Count"] = str(total)
         return page
 

@@ -1,4 +1,4 @@
-"""Read side of the REST API: links, NICs, hosts, clocks, pair history, flows, job impact.
+"""Read side of the REST API: links, NICs, hosts, clocks, pair history, job impact.
 
 Current state (verdicts, clocks, decisions) is served from the collector's memory, which the
 loops keep equal to the newest stored rows; history and pair series come from DuckDB through
@@ -10,19 +10,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-import pyarrow as pa
 import pyarrow.compute as pc
-from fleetlens.api.codec import blob_to_list
 from fleetlens.api.config import MINUTE_NS
-from fleetlens.api.models import (
-    ClockOut,
-    FlowOut,
-    HostOut,
-    LinkHistoryPoint,
-    LinkOut,
-    NicOut,
-    OwdPoint,
-)
+from fleetlens.api.models import ClockOut, HostOut, LinkHistoryPoint, LinkOut, NicOut, OwdPoint
 from fleetlens.api.service import Collector
 
 from fleetlens.ids import is_nic_id, link_id, split_link_id, split_nic_id
@@ -267,53 +257,3 @@ def job_links(c: Collector, job_nics: list[str]) -> set[str]:
         )
         out |= set(pc.unique(seen["path"].combine_chunks().flatten()).to_pylist())
     return out
-
-
-# ---- per-flow totals over a period -------------------------------------------------------------
-# One GROUP BY over the raw windows (flows need the source port, which the minute rollups drop).
-# A window counts when it lies wholly inside [since, until) — the audit's rule, so a remote
-# audit sees exactly the evidence a local one reads from the DuckDB file. The total number of
-# flows rides along as a window function, so a page and its X-Total-Count come from one query.
-_FLOWS_SQL = """
-SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
-       sum(received)::BIGINT AS received, min(owd_min_ns) AS owd_min_ns,
-       median(owd_min_ns) AS owd_min_median_ns, median(owd_p50_ns) AS owd_p50_ns,
-       arg_max(path, start_ns) FILTER (WHERE path IS NOT NULL) AS path,
-       count(*) OVER () AS total
-FROM windows
-WHERE start_ns >= $since AND start_ns + duration_ns <= $until
-GROUP BY src_nic, dst_nic, sport
-ORDER BY src_nic, dst_nic, sport
-LIMIT $limit OFFSET $offset
-"""
-
-
-def flows(
-    c: Collector, since: int, until: int, limit: int, offset: int
-) -> tuple[int, list[FlowOut]]:
-    """(total flows in the period, one page ordered by src NIC, dst NIC, source port)."""
-    params = {"since": since, "until": until, "limit": limit, "offset": offset}
-    t = c.store.read().sql(_FLOWS_SQL, params=params).to_arrow_table()
-    if t.num_rows == 0:
-        # An offset past the end returns no row, hence no total: count separately (rare).
-        return _flow_count(c, since, until), []
-    # Decode after fetching: the link dictionary is then at least as new as the rows read.
-    paths = c.store.links.decode(blob_to_list(t["path"], pa.int32())).to_pylist()
-    rows = t.drop_columns(["path", "total"]).to_pylist()
-    return int(t["total"][0].as_py()), [
-        FlowOut(**r, path=p) for r, p in zip(rows, paths, strict=True)
-    ]
-
-
-def _flow_count(c: Collector, since: int, until: int) -> int:
-    # fetchall, not fetchone: a half-read result blocks this thread's cursor for the next query.
-    rows = (
-        c.store.read()
-        .execute(
-            """SELECT count(DISTINCT (src_nic, dst_nic, sport)) FROM windows
-               WHERE start_ns >= ? AND start_ns + duration_ns <= ?""",
-            [since, until],
-        )
-        .fetchall()
-    )
-    return int(rows[0][0])
