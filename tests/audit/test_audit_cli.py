@@ -3,6 +3,7 @@ a sentence (never a traceback); against a real collector nobody probes, every NI
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -16,6 +17,8 @@ import httpx
 import pytest
 
 from fleetlens.audit import main
+from fleetlens.audit_data import RestReader, topology_from_rest
+from fleetlens.topology import from_spec
 
 CLI = [sys.executable, "-m", "fleetlens.cli", "audit"]
 
@@ -178,3 +181,26 @@ def test_collector_without_agents_fails_every_nic(tmp_path: Path, collector: str
     assert all(n["status"] == "failed" for n in rep["nics"])
     assert sorted(rep["failed_nics"]) == sorted(n["nic_id"] for n in rep["nics"])
     assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_topology_from_the_collector_equals_its_inventory(collector: str) -> None:
+    """Without --inventory the remote audit judges on the inventory the collector serves:
+    the same hosts, NICs (and leaves), links (and tiers) and every pair's ECMP paths."""
+    rest = RestReader(collector, "rd")
+    try:
+        ev = rest.gather(time.time_ns() - 10**9, time.time_ns(), [])
+    finally:
+        rest.close()
+    got, want = (
+        topology_from_rest(ev.links, ev.nics),
+        from_spec("leafspine:hosts=4,nics=2,leaves=2"),
+    )
+    assert got is not None
+    assert got.hosts == want.hosts
+    assert sorted((n.id, n.leaf) for n in got.nics) == sorted((n.id, n.leaf) for n in want.nics)
+    assert sorted((lk.id, lk.tier) for lk in got.links) == sorted(
+        (lk.id, lk.tier) for lk in want.links
+    )
+    for a, b in itertools.permutations([n.id for n in want.nics], 2):
+        assert sorted(got.ecmp_paths(a, b)) == sorted(want.ecmp_paths(a, b)), (a, b)
+    assert topology_from_rest(ev.links, [dict(n, leaf=None) for n in ev.nics]) is None
