@@ -176,7 +176,12 @@ def start_flood(lab, procs: Procs, tmp: Path, src: str, dst_nic: str, seconds: f
 
 def rx_packets(ns: str) -> int:
     """Packets received by every interface of a namespace (its switch throughput)."""
+    # check=True and a non-empty read: a failed read once showed up as a negative rate.
     out = subprocess.run(
-        ["ip", "netns", "exec", ns, "cat", "/proc/net/dev"], capture_output=True, text=True
-    ).stdout
-    return sum(int(line.split(":", 1)[1].split()[1]) for line in out.splitlines() if ":" in line)
+        ["nsenter", f"--net=/run/netns/{ns}", "cat", "/proc/net/dev"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    rows = [line for line in out.splitlines() if ":" in line]
+    if not rows:
+        raise RuntimeError(f"no interfaces read in namespace {ns}")
+    return sum(int(line.split(":", 1)[1].split()[1]) for line in rows)
