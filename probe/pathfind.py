@@ -17,8 +17,6 @@ import socket
 import time
 from dataclasses import dataclass
 
-from scapy.layers.inet import ICMP, IP, UDP, UDPerror
-
 from fleetlens.ids import is_nic_id, link_id, split_link_id
 
 log = logging.getLogger("fleetlens.agent.paths")
@@ -78,6 +76,10 @@ class PathFinder:
 
     def _round(self, icmp: socket.socket, traces: list[Trace], ttl: int) -> dict[int, str]:
         """Send TTL ``ttl`` for every trace; flow id -> address that answered."""
+        # Imported here: scapy takes seconds to import on a busy host, and the agent must
+        # start probing (and its clock converge) without waiting for path discovery.
+        from scapy.layers.inet import ICMP, IP, UDP, UDPerror
+
         ident = {(t.src_ip, t.dst_ip, t.sport): t.flow for t in traces}
         for i, t in enumerate(traces):
             if i and i % BURST == 0:
