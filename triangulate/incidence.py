@@ -25,31 +25,40 @@ class RouteTable:
 
     def __init__(self, n_links: int) -> None:
         self.n_links = n_links
-        self._index: dict[bytes, int] = {}
-        self._links: list[np.ndarray] = []
-        self._w: list[np.ndarray] = []
+        self._index: dict[bytes, int] = {}  # tag -> id of routes added one by one
+        # routes in blocks of (links per route, links, weights): a fat-tree has about one
+        # distinct route per flow, so known paths are appended in bulk, never one by one
+        self._blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._count = 0
         self._csr: tuple[np.ndarray, ...] | None = None
         self._by_link: tuple[np.ndarray, np.ndarray] | None = None
         # known-path routes by row hash: sorted hashes, their route ids, padded rows by id
         self._hash = np.empty(0, np.uint64)
         self._hash_id = np.empty(0, np.int64)
-        self._pad: dict[int, np.ndarray] = {}
+        self._pad_blocks: list[tuple[int, np.ndarray]] = []
+        self._pads: np.ndarray | None = None
         self.add(b"empty", np.empty(0, np.int64), np.empty(0))  # route 0: no fabric links
 
     def __len__(self) -> int:
-        return len(self._links)
+        return self._count
+
+    def _append(self, lens: np.ndarray, links: np.ndarray, w: np.ndarray) -> int:
+        first = self._count
+        self._blocks.append((np.asarray(lens, np.int64), np.asarray(links, np.int64),
+                             np.asarray(w, np.float64)))  # fmt: skip
+        self._count += int(lens.size)
+        self._csr = self._by_link = self._pads = None
+        return first
 
     def add(self, tag: bytes, links: np.ndarray, w: np.ndarray) -> int:
         got = self._index.get(tag)
         if got is None:
-            got = self._index[tag] = len(self._links)
-            self._links.append(np.asarray(links, np.int64))
-            self._w.append(np.asarray(w, np.float64))
-            self._csr = self._by_link = None
+            links = np.asarray(links, np.int64)
+            got = self._index[tag] = self._append(np.array([links.size]), links, w)
         return got
 
     def known(self, mid: np.ndarray) -> np.ndarray:
-        """Route id of every row of ``mid`` (links padded with -1, weight 1 each)."""
+        """Route id of every row of ``mid`` (links padded with -1 at the end, weight 1)."""
         if mid.shape[0] == 0:
             return np.empty(0, np.int64)
         h = _row_hash(mid)
@@ -61,42 +70,40 @@ class RouteTable:
         miss = ~hit
         if hit.any():  # a hash match must also be the same links (collisions are possible)
             rows = np.flatnonzero(hit)
-            width = mid.shape[1]
-            pads = self._pad_matrix(width)
-            same = np.all(pads[ids[rows]] == mid[rows], axis=1)
+            same = np.all(self._pad_matrix(mid.shape[1])[ids[rows]] == mid[rows], axis=1)
             miss[rows[~same]] = True
         rows = np.flatnonzero(miss)
         if rows.size:
             first, inv = _unique_rows(mid[rows])
-            new = np.empty(first.size, np.int64)
-            for i, r in enumerate(rows[first].tolist()):
-                row = mid[r]
-                links = row[row >= 0].astype(np.int64)
-                new[i] = self.add(b"k" + links.tobytes(), links, np.ones(links.size))
-                self._pad[int(new[i])] = row.astype(np.int64)
+            uniq = mid[rows[first]].astype(np.int64)
+            on = uniq >= 0
+            start = self._append(on.sum(axis=1), uniq[on], np.ones(int(on.sum())))
+            new = start + np.arange(first.size)
+            self._pad_blocks.append((start, uniq))
             ids[rows] = new[inv]
-            hs = h[rows[first]]
-            order = np.argsort(np.concatenate([self._hash, hs]), kind="stable")
-            self._hash = np.concatenate([self._hash, hs])[order]
+            hs = np.concatenate([self._hash, h[rows[first]]])
+            order = np.argsort(hs, kind="stable")
+            self._hash = hs[order]
             self._hash_id = np.concatenate([self._hash_id, new])[order]
-            self._pads = None
         return ids
 
     def _pad_matrix(self, width: int) -> np.ndarray:
-        got = getattr(self, "_pads", None)
-        if got is None or got.shape != (len(self._links), width):
-            got = np.full((len(self._links), width), -2, np.int64)
-            for i, row in self._pad.items():
-                if row.size == width:
-                    got[i] = row
+        got = self._pads
+        if got is None or got.shape != (self._count, width):
+            got = np.full((self._count, width), -2, np.int64)
+            for start, block in self._pad_blocks:
+                if block.shape[1] == width:
+                    got[start : start + block.shape[0]] = block
             self._pads = got
         return got
 
     def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._csr is None:
-            lens = np.array([a.size for a in self._links], np.int64)
+            lens = np.concatenate([b[0] for b in self._blocks])
             ptr = np.concatenate([[0], np.cumsum(lens)])
-            self._csr = (ptr, np.concatenate(self._links), np.concatenate(self._w))
+            link = np.concatenate([b[1] for b in self._blocks])
+            w = np.concatenate([b[2] for b in self._blocks])
+            self._csr = (ptr, link, w)
         return self._csr
 
     def link_sum(self, per_route: np.ndarray) -> np.ndarray:
