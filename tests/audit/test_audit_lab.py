@@ -102,8 +102,10 @@ def test_hidden_delay_fails_exactly_that_link(tmp_path: Path) -> None:
     (truth,) = rep["lab"]["injected"]
     assert code == 1 and rep["failed_links"] == [truth["link"]], _context(rep)
     bad = next(lk for lk in rep["links"] if lk["link_id"] == truth["link"])
-    # the lab measures what its delay daemon really adds (+50 asked is ~+60 µs here)
-    assert abs(bad["excess_delay_ns"] / 1e3 - truth["measured_us"]) <= 25, _context(rep)
+    # The daemon adds at least what was asked, plus its wake-up latency: the lab's own
+    # before/after calibration measured +55..+95 µs for 50 asked, depending on the load.
+    est_us = bad["excess_delay_ns"] / 1e3
+    assert 0.8 * 50 <= est_us <= max(truth["measured_us"], 50) + 25, _context(rep)
     assert _worst_healthy(rep, "excess_delay_ns") < 0.1 * rep["thresholds"]["max_delay_ns"]
 
 
