@@ -116,6 +116,16 @@ class DelayModel:
         return a[b.dst] - a[b.src]
 
     # ---- location -------------------------------------------------------------------------
+    def _most_consistent(self, b: FlowBatch, e, ex, wt, z, ok) -> int:
+        """The candidate whose flows are late most consistently (share of its flows with at
+        least half its excess), then the largest z. A delayed fabric link slows *all* its
+        flows; the uplink of a NIC behind it only those hashed across it, though its median
+        can be as large: taking it first would blame the access link too."""
+        w = b.ent_w * (e[b.ent_row] >= 0.5 * ex[b.ent_link])
+        share = np.bincount(b.ent_link, w, self.n_links) / np.maximum(wt, 1e-12)
+        score = np.round(share, 1) + 1e-9 * np.minimum(z, 1e8)
+        return int(np.argmax(np.where(ok, score, -np.inf)))
+
     def _locate(self, b: FlowBatch, d: np.ndarray) -> DelayFit:
         cfg = self.cfg
         e = d.copy()
@@ -139,7 +149,7 @@ class DelayModel:
             ok[list(chosen)] = False
             if not ok.any():
                 break
-            best = int(np.argmax(np.where(ok, z, -np.inf)))
+            best = self._most_consistent(b, e, ex, wt, z, ok)
             chosen[best] = float(ex[best])
             z_of[best] = float(z[best])
             on = b.ent_link == best
