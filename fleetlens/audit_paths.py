@@ -8,7 +8,6 @@ naming NICs or links outside the topology, or impossible counts, are dropped and
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,16 +69,9 @@ class TopoIndex:
     def candidates(self, leaf_a: int, leaf_b: int) -> tuple[np.ndarray, np.ndarray]:
         """Fabric links between two leaves with their share of the equal-cost paths."""
         a, b = self.leaves[leaf_a], self.leaves[leaf_b]
-        if a == b:
-            return np.empty(0, np.int64), np.empty(0)
-        paths = self.topo.switch_paths(a, b)
-        counts: dict[int, int] = {}
-        for p in paths:
-            for u, v in itertools.pairwise(p):
-                i = self.link_index[f"{u}->{v}"]
-                counts[i] = counts.get(i, 0) + 1
-        links = np.array(sorted(counts), np.int64)
-        return links, np.array([counts[i] / len(paths) for i in links.tolist()])
+        shares = {self.link_index[lk]: w for lk, w in self.topo.link_shares(a, b).items()}
+        links = np.array(sorted(shares), np.int64)
+        return links, np.array([shares[i] for i in links.tolist()], np.float64)
 
 
 def flow_rows(

@@ -139,6 +139,16 @@ class Topology:
             self._path_cache[key] = _all_shortest_paths(self._switch_adjacency, leaf_a, leaf_b)
         return self._path_cache[key]
 
+    def link_shares(self, leaf_a: str, leaf_b: str) -> dict[str, float]:
+        """Directed fabric links on the equal-cost paths from one leaf to another, each with
+        the share of those paths crossing it (what ECMP hashing spreads over it)."""
+        paths = self.switch_paths(leaf_a, leaf_b) if leaf_a != leaf_b else []
+        counts: dict[str, int] = {}
+        for p in paths:
+            for u, v in itertools.pairwise(p):
+                counts[link_id(u, v)] = counts.get(link_id(u, v), 0) + 1
+        return {lk: n / len(paths) for lk, n in counts.items()}
+
     def ecmp_paths(self, src_nic: str, dst_nic: str) -> list[list[str]]:
         """Every equal-cost path of a flow as ordered directed link ids, access links included."""
         src, dst = self.nic_by_id[src_nic], self.nic_by_id[dst_nic]

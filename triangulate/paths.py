@@ -22,7 +22,6 @@ topology are dropped and counted (bad input never raises).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -383,14 +382,9 @@ class PathModel:
         if pair not in self._cand:
             n_leaf = len(self.leaf_names)
             a, b = self.leaf_names[pair // n_leaf], self.leaf_names[pair % n_leaf]
-            paths = self.topo.switch_paths(a, b) if a != b else [(a,)]
-            counts: dict[int, int] = {}
-            for p in paths:
-                for u, v in itertools.pairwise(p):
-                    i = self.link_index[f"{u}->{v}"]
-                    counts[i] = counts.get(i, 0) + 1
-            links = np.array(sorted(counts), np.int64)
-            w = np.array([counts[i] / len(paths) for i in links.tolist()], np.float64)
+            shares = {self.link_index[lk]: w for lk, w in self.topo.link_shares(a, b).items()}
+            links = np.array(sorted(shares), np.int64)
+            w = np.array([shares[i] for i in links.tolist()], np.float64)
             self._cand[pair] = self.routes.add(b"c%d" % pair, links, w)
         return self._cand[pair]
 
