@@ -205,6 +205,8 @@ agg AS (
            max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
     FROM windows_minute
     WHERE src_nic = $src AND dst_nic = $dst AND minute_ns >= $min_lo AND minute_ns < $split
+      -- a minute that raw rows also cover (split inside it) is read from raw only
+      AND (minute_ns + 60000000000 <= $split OR $split >= $until)
     GROUP BY 1)
 SELECT t, sum(windows)::BIGINT, sum(sent)::BIGINT, sum(received)::BIGINT, min(mn),
        sum(p50 * windows) / sum(windows), max(p99), max(mx)
