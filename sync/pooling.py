@@ -11,13 +11,24 @@ points up to ``k`` s apart instead of half a second.
 
 When: pooling assumes the clock difference is a straight line over ``k`` windows. Real
 oscillators wander (temperature, ageing) and a stepped clock breaks the line, so the span is
-chosen per edge by prediction: each candidate span (``POOL_SIZES``) keeps its last line, and
-when a new window arrives the single-window estimate is compared with each line's
-extrapolation. A running mean of the squared prediction errors (weight ``SCORE_WEIGHT``,
-each window's contribution capped at ``SCORE_CAP_NS``²) scores the spans: with stable clocks
-the long spans predict best (less noise); with wandering drift their lag shows up as
-prediction error and shorter spans win. A pooled fit whose points overlap (a step inside the
-span) is never used. Only the max-margin geometry changes: each pooled direction is reduced to
+chosen by prediction: each candidate span (``POOL_SIZES``) keeps, per edge, its last
+intercept, and when a new window arrives the single-window estimate is compared with each
+span's intercept carried to this window by one common slope (the longest usable span's). A
+running mean of the squared prediction errors (weight ``SCORE_WEIGHT``, each window's
+contribution capped at ``SCORE_CAP_NS``²) scores the spans: with stable clocks the long spans
+predict best (less noise); with wandering drift their bend shows up as prediction error and
+shorter spans win. The span is chosen for the whole fleet, by the median score over the edges,
+and used on every edge where it is allowed (see ``_pick``: per-edge scores are too noisy to
+choose by). A pooled fit whose points overlap (a step inside the span) is never used.
+
+Measured (1024-host simulator, software stamps, 20 ppb/√s wander plus drift steps, 12 s):
+choosing per edge, each span carried by its own slope, picked 8-window spans on 2/3 of the
+edges (a single window's slope, off by ~100 ppb, made its own prediction look bad) and the
+network edge p99 rose from 45 to 65–72 ns; per edge with a common slope the choice was a coin
+toss (edge p99 up to 124 ns); the fleet-wide choice keeps single windows there (the Kalman
+tracker does the averaging over windows).
+
+Only the max-margin geometry changes: each pooled direction is reduced to
 its hull first, so the fit's cost grows with the hull size, not with ``k``.
 
 Cost: the collector keeps the last ``max(POOL_SIZES) − 1`` windows' hull points (about 32 B
@@ -104,22 +115,31 @@ class HullPool:
             self.history.append((gen, pts))
 
     def choose(
-        self, keys: list[str], t_ref: int, fits: list[EdgeFits]
+        self, keys: list[str], t_ref: int, fits: list[EdgeFits], slope: np.ndarray
     ) -> tuple[EdgeFits, np.ndarray]:
         """Score every span on this window, then pick one fit per edge; returns the chosen
-        fits and the span index per edge. ``fits[0]`` is the single-window fit."""
+        fits and the span index per edge. ``fits[0]`` is the single-window fit; ``slope``
+        (per edge, ns/ns; the current network drift difference) carries the spans' last
+        intercepts to this window where no span longer than one window is usable now."""
         one = fits[0]
         ok = np.array([f.usable & ~f.soft for f in fits])  # (spans, edges)
         a = np.array([f.a for f in fits])
         b = np.array([f.b for f in fits])
-        choice = np.zeros(len(keys), np.int64)
+        # The carrying slope: the longest usable span's (a single window's slope is off by
+        # ~100 ppb with software stamps, 100 ns over the 1 s carried: that noise, common to
+        # all spans, would drown the differences between them).
+        longest = ok.shape[0] - 1 - np.argmax(ok[::-1], axis=0)
+        carry = np.where(ok.any(axis=0), b[longest, np.arange(len(keys))], slope)
+        tracks = []
         for e, key in enumerate(keys):
             tr = self.tracks.get(key)
             if tr is not None and t_ref - tr.t_ref > STALE_NS:  # the edge was gone: start over
                 tr = None
             if tr is not None and ok[0, e]:
-                _score(tr, one.a[e], t_ref)
-            choice[e] = _pick(tr, ok[:, e])
+                _score(tr, one.a[e], t_ref, float(carry[e]))
+            tracks.append(tr)
+        choice = _pick(tracks, ok)
+        for e, (key, tr) in enumerate(zip(keys, tracks, strict=True)):
             self.tracks[key] = _EdgeTrack(
                 t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(),
                 *((tr.score, tr.scored) if tr is not None else ()),
@@ -132,8 +152,12 @@ class HullPool:
             self.tracks.pop(k, None)
 
 
-def _score(tr: _EdgeTrack, measured: float, t_ref: int) -> None:
-    pred = tr.a + tr.b * float(t_ref - tr.t_ref)
+def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float) -> None:
+    # Every span's intercept is carried by the same slope: what is scored is how good each
+    # span's value at the end of its span was, the quantity the solve uses. (Each span's own
+    # slope would charge a single window for its slope noise, ~100 ppb = 100 ns over 1 s,
+    # which its in-window value does not have: long spans then won where they bend.)
+    pred = tr.a + slope * float(t_ref - tr.t_ref)
     err2 = np.minimum((measured - pred) ** 2, SCORE_CAP_NS**2)
     upd = tr.ok
     # A surprise (the clocks bent: a drift jump or a step) takes a span out at once; it must
@@ -145,14 +169,29 @@ def _score(tr: _EdgeTrack, measured: float, t_ref: int) -> None:
     tr.scored = tr.scored + upd
 
 
-def _pick(tr: _EdgeTrack | None, ok: np.ndarray) -> int:
-    if tr is None:
-        return 0
-    allowed = ok & (tr.scored >= MIN_SCORED)
-    allowed[0] = ok[0] or not ok.any()
-    if not allowed.any():
-        return int(np.argmax(ok))
-    return int(np.argmin(np.where(allowed, tr.score, np.inf)))
+def _pick(tracks: list[_EdgeTrack | None], ok: np.ndarray) -> np.ndarray:
+    """One span for the whole fleet, the one whose median score over the edges is lowest,
+    used on every edge where it is allowed (scored ``MIN_SCORED`` times, not surprised, its
+    fit usable now); elsewhere the single window. Per-edge scores are too noisy to choose
+    by (an EWMA of ~9 squared errors scatters by about half its value, more than what
+    separates the spans), while the clocks' wander that decides the best span is a property
+    of the oscillators, alike across the fleet; a bent edge (a drift step) is caught per
+    edge by its surprise reset."""
+    n_sp, n_e = ok.shape
+    score = np.full((n_sp, n_e), np.inf)
+    scored = np.zeros((n_sp, n_e), np.int64)
+    have = np.array([tr is not None for tr in tracks], bool)
+    if have.any():
+        idx = np.flatnonzero(have)
+        score[:, idx] = np.array([tracks[i].score for i in idx]).T
+        scored[:, idx] = np.array([tracks[i].scored for i in idx]).T
+    allowed = ok & (scored >= MIN_SCORED)
+    allowed[0] = True
+    med = np.array([np.median(score[k, allowed[k]]) if allowed[k].any() else np.inf
+                    for k in range(n_sp)])  # fmt: skip
+    best = int(np.argmin(med)) if np.isfinite(med).any() else 0
+    fallback = np.where(ok[0], 0, np.argmax(ok, axis=0))  # no single-window fit: any usable
+    return np.where(allowed[best] & ok[best], best, fallback)
 
 
 def _select(fits: list[EdgeFits], choice: np.ndarray) -> EdgeFits:

@@ -70,6 +70,7 @@ def run_sync(
     seconds: float,
     seed: int = 1,
     calibrated: bool = False,
+    pool_sizes: tuple[int, ...] | None = None,
     **cfg: object,
 ) -> Run:
     """Stream the simulator through one ``HuygensSync``; ``cfg`` are ``SimConfig`` fields.
@@ -83,7 +84,8 @@ def run_sync(
     cfg.setdefault("clock", "identity")
     cfg.setdefault("symmetric_paths", True)
     sim = Simulator(topo, SimConfig(**cfg), seed=seed)
-    sync = HuygensSync(nic_latency=nic_latencies(sim) if calibrated else None)
+    opts = {} if pool_sizes is None else {"pool_sizes": pool_sizes}
+    sync = HuygensSync(nic_latency=nic_latencies(sim) if calibrated else None, **opts)
     hosts = list(topo.hosts)
     run = Run(hosts)
     models: dict[str, ClockModel] = {}
