@@ -170,3 +170,22 @@ def test_fat_tree_sampled_delay_names_no_extra_links() -> None:
     assert all(not s.bad for s in steps[:3]), [s.bad for s in steps[:3]]
     assert steps[3].reported() == {core}, steps[3].bad
     assert abs(steps[3].bad[core].excess_delay_ns / 3_000 - 1) <= 0.2, steps[3].bad[core]
+
+
+def test_never_reported_paths_give_the_ecmp_set_not_a_confident_pick() -> None:
+    """No path ever reported: loss on one uplink of a leaf is spread evenly over all of the
+    leaf's uplinks (uniform ECMP prior), so the engine must not name one of them with full
+    confidence (it used to name spine0's link for a fault on spine3's): it reports every
+    uplink with the same evidence, each with confidence 1/N. With paths: exactly the link."""
+    from fleetlens.topology import from_spec
+
+    topo = from_spec("leafspine:hosts=64,nics=1,leaves=8,spines=4")  # the 64-host demo
+    for link, group in (("leaf6->spine3", [f"leaf6->spine{i}" for i in range(4)]),
+                        ("spine1->leaf2", [f"spine{i}->leaf2" for i in range(4)])):  # fmt: skip
+        steps = drive(topo, (f"{link}:loss=0.05:start_s=1",), seconds=4, seed=1, paths="unknown")
+        got = steps[-1].bad
+        assert set(got) == set(group), got
+        assert all(v.kind == "link" and v.confidence <= 0.26 for v in got.values()), got
+        assert all(0.03 <= v.loss_rate <= 0.07 for v in got.values()), got
+        known = drive(topo, (f"{link}:loss=0.05:start_s=1",), seconds=4, seed=1)
+        assert known[-1].faulty() == {link} and known[-1].bad[link].confidence > 0.99
