@@ -123,6 +123,7 @@ class Agent:
         self._set_clock(plan.clock)
         self.path.apply({n for n, nic in self.path.nics.items() if nic.up})
         self.builder = WindowBuilder(self.path.flows, plan.window_ns, self.cfg.purity_ns)
+        self._window_end: int | None = None  # fleet time the current window ends at
         self.metrics.set_nics(self.path.nics)
 
     def _set_clock(self, clock: ClockModel) -> None:
@@ -173,9 +174,23 @@ class Agent:
                 rnd += missed
                 deadline += missed * period
                 self.rounds_skipped += missed
-            if rnd % 10 == 0:
+            self._note_window_end()
+            # Every 10th round, and every round while an ended window waits for its last
+            # acks: it is uploaded within a round of its last pair being answered.
+            if rnd % 10 == 0 or self.builder.ended():
                 self._collect(self.cfg.ack_timeout_ns + 200_000_000)
             self._apply_changes()
+
+    def _note_window_end(self) -> None:
+        """When fleet time passes a window's end, note how many pairs had been sent by then."""
+        eng = self.path.engine  # type: ignore[union-attr]
+        now = eng.fleet_time(eng.raw_now())
+        w = self.builder.window_ns
+        if self._window_end is None:
+            self._window_end = (now // w + 1) * w
+        elif now >= self._window_end:
+            self.builder.mark_end(self._window_end // w - 1, eng.counters()["pairs_sent"])
+            self._window_end = (now // w + 1) * w
 
     def _collect(self, grace_ns: int) -> None:
         eng = self.path.engine  # type: ignore[union-attr]

@@ -158,6 +158,8 @@ class Uploader:
         if r.status_code == 429 or r.status_code >= 500:
             return float(r.headers.get("retry-after", "0") or 0)
         if r.status_code == 200:
+            if not self.stats.uploaded_batches:  # a start-up stage (the lab test times it)
+                log.info("first batch stored by the collector (%d windows)", p.windows)
             self.stats.uploaded_batches += 1
             self.stats.uploaded_windows += p.windows
         else:  # 4xx: a retry cannot fix it; say why and move on
