@@ -65,11 +65,14 @@ class _EdgeTrack:
     ok: np.ndarray  # per span: the line was usable
     score: np.ndarray | None = None  # per span: running mean squared prediction error
     scored: np.ndarray | None = None  # per span: predictions scored so far
+    pending: np.ndarray | None = None  # per span: the last prediction was a surprise
 
     def __post_init__(self) -> None:
         if self.score is None:
             self.score = np.zeros(self.a.size)
             self.scored = np.zeros(self.a.size, np.int64)
+        if self.pending is None:
+            self.pending = np.zeros(self.a.size, bool)
 
 
 @dataclass
@@ -92,6 +95,7 @@ class HullPool:
         self.sizes = sizes
         self.history: deque[tuple[int | None, HullPoints]] = deque(maxlen=max(sizes) - 1)
         self.tracks: dict[str, _EdgeTrack] = {}
+        self.noise = np.zeros(0)  # per edge of the last choice: the chosen span's noise, ns
 
     def pooled(self, pts: HullPoints, gen: int | None) -> Pooled:
         """The stored windows' points whose NICs occur in the current window; a window's age
@@ -139,10 +143,11 @@ class HullPool:
                 _score(tr, one.a[e], t_ref, float(carry[e]))
             tracks.append(tr)
         choice = _pick(tracks, ok)
+        self.noise = _noise(tracks, choice)
         for e, (key, tr) in enumerate(zip(keys, tracks, strict=True)):
             self.tracks[key] = _EdgeTrack(
                 t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(),
-                *((tr.score, tr.scored) if tr is not None else ()),
+                *((tr.score, tr.scored, tr.pending) if tr is not None else ()),
             )  # fmt: skip
         return _select(fits, choice), choice
 
@@ -160,23 +165,29 @@ def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float) -> None:
     pred = tr.a + slope * float(t_ref - tr.t_ref)
     err2 = np.minimum((measured - pred) ** 2, SCORE_CAP_NS**2)
     upd = tr.ok
-    # A surprise (the clocks bent: a drift jump or a step) takes a span out at once; it must
-    # predict MIN_SCORED windows again before it is used.
+    # A surprise twice in a row (the clocks bent: a drift jump or a step) takes a span out;
+    # it must predict MIN_SCORED windows again before it is used. A single one is more often
+    # the single-window measurement being wild (two-host lab under load: windows 6-8 µs off,
+    # which took every span out at once and left the wild single window in use): it is not
+    # scored at all. A clock step is handled apart (``forget``).
     surprise = upd & (tr.scored >= MIN_SCORED) & (err2 > SURPRISE_K**2 * tr.score)
-    tr.scored = np.where(surprise, 0, tr.scored)
+    again = surprise & tr.pending
+    tr.pending = surprise & ~again
+    upd = upd & ~tr.pending
+    tr.scored = np.where(again, 0, tr.scored)
     tr.score = np.where(upd, (1 - SCORE_WEIGHT) * tr.score + SCORE_WEIGHT * err2, tr.score)
     tr.score = np.where(upd & (tr.scored == 0), err2, tr.score)
     tr.scored = tr.scored + upd
 
 
 def _pick(tracks: list[_EdgeTrack | None], ok: np.ndarray) -> np.ndarray:
-    """One span for the whole fleet, the one whose median score over the edges is lowest,
-    used on every edge where it is allowed (scored ``MIN_SCORED`` times, not surprised, its
-    fit usable now); elsewhere the single window. Per-edge scores are too noisy to choose
-    by (an EWMA of ~9 squared errors scatters by about half its value, more than what
-    separates the spans), while the clocks' wander that decides the best span is a property
-    of the oscillators, alike across the fleet; a bent edge (a drift step) is caught per
-    edge by its surprise reset."""
+    """Spans ranked for the whole fleet by their median score over the edges; each edge
+    uses the best-ranked span allowed there (scored ``MIN_SCORED`` times since its last
+    surprise, its fit usable now), the single window if none is. Per-edge scores are too
+    noisy to choose by (an EWMA of ~9 squared errors scatters by about half its value, more
+    than what separates the spans), while the clocks' wander that decides the best span is a
+    property of the oscillators, alike across the fleet; a bent edge (a drift step) is caught
+    per edge by its surprise reset."""
     n_sp, n_e = ok.shape
     score = np.full((n_sp, n_e), np.inf)
     scored = np.zeros((n_sp, n_e), np.int64)
@@ -189,9 +200,27 @@ def _pick(tracks: list[_EdgeTrack | None], ok: np.ndarray) -> np.ndarray:
     allowed[0] = True
     med = np.array([np.median(score[k, allowed[k]]) if allowed[k].any() else np.inf
                     for k in range(n_sp)])  # fmt: skip
-    best = int(np.argmin(med)) if np.isfinite(med).any() else 0
+    # Per edge, the allowed span with the best fleet-wide median (the fleet's best span where
+    # it is allowed, else the next best, e.g. a shorter span while a long one re-qualifies).
+    rank = np.where(allowed & ok, med[:, None], np.inf)
     fallback = np.where(ok[0], 0, np.argmax(ok, axis=0))  # no single-window fit: any usable
-    return np.where(allowed[best] & ok[best], best, fallback)
+    return np.where(np.isfinite(rank).any(axis=0), np.argmin(rank, axis=0), fallback)
+
+
+def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray) -> np.ndarray:
+    """Each edge's offset noise with the chosen span, from its prediction score: the score
+    is the mean square of (span's carried value − next single window), about σ_span² + σ_1²,
+    so √(score/2) is σ_1 for the single window and an upper bound for longer spans (0 where
+    not yet scored). The network solve cannot see it on a pairwise-only edge (no residual):
+    the tracker needs it, or a switch from a smooth 32-window span to a single window (σ 150
+    ns in the lab under load) reads as a clock change against a noise estimate learnt on the
+    smooth span."""
+    out = np.zeros(choice.size)
+    for e, tr in enumerate(tracks):
+        k = int(choice[e])
+        if tr is not None and tr.scored[k] >= MIN_SCORED:
+            out[e] = np.sqrt(tr.score[k] / 2.0)
+    return out
 
 
 def _select(fits: list[EdgeFits], choice: np.ndarray) -> EdgeFits:

@@ -80,6 +80,7 @@ class SolveReport:
     passes: int = 0
     edge_keys: list[str] = field(default_factory=list)  # "lo_nic|hi_nic" per edge
     span: np.ndarray | None = None  # windows pooled for each edge's fit (:mod:`.pooling`)
+    edge_noise: np.ndarray | None = None  # per edge: the chosen span's offset noise (ns)
     ts_kind: str = "software"
 
     @property
@@ -197,6 +198,8 @@ class HuygensSync:
             [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
         )  # fmt: skip
         rep.edge_keys, rep.span = geo.keys, np.array(self.pool.sizes)[span]
+        if pool_ok and self.pool.noise.size == geo.n:
+            rep.edge_noise = self.pool.noise
         rep.ts_kind = kind
         return rep
 
@@ -259,6 +262,7 @@ class HuygensSync:
         span = np.zeros(len(rep.hosts))
         np.maximum.at(span, rep.edge_lo[on], rep.fits.span[on] * 1e-9)
         np.maximum.at(span, rep.edge_hi[on], rep.fits.span[on] * 1e-9)
+        floor = _host_noise(rep, on)
         for i, h in enumerate(rep.hosts):
             if not off.solved[i]:
                 continue
@@ -268,7 +272,7 @@ class HuygensSync:
             d = float(dft.x[i]) if d_ok else None  # None: slope unknown this window
             # A window's slope rests on hull points about half the span apart: its error is at
             # least ~2 offset errors over that, whatever the (maybe single) edge says.
-            s_th = float(np.hypot(off.sigma[i], off.scale))
+            s_th = max(float(np.hypot(off.sigma[i], off.scale)), float(floor[i]))
             short = span[i] < SHORT_SPAN_S
             if short or not d_ok:  # e.g. the first, partial window: its few points sit well
                 s_th *= SHORT_WINDOW_K  # above the floors (lab: 2-3x the stated σ)
@@ -358,6 +362,18 @@ def _edge_weights(fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.
     unstable = (n_all > 0) & (n_soft > UNSTABLE_FRACTION * n_all)
     w0 = np.where((unstable[geo.lo] | unstable[geo.hi]) & ~lenient, 0.0, w0)
     return w0, unstable
+
+
+def _host_noise(rep: SolveReport, on: np.ndarray) -> np.ndarray:
+    """Per host, the offset noise its used edges' spans showed (:func:`.pooling._noise`),
+    combined as independent edges (1/σ² = Σ 1/σ_e²); 0 where unknown."""
+    n = len(rep.hosts)
+    if rep.edge_noise is None:
+        return np.zeros(n)
+    known = on & (rep.edge_noise > 0)
+    inv = np.where(known, 1.0 / np.maximum(rep.edge_noise, 1e-9) ** 2, 0.0)
+    tot = np.bincount(rep.edge_lo, inv, n) + np.bincount(rep.edge_hi, inv, n)
+    return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
 
 
 def _host_list(pts: HullPoints, topology, prev, tracker) -> list[str]:
