@@ -54,7 +54,8 @@ SCORE_WEIGHT = 0.2
 SCORE_CAP_NS = 1_000.0
 MIN_SCORED = 3  # predictions a span needs before it may be chosen over a single window
 STALE_NS = 5_000_000_000  # an edge unseen this long starts its spans' scores over
-SURPRISE_K = 4.0  # a prediction error beyond this many of the span's rms restarts its score
+SURPRISE_K = 4.0  # a prediction error beyond this many of the span's rms is a surprise
+SURPRISE_RUN = 3  # surprises in a row that restart a span's score
 
 
 @dataclass
@@ -65,14 +66,14 @@ class _EdgeTrack:
     ok: np.ndarray  # per span: the line was usable
     score: np.ndarray | None = None  # per span: running mean squared prediction error
     scored: np.ndarray | None = None  # per span: predictions scored so far
-    pending: np.ndarray | None = None  # per span: the last prediction was a surprise
+    pending: np.ndarray | None = None  # per span: surprises in a row so far
 
     def __post_init__(self) -> None:
         if self.score is None:
             self.score = np.zeros(self.a.size)
             self.scored = np.zeros(self.a.size, np.int64)
         if self.pending is None:
-            self.pending = np.zeros(self.a.size, bool)
+            self.pending = np.zeros(self.a.size, np.int64)
 
 
 @dataclass
@@ -165,15 +166,17 @@ def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float) -> None:
     pred = tr.a + slope * float(t_ref - tr.t_ref)
     err2 = np.minimum((measured - pred) ** 2, SCORE_CAP_NS**2)
     upd = tr.ok
-    # A surprise twice in a row (the clocks bent: a drift jump or a step) takes a span out;
-    # it must predict MIN_SCORED windows again before it is used. A single one is more often
-    # the single-window measurement being wild (two-host lab under load: windows 6-8 µs off,
-    # which took every span out at once and left the wild single window in use): it is not
-    # scored at all. A clock step is handled apart (``forget``).
+    # SURPRISE_RUN surprises in a row (the clocks bent: a drift jump) take a span out; it
+    # must predict MIN_SCORED windows again before it is used. Fewer are more often the
+    # single-window reference being wild (two-host lab under load: windows 6-8 µs off, and
+    # bursts of them, which took the 32-window span out and left 8- or 1-window fits in use,
+    # 100-400 ns off, where the 32-window one stayed within ~20 ns): they are not scored at
+    # all. A clock step is handled apart (``forget``).
     surprise = upd & (tr.scored >= MIN_SCORED) & (err2 > SURPRISE_K**2 * tr.score)
-    again = surprise & tr.pending
-    tr.pending = surprise & ~again
-    upd = upd & ~tr.pending
+    tr.pending = np.where(surprise, tr.pending + 1, 0)
+    again = tr.pending >= SURPRISE_RUN
+    tr.pending = np.where(again, 0, tr.pending)
+    upd = upd & (tr.pending == 0)
     tr.scored = np.where(again, 0, tr.scored)
     tr.score = np.where(upd, (1 - SCORE_WEIGHT) * tr.score + SCORE_WEIGHT * err2, tr.score)
     tr.score = np.where(upd & (tr.scored == 0), err2, tr.score)
