@@ -5,6 +5,13 @@ releases the GIL while it waits); a control thread refreshes the plan and clock 
 the LinkPass decision file and watches NIC link state; the uploader ships window batches; the
 metrics server answers Prometheus. The control thread never touches the engine: it queues
 changes that the main thread applies between rounds.
+
+Start-up is on the clock (the collector cannot sync a host before its first window), so the
+agent probes first and loads the rest afterwards: only NIC discovery (rtnetlink, stdlib), the
+stdlib HTTP client, numpy and the fast path are imported before the first probe; the uploader
+(pyarrow compute, msgpack), the metrics server (prometheus_client) and path discovery (scapy)
+start on a thread while the first window fills. Windows completed before the uploader is up
+wait for it.
 """
 
 from __future__ import annotations
@@ -15,16 +22,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetlens.probe.client import CollectorClient, CollectorError
 from fleetlens.probe.datapath import DataPath
-from fleetlens.probe.metrics import AgentMetrics
 from fleetlens.probe.nics import LocalNic, discover, hardware_timestamping, link_states
 from fleetlens.probe.pathfind import PathFinder, Trace
-from fleetlens.probe.upload import Uploader
 from fleetlens.probe.windows import WindowBuilder
 
 from fleetlens.records import TS_HARDWARE, TS_SOFTWARE, ClockModel, Decision, HostPlan
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from fleetlens.probe.metrics import AgentMetrics
+    from fleetlens.probe.upload import Uploader
 
 log = logging.getLogger("fleetlens.agent")
 
@@ -72,8 +83,11 @@ class Agent:
         self.stop = threading.Event()
         self.client = CollectorClient(cfg.collector, cfg.token)
         self.changes: queue.SimpleQueue[_Changes] = queue.SimpleQueue()
-        self.metrics = AgentMetrics(cfg.host_id)
+        self.metrics: AgentMetrics | None = None  # both made after the first probe
         self.uploader: Uploader | None = None
+        self._unsent: list[pa.Table] = []  # windows completed before the uploader was up
+        self._late = threading.Thread(target=self._late_start, name="late-start", daemon=True)
+        self.failed = False  # the late start failed: the agent stops with exit code 1
         self.path: DataPath | None = None
         self.clock = ClockModel.identity(cfg.host_id)
         self.rounds_skipped = 0
@@ -124,7 +138,8 @@ class Agent:
         self.path.apply({n for n, nic in self.path.nics.items() if nic.up})
         self.builder = WindowBuilder(self.path.flows, plan.window_ns, self.cfg.purity_ns)
         self._window_end: int | None = None  # fleet time the current window ends at
-        self.metrics.set_nics(self.path.nics)
+        if self.metrics is not None:
+            self.metrics.set_nics(self.path.nics)
 
     def _set_clock(self, clock: ClockModel) -> None:
         self.clock = clock
@@ -134,18 +149,9 @@ class Agent:
     def run(self) -> int:
         nics, plan = self._setup()
         self._build(plan, nics)
-        state = self.cfg.state_dir / self.cfg.host_id
-        self.uploader = Uploader(
-            self.cfg.collector, self.cfg.host_id, self.cfg.token, state / "spill",
-            self.cfg.mem_batches, self.cfg.spill_max_bytes,
-        )  # fmt: skip
-        self.uploader.start()
         control = threading.Thread(target=self._control_loop, name="control", daemon=True)
         control.start()
-        if self.cfg.path_refresh_s > 0:
-            threading.Thread(target=self._path_loop, name="paths", daemon=True).start()
-        if self.cfg.metrics_port:
-            self.metrics.serve(self.cfg.metrics_addr, self.cfg.metrics_port, self._snapshot)
+        self._late.start()
         log.info("probing %d flows to %d peers", len(self.path.flows), len(self.path.entries))  # type: ignore[union-attr]
         try:
             self._rounds()
@@ -153,8 +159,43 @@ class Agent:
             self.stop.set()
             self.relearn.set()
             control.join(timeout=10)  # before the client it uses is closed
+            self._late.join(timeout=30)  # the uploader, to hand it the last windows
             self._shutdown()
-        return 0
+        return 1 if self.failed else 0
+
+    def _late_start(self) -> None:
+        """What the first probe need not wait for: uploader, metrics server, path discovery."""
+        self._start_metrics()
+        try:
+            from fleetlens.probe.upload import Uploader
+
+            state = self.cfg.state_dir / self.cfg.host_id
+            uploader = Uploader(
+                self.cfg.collector, self.cfg.host_id, self.cfg.token, state / "spill",
+                self.cfg.mem_batches, self.cfg.spill_max_bytes,
+            )  # fmt: skip
+            uploader.start()
+            self.uploader = uploader
+        except Exception:
+            log.exception("cannot start the uploader: stopping")
+            self.failed = True
+            self.stop.set()
+            return
+        if self.cfg.path_refresh_s > 0:
+            threading.Thread(target=self._path_loop, name="paths", daemon=True).start()
+
+    def _start_metrics(self) -> None:
+        """Metrics are best effort: probing matters more (e.g. when the port is taken)."""
+        try:
+            from fleetlens.probe.metrics import AgentMetrics
+
+            metrics = AgentMetrics(self.cfg.host_id)
+            metrics.set_nics(self.path.nics)  # type: ignore[union-attr]
+            self.metrics = metrics
+            if self.cfg.metrics_port:
+                metrics.serve(self.cfg.metrics_addr, self.cfg.metrics_port, self._snapshot)
+        except Exception as e:
+            log.error("no /metrics on %s:%d: %s", self.cfg.metrics_addr, self.cfg.metrics_port, e)
 
     def _rounds(self) -> None:
         assert self.path is not None
@@ -198,8 +239,13 @@ class Agent:
         self.builder.add(eng.take_samples(), self.clock, raw_now)
         table = self.builder.pop_complete(self.clock.to_fleet(raw_now), grace_ns)
         if table is not None and table.num_rows:
-            self.metrics.observe_windows(table)
-            self.uploader.submit(table)  # type: ignore[union-attr]
+            self._unsent.append(table)
+        if self._unsent and self.uploader is not None:
+            for t in self._unsent:
+                if self.metrics is not None:
+                    self.metrics.observe_windows(t)
+                self.uploader.submit(t)
+            self._unsent.clear()
 
     def _apply_changes(self) -> None:
         while True:
@@ -234,6 +280,8 @@ class Agent:
             counters = self.path.engine.counters()
             log.info("data path totals: %s", " ".join(f"{k}={v}" for k, v in counters.items() if v))
             self.path.close()
+        if self._unsent:
+            log.error("%d window batches lost: the uploader never started", len(self._unsent))
         if self.uploader is not None:
             if not self.uploader.flush(timeout_s=5.0):
                 log.warning("collector did not take everything; the rest is spilled for next time")

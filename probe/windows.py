@@ -117,7 +117,9 @@ class WindowBuilder:
             last = max(last, self._ends.pop(0)[0])
         self._ends = [e for e in self._ends if e[0] > last]
         self._closed = max(self._closed, last)
-        if not self._pending:
+        # Called every round while a window waits for its last acks: concatenate only when
+        # something is due.
+        if not self._pending or min(int(p["window"].min()) for p in self._pending) > last:
             return None
         s = {k: np.concatenate([p[k] for p in self._pending]) for k in self._pending[0]}
         done = s["window"] <= last
