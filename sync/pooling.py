@@ -173,7 +173,12 @@ def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float) -> None:
     # 100-400 ns off, where the 32-window one stayed within ~20 ns): they are not scored at
     # all. A clock step is handled apart (``forget``).
     surprise = upd & (tr.scored >= MIN_SCORED) & (err2 > SURPRISE_K**2 * tr.score)
-    tr.pending = np.where(surprise, tr.pending + 1, 0)
+    eligible = upd & (tr.scored >= MIN_SCORED)
+    if eligible.sum() >= 2 and surprise[eligible].all():
+        # Every span, the previous single window included, misses it: this window's single
+        # fit is the wild one, not the spans (a bend leaves the previous window's line close
+        # and the long spans off). Nothing is scored or counted.
+        return
     again = tr.pending >= SURPRISE_RUN
     tr.pending = np.where(again, 0, tr.pending)
     upd = upd & (tr.pending == 0)
