@@ -30,6 +30,7 @@ from fleetlens.probe.nics import LocalNic, discover, hardware_timestamping, link
 from fleetlens.probe.pathfind import PathFinder, Trace
 from fleetlens.probe.windows import WindowBuilder
 
+from fleetlens.ids import nic_id
 from fleetlens.records import TS_HARDWARE, TS_SOFTWARE, ClockModel, Decision, HostPlan
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class _Changes:
     up: set[str] | None = None
     plan: HostPlan | None = None
     paths: dict[int, list[str]] = field(default_factory=dict)
+    nics: list[LocalNic] | None = None  # NICs appeared or went away: rebuild with these
 
 
 class Agent:
@@ -95,15 +97,40 @@ class Agent:
 
     # ---- start-up -----------------------------------------------------------------------
     def _nics(self) -> list[LocalNic]:
-        nics = discover(self.cfg.nics)
-        if not nics:
-            raise SystemExit(
-                f"fleetlens agent: no interface matches {self.cfg.nics!r} with an IPv4 address"
-            )
+        """The NICs to probe from; waits for one to appear (e.g. started before the network)."""
+        while True:
+            nics = self._discover()
+            if nics:
+                return self._with_ts_source(nics, [])
+            if nics is not None:
+                log.warning("no interface matches %r with an IPv4 address: waiting for one",
+                            self.cfg.nics)  # fmt: skip
+            if self.stop.wait(self.cfg.control_interval_s):
+                raise SystemExit(0)
+
+    def _discover(self) -> list[LocalNic] | None:
+        try:
+            return discover(self.cfg.nics)
+        except OSError as e:  # rtnetlink refused: try again later rather than stop probing
+            log.error("NIC discovery failed: %s", e)
+            return None
+
+    @staticmethod
+    def _with_ts_source(nics: list[LocalNic], known: list[LocalNic]) -> list[LocalNic]:
+        """Timestamp source per NIC: probed once for NICs not seen before."""
+        old = {(n.ifname, n.ip): n.ts_source for n in known}
         for n in nics:
+            if (n.ifname, n.ip) in old:
+                n.ts_source = old[n.ifname, n.ip]
+                continue
             n.ts_source = TS_HARDWARE if hardware_timestamping(n.ifname) else TS_SOFTWARE
             log.info("NIC %s %s: %s timestamps", n.ifname, n.ip, n.ts_source)
         return nics
+
+    def _register(self, nics: list[LocalNic]) -> None:
+        src = TS_HARDWARE if all(n.ts_source == TS_HARDWARE for n in nics) else TS_SOFTWARE
+        body = [{"ifname": n.ifname, "ip": n.ip} for n in nics]
+        self.client.register(self.cfg.host_id, body, src, self.cfg.metrics_port)
 
     def _until_ok(self, what: str, call):  # type: ignore[no-untyped-def]
         """Retry a collector call until it works or we are stopped (collector not up yet)."""
@@ -119,12 +146,7 @@ class Agent:
 
     def _setup(self) -> tuple[list[LocalNic], HostPlan]:
         nics = self._nics()
-        src = TS_HARDWARE if all(n.ts_source == TS_HARDWARE for n in nics) else TS_SOFTWARE
-        body = [{"ifname": n.ifname, "ip": n.ip} for n in nics]
-        self._until_ok(
-            "register",
-            lambda: self.client.register(self.cfg.host_id, body, src, self.cfg.metrics_port),
-        )
+        self._until_ok("register", lambda: self._register(nics))
         plan = self._until_ok("plan", lambda: self.client.plan(self.cfg.host_id))
         return nics, plan
 
@@ -253,18 +275,19 @@ class Agent:
                 ch = self.changes.get_nowait()
             except queue.Empty:
                 return
-            if ch.plan is not None:
-                self._rebuild(ch.plan)
+            if ch.plan is not None or ch.nics is not None:
+                self._rebuild(ch.plan, ch.nics)
             if ch.clock is not None:
                 self._set_clock(ch.clock)
             if ch.up is not None:
                 self.path.apply(ch.up)  # type: ignore[union-attr]
             self.builder.paths.update(ch.paths)
 
-    def _rebuild(self, plan: HostPlan) -> None:
-        log.info("plan changed (%d entries): rebuilding the data path", len(plan.entries))
+    def _rebuild(self, plan: HostPlan | None, nics: list[LocalNic] | None = None) -> None:
+        plan = plan or self.path.plan  # type: ignore[union-attr]
+        log.info("plan or NICs changed (%d entries): rebuilding the data path", len(plan.entries))
         self._drain()
-        nics = list(self.path.nics.values())  # type: ignore[union-attr]
+        nics = nics if nics is not None else list(self.path.nics.values())  # type: ignore[union-attr]
         self.path.close()  # type: ignore[union-attr]
         self._build(plan, nics)
 
@@ -291,8 +314,21 @@ class Agent:
     # ---- control thread -----------------------------------------------------------------
     def _control_loop(self) -> None:
         up_before: set[str] | None = None
+        nics = list(self.path.nics.values())  # type: ignore[union-attr]
+        registered = _nic_key(nics)
         while not self.stop.wait(self.cfg.control_interval_s):
             ch = _Changes()
+            found = self._discover()
+            if found is not None and _nic_key(found) != _nic_key(nics):
+                self._log_nic_change(nics, found)
+                nics = ch.nics = self._with_ts_source(found, nics)
+                self.relearn.set()  # new flows: trace them
+            if registered != _nic_key(nics):  # the collector learns the NICs (retried)
+                try:
+                    self._register(nics)
+                    registered = _nic_key(nics)
+                except CollectorError as e:
+                    log.warning("re-registering the NICs failed (%s); retrying", e)
             try:
                 plan = self.client.plan(self.cfg.host_id)
                 ch.clock = plan.clock
@@ -302,11 +338,7 @@ class Agent:
             except CollectorError as e:
                 log.debug("control refresh skipped: %s", e)
             states = link_states()
-            up = {
-                nid
-                for nid, nic in (self.path.nics.items() if self.path else [])
-                if states.get(nic.ifname)
-            }
+            up = {nic_id(self.cfg.host_id, n.ifname) for n in nics if states.get(n.ifname)}
             if up != up_before:
                 if up_before is not None:
                     log.warning("NICs up: %s", ", ".join(sorted(up)) or "none")
@@ -314,6 +346,13 @@ class Agent:
                 ch.up = up
                 up_before = up
             self.changes.put(ch)
+
+    @staticmethod
+    def _log_nic_change(old: list[LocalNic], new: list[LocalNic]) -> None:
+        before, after = _nic_key(old), _nic_key(new)
+        added = ", ".join(f"{i} {a}" for i, a in sorted(after - before)) or "none"
+        gone = ", ".join(f"{i} {a}" for i, a in sorted(before - after)) or "none"
+        log.warning("NICs changed: added %s; gone %s", added, gone)
 
     def _path_loop(self) -> None:
         """Learn every flow's path now, then every ``path_refresh_s`` (routes change rarely)."""
@@ -366,3 +405,7 @@ class Agent:
             "depth": self.uploader.depth if self.uploader else (0, 0),
             "rounds_skipped": self.rounds_skipped,
         }
+
+
+def _nic_key(nics: list[LocalNic]) -> frozenset[tuple[str, str]]:
+    return frozenset((n.ifname, n.ip) for n in nics)

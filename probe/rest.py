@@ -4,12 +4,13 @@ The agent registers and fetches its plan before its first probe; httpx's import 
 ~70 ms of CPU there (it pulls in its command-line extras), ``http.client`` ~14 ms. One
 connection per client object, reopened after any error; a request on a connection the
 collector had already closed is retried once on a fresh one (every call the agent makes is
-idempotent: uploads carry their batch id).
+idempotent: uploads carry their batch id). Threads sharing a client take turns.
 """
 
 from __future__ import annotations
 
 import http.client
+import threading
 from urllib.parse import urlsplit
 
 
@@ -39,6 +40,7 @@ class HttpClient:
         self._headers = dict(headers or {})
         self._timeout = timeout_s
         self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()  # one request at a time on the one connection
 
     def request(
         self,
@@ -48,6 +50,10 @@ class HttpClient:
         headers: dict[str, str] | None = None,
     ) -> Response:
         hdrs = {**self._headers, **(headers or {})}
+        with self._lock:
+            return self._request(method, path, body, hdrs)
+
+    def _request(self, method: str, path: str, body: bytes | None, hdrs: dict) -> Response:
         for attempt in range(2):
             reused = self._conn is not None
             conn = self._conn or self._connect()
@@ -73,6 +79,8 @@ class HttpClient:
         return self._conn
 
     def close(self) -> None:
+        # No lock: also called from inside a request on an error (and at shutdown, when the
+        # other threads are done).
         if self._conn is not None:
             self._conn.close()
             self._conn = None
