@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from fleetlens.probe.rest import HttpClient, HttpError
 
@@ -51,6 +53,11 @@ class CollectorClient:
 
     def plan(self, host_id: str) -> HostPlan:
         d = self._call("GET", f"/v1/plan/{host_id}")
+        with _malformed("plan"):
+            return self._plan(host_id, d)
+
+    @staticmethod
+    def _plan(host_id: str, d: dict) -> HostPlan:  # type: ignore[type-arg]
         c = d["clock"]
         clock = ClockModel(
             host_id,
@@ -70,10 +77,11 @@ class CollectorClient:
 
     def decision(self, host_id: str) -> Decision:
         d = self._call("GET", f"/v1/decisions/{host_id}")
-        drain = [
-            DrainEntry(e["nic_id"], e["reason"], int(e["since_ns"])) for e in d.get("drain", [])
-        ]
-        return Decision(host_id, int(d.get("generated_ns") or 0), drain)
+        with _malformed("decision"):
+            drain = [
+                DrainEntry(e["nic_id"], e["reason"], int(e["since_ns"])) for e in d.get("drain", [])
+            ]
+            return Decision(host_id, int(d.get("generated_ns") or 0), drain)
 
     def interfaces(self) -> dict[str, str]:
         """Switch interface address -> link arriving there (empty: no inventory)."""
@@ -81,3 +89,12 @@ class CollectorClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+@contextmanager
+def _malformed(what: str) -> Iterator[None]:
+    """A malformed answer is a failed call (retried later), never an exception in a thread."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CollectorError(f"malformed {what} from the collector: {e!r}") from e
