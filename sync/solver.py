@@ -16,13 +16,17 @@ Steps per window:
 3. Max-margin fit per NIC pair (:mod:`.edgefit`). Edges are NIC pairs, not host pairs, so a
    fault on one NIC's link shows up as disagreement between that host's NICs.
    With software stamps, each edge is also fitted over the pooled hulls of the last 8 and
-   32 windows (:mod:`.pooling`) and the span that best predicted the next window is used.
+   32 windows (:mod:`.pooling`) and the span that best predicted the next window across the
+   fleet is used where it is allowed; its prediction score also floors the measurement noise
+   the tracker is given (a pairwise-only edge has no residual to show it).
 4. Hosts with most of their edges overlapping (a clock step or broken stamps inside the
    window) are left out of this window: they are reported unsynchronized, not guessed.
    Soft-margin edges otherwise count with weight ``SOFT_WEIGHT``.
 5. Network effect (:mod:`.network`): robust weighted least squares for offsets, then drifts.
-6. Drift tracking and step detection (:mod:`.tracking`); models out, ``synced`` only for hosts
-   measured in this window. ``error_bound_ns`` is 3σ of the tracked offset.
+6. Drift tracking, drift-change and step detection (:mod:`.tracking`); a host with
+   ``MIN_EDGES`` agreeing edges is trusted (a surprise is followed at once), others must
+   repeat a surprise. Models out, ``synced`` only for hosts measured in this window.
+   ``error_bound_ns`` is 3σ of the tracked offset.
 
 Window length: the probe plan's 1 s window (100 rounds at 10 ms) gives each NIC pair ~100 pure
 points per direction, enough for the minimum delays to be within tens of ns of the floor with
