@@ -12,6 +12,10 @@ stdlib HTTP client, numpy and the fast path are imported before the first probe;
 (pyarrow compute, msgpack), the metrics server (prometheus_client) and path discovery (scapy)
 start on a thread while the first window fills. Windows completed before the uploader is up
 wait for it.
+
+NICs: rescanned (one rtnetlink dump) every control interval; when one appears or goes away the
+control thread re-registers the host's NICs and the main thread rebuilds the data path with
+them (a short pause in probing, like a plan change), and their flows are traced.
 """
 
 from __future__ import annotations
