@@ -144,9 +144,11 @@ class DelayModel:
         chosen: dict[int, float] = {}
         z_of: dict[int, float] = {}
         med0, wt0 = None, None
+        use = self._judged_entries(b)
+        e_link, e_row, e_w = b.ent_link[use], b.ent_row[use], b.ent_w[use]
         for _ in range(16):
             med, wt = group_quantile_bins(
-                b.ent_link, row_bins[b.ent_row], b.ent_w, self.n_links, cfg.delay_quantile
+                e_link, row_bins[e_row], e_w, self.n_links, cfg.delay_quantile
             )
             if med0 is None:
                 med0, wt0 = med, wt
@@ -174,6 +176,15 @@ class DelayModel:
             wt0,
             d,
         )
+
+    def _judged_entries(self, b: FlowBatch) -> np.ndarray:
+        """Entries a link's statistic is taken over: its flows with a known path when it has
+        enough of them. A flow whose path is unknown is spread over the ECMP candidates, and
+        only the share of those flows that really crossed a delayed link is late — too few for
+        a low quantile (with two spines, half): mixing them in hides the fault."""
+        sure = b.ent_w >= 1.0 - 1e-9
+        n_sure = np.bincount(b.ent_link[sure], minlength=self.n_links)
+        return sure | (n_sure < self.cfg.delay_min_flows)[b.ent_link]
 
     def _sigma(self, med: np.ndarray, wt: np.ndarray) -> np.ndarray:
         """Healthy spread per link: its own learned spread, but at least the robust spread of
