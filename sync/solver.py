@@ -44,7 +44,7 @@ import pyarrow as pa
 from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
-from .edgefit import EdgeFits, fit_edges
+from .edgefit import SLOPE_BRACKET, EdgeFits, fit_edges
 from .network import MIN_EDGES, NetSolution, solve_network
 from .pooling import POOL_SIZES, HullPool, hull_reduce
 from .purity import HullPoints, complete_generations, hull_points
@@ -55,6 +55,8 @@ MAX_BACKLOG = 3  # window generations folded in per call when the caller fell be
 STALE_CALLS = 5  # calls in a row without a new window: models no longer count as synced
 MAX_PASSES = 5
 SOFT_WEIGHT = 0.1
+POOL_BRACKET_K = 3.0  # pooled fits: slope within this many tracked drift σ (see _pool_fits)
+POOL_BRACKET_PPB = 2.0
 SLOPE_BASE_S = 0.5
 SHORT_WINDOW_K = 3.0
 SHORT_SPAN_S = 0.6  # a host whose points span less than this is in a partial window
@@ -160,6 +162,7 @@ class HuygensSync:
         src_h = nic_h[pts.src]
         geo = _EdgeGeometry(pts, nic_h)
         theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
+        tracked = (drift.copy(), self._drift_sd.copy(), known.copy())
         net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.min_edges)
         lat_out, lat_in = self._latency(pts)
         npass, mapped = 0, known.copy()
@@ -191,7 +194,7 @@ class HuygensSync:
         # 16 ns single-window), so only software-stamped windows are pooled.
         pool_ok = kind != TS_HARDWARE and len(self.pool.sizes) > 1
         if pool_ok and self.pool.history and mapped[off.solved].all():
-            fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits)
+            fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits, tracked)
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
         elif pool_ok:
@@ -207,8 +210,16 @@ class HuygensSync:
         rep.ts_kind = kind
         return rep
 
-    def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1):
-        """Fits over the last k windows' hulls for every span k, one chosen per edge."""
+    def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1, tracked):
+        """Fits over the last k windows' hulls for every span k, one chosen per edge.
+
+        The pooled fits' slope is searched only within ``POOL_BRACKET_K`` tracked drift
+        standard errors of the tracker's drift difference (at least ``POOL_BRACKET_PPB``):
+        over 32 windows the free max-margin slope tilted by 2-20 ppb on two lab hosts on one
+        clock (the line rests on 2-4 extreme points), 60-700 ns at the newest window, while
+        the tracker, averaging offsets over many windows, knew the drift better. A slope at
+        the bracket's edge keeps the tracked one (the fit is then the min-of-mins intercept
+        at that slope)."""
         pool = self.pool.pooled(pts, gen)
         n_nic = len(pts.nics)
         lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
@@ -221,11 +232,19 @@ class HuygensSync:
         upper = pool.src < pool.dst
         y = np.where(upper, owd, -owd)
         b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
+        d_tr, sd_tr, k_tr = tracked
+        both = k_tr[geo.lo] & k_tr[geo.hi]
+        b_tr = np.where(both, (d_tr[geo.hi] - d_tr[geo.lo]) * 1e-9, b_prior)
+        sd = np.hypot(sd_tr[geo.lo], sd_tr[geo.hi])
+        bracket = np.where(
+            both, np.clip(POOL_BRACKET_K * sd, POOL_BRACKET_PPB, SLOPE_BRACKET * 1e9) * 1e-9,
+            SLOPE_BRACKET,
+        )  # fmt: skip
         fits = [fits1]
         for k in self.pool.sizes[1:]:
             m = known & (pool.age < k)
             e, up, tt, yy = hull_reduce(edge[m], upper[m], t[m], y[m], geo.n)
-            fits.append(fit_edges(e, up, tt, yy, geo.n, b_prior))
+            fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket))
         return self.pool.choose(geo.keys, t_ref, fits, b_prior)
 
     def _latency(self, pts: HullPoints) -> tuple[np.ndarray, np.ndarray]:
@@ -238,6 +257,7 @@ class HuygensSync:
         theta = np.zeros(len(hosts))
         drift = np.zeros(len(hosts))
         known = np.zeros(len(hosts), bool)
+        sd = np.full(len(hosts), np.inf)  # tracked drift standard error (ppb)
         # First guess of the reference time in fleet time: the median sender's view.
         t_ref = raw_mid
         for _ in range(2):
@@ -245,7 +265,9 @@ class HuygensSync:
                 p = self.tracker.predict(h, t_ref)
                 if p is not None and p[2][0, 0] < 1e12:
                     theta[i], drift[i], known[i] = p[0], p[1], True
+                    sd[i] = float(np.sqrt(max(p[2][1, 1], 0.0)))
             t_ref = int(np.median(pts.t_raw - np.rint(theta[src_h]).astype(np.int64)))
+        self._drift_sd = sd
         return theta, drift, known, t_ref
 
     def _publish(self, rep: SolveReport) -> list[ClockModel]:
