@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from fleetlens.ids import is_nic_id
 from fleetlens.topology import Topology
 
+from . import _fast
 from .incidence import Incidence, RouteTable
 from .store import FlowStore
 
@@ -102,15 +102,13 @@ class Frame:
 class _Layout:
     """The decoded flow columns of the last window, reused while they repeat."""
 
-    raw: np.ndarray  # flow key per table row (-1: unusable row)
-    rows: np.ndarray | None  # table row of each flow, in key order (None: the table is)
-    key: np.ndarray
+    index: _fast.FlowIndex  # flow key -> position in ``key``
+    key: np.ndarray  # flow keys, sorted
     src: np.ndarray
     dst: np.ndarray
     sport: np.ndarray
     known: np.ndarray
     inc: Incidence
-    dropped: dict[str, int]
     token: object = field(default_factory=object)
 
 
@@ -124,8 +122,8 @@ class PathModel:
         self.nic_index = {n: i for i, n in enumerate(self.nic_ids)}
         self.link_index = {lk: i for i, lk in enumerate(self.link_ids)}
         self.n_nics, self.n_links = len(self.nic_ids), len(self.link_ids)
-        self._nic_set = pa.array(self.nic_ids, pa.string())
-        self._link_set = pa.array(self.link_ids, pa.string())
+        self._nic_str = _fast.StrIndex(self.nic_ids)
+        self._link_str = _fast.StrIndex(self.link_ids)
         self.nic_up = np.full(self.n_nics, -1, np.int64)
         self.nic_down = np.full(self.n_nics, -1, np.int64)
         for i, lk in enumerate(topo.links):
@@ -161,13 +159,17 @@ class PathModel:
 
     # ---- decoding -------------------------------------------------------------------------
     def _nics(self, col: pa.ChunkedArray, which: str) -> np.ndarray:
-        """NIC number per row (-1: unknown); a column equal to the last window's (a cheap
-        buffer compare) is not decoded again."""
+        """NIC number per row (-1: unknown or null); a column equal to the last window's (a
+        cheap buffer compare) is not decoded again."""
         last = self._decoded.get(which)
         if last is not None and last[0].equals(col):
             return last[1]
-        idx = pc.index_in(col, value_set=self._nic_set)
-        out = np.asarray(idx.fill_null(-1).to_numpy(), np.int64)
+        out = np.empty(len(col), np.int64)
+        at = 0
+        for chunk in _strings(col).chunks:
+            off, data, ok = _string_buffers(chunk)
+            self._nic_str.lookup(off, data, ok, out[at : at + len(chunk)])
+            at += len(chunk)
         self._decoded[which] = (col, out)
         return out
 
@@ -178,36 +180,26 @@ class PathModel:
     def frame(self, table: pa.Table) -> Frame:
         """Decode a WINDOW_SCHEMA table; drop (and count) rows it cannot use."""
         src, dst = self._nics(table["src_nic"], "src"), self._nics(table["dst_nic"], "dst")
-        sport = _ints(table["sport"], -1)
+        sport, sport_ok = _numbers(table["sport"])
+        raw = np.empty(table.num_rows, np.int64)
+        n_bad = _fast.compose_keys(src, dst, sport, sport_ok, self.n_nics, raw)
         lay = self._layout
-        base, pair_bad = self._pair_base(src, dst)
-        raw = base + sport
-        if pair_bad or (sport.size and (sport.min() < 0 or sport.max() >= SPORT_SPAN)):
-            bad = (src < 0) | (dst < 0) | (src == dst) | (sport < 0) | (sport >= SPORT_SPAN)
-            raw[bad] = -1
-        if lay is None or not np.array_equal(lay.raw, raw):
+        placed = self._place(lay, raw, n_bad) if lay is not None else None
+        if placed is None:  # new or vanished flows: a new layout (sorts the keys once)
             lay = self._layout = self._arrange(raw, lay)
-        dropped = dict(lay.dropped)
-        sent, recv = _ints(table["sent"], 0), _ints(table["received"], 0)
-        owd = np.asarray(
-            table["owd_min_ns"].combine_chunks().to_numpy(zero_copy_only=False), np.float64
-        )
-        if lay.rows is not None:
-            sent, recv, owd = sent[lay.rows], recv[lay.rows], owd[lay.rows]
-        dropped["bad_counts"] = 0
-        if sent.size and (sent.min() <= 0 or recv.min() < 0 or bool(np.any(recv > sent))):
-            bad = (sent <= 0) | (recv < 0) | (recv > sent)
-            dropped["bad_counts"] = int(bad.sum())
-        lost = (sent - recv).astype(np.float64)
-        sent = sent.astype(np.float64)
-        self._remember(table, lay, dropped)
-        start, end = _span(table, None if lay.key.size == table.num_rows else lay.rows)
+            placed = self._place(lay, raw, n_bad)
+            assert placed is not None  # the layout is made of exactly these keys
+        pos, rows, dropped = placed
+        sent, lost, owd, n_bad_counts = _counts(table, rows)
+        dropped["bad_counts"] = n_bad_counts
+        self._remember(table, lay, pos, rows, dropped)
+        start, end = _span(table, None if lay.key.size == table.num_rows else rows)
         f = Frame(
             lay.key, lay.src, lay.dst, lay.sport, sent, lost, owd, lay.known, lay.inc,
             start, end, dropped, (lay.token, self.version),
         )  # fmt: skip
-        if dropped["bad_counts"]:  # rare: a one-off frame without those rows
-            keep = np.flatnonzero(~bad)
+        if n_bad_counts:  # rare: a one-off frame without those rows
+            keep = np.flatnonzero((sent > 0) & (lost >= 0) & (lost <= sent))
             f = Frame(
                 f.key[keep], f.src[keep], f.dst[keep], f.sport[keep], f.sent[keep],
                 f.lost[keep], f.owd_min[keep], f.known[keep], f.inc.take(keep),
@@ -215,40 +207,24 @@ class PathModel:
             )  # fmt: skip
         return f
 
-    def _pair_base(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, bool]:
-        """``(src * n_nics + dst) * SPORT_SPAN`` per row and whether any pair is unusable;
-        reused while the decoded NIC columns are the same arrays as last window's."""
-        got = getattr(self, "_base", None)
-        if got is not None and got[0] is src and got[1] is dst:
-            return got[2], got[3]
-        base = src * self.n_nics
-        base += dst
-        base *= SPORT_SPAN
-        pair_bad = bool(src.size) and bool(src.min() < 0 or dst.min() < 0 or np.any(src == dst))
-        self._base = (src, dst, base, pair_bad)
-        return base, pair_bad
+    def _place(self, lay: _Layout, raw: np.ndarray, n_bad: int):
+        """(layout position per table row, table row per layout flow, dropped counts) when the
+        window's usable keys are exactly the layout's (in any row order); else None."""
+        pos = np.empty(raw.size, np.int64)
+        rows = np.full(lay.key.size, -1, np.int64)
+        missing, dup, filled = lay.index.place(raw, pos, rows)
+        if missing or filled != lay.key.size:
+            return None
+        dropped = {"unknown_nic_or_bad_key": int(n_bad), "bad_counts": 0, "bad_path": 0}
+        if dup:  # the same flow twice in one window: its first row counts
+            dropped["duplicate_flow"] = int(dup)
+        return pos, rows, dropped
 
     def _arrange(self, raw: np.ndarray, lay: _Layout | None) -> _Layout:
-        """Flows in key order; the same flows in another row order keep the layout (only the
-        row map changes), anything else builds a new one."""
-        n = raw.size
-        if n < 2 or bool(np.all(raw[1:] > raw[:-1])):  # already in key order, no duplicates
-            order, key = np.arange(n), raw
-        else:
-            order = np.argsort(raw, kind="stable")  # cheap: agents send nearly sorted runs
-            key = raw[order]
-        first = int(np.searchsorted(key, 0))
-        dropped = {"unknown_nic_or_bad_key": first, "bad_counts": 0, "bad_path": 0}
-        rows, key = order[first:], key[first:]
-        dup = key[1:] == key[:-1]
-        if dup.any():  # the same flow twice in one window: keep its first row
-            keep = np.concatenate([[True], ~dup])
-            dropped["duplicate_flow"] = int(dup.sum())
-            rows, key = rows[keep], key[keep]
-        if rows.size == n and bool(np.all(rows == np.arange(n))):
-            rows = None
+        """The flows in key order (unusable rows and repeats left out); the same key set as
+        the last layout keeps it (remembered routes, incidence, inverse indexes)."""
+        key = np.unique(raw[raw >= 0])
         if lay is not None and np.array_equal(lay.key, key):
-            lay.raw, lay.rows, lay.dropped = raw, rows, dropped
             return lay
         pair = key // SPORT_SPAN
         s, d, sp = pair // self.n_nics, pair % self.n_nics, key % SPORT_SPAN
@@ -257,7 +233,7 @@ class PathModel:
             np.where(acc, self._up[s], self.n_links), np.where(acc, self._dn[d], self.n_links),
             route, self.routes, self.n_links,
         )  # fmt: skip
-        return _Layout(raw, rows, key, s, d, sp, known, inc, dropped)
+        return _Layout(_fast.FlowIndex(key), key, s, d, sp, known, inc)
 
     def _recall(self, key, src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(route, access-links-implied, known) per flow: remembered or ECMP candidates."""
@@ -272,11 +248,14 @@ class PathModel:
             route[unk] = self._candidate_routes(src[unk], dst[unk])
         return route, acc, known
 
-    def _remember(self, table: pa.Table, lay: _Layout, dropped: dict[str, int]) -> None:
+    def _remember(
+        self, table: pa.Table, lay: _Layout, pos: np.ndarray, rows: np.ndarray, dropped
+    ) -> None:
         """Store the paths the records carry (only rows whose every link is in the topology).
 
         Decoded: the rows of flows whose path is unknown, and a rotating 1/_RECHECK slice of
         the table (a zero-copy slice: a re-learned path is picked up within _RECHECK windows).
+        ``pos``: layout position per table row; ``rows``: table row per layout flow.
         """
         self._tick += 1
         col = table["path"]
@@ -285,20 +264,18 @@ class PathModel:
             return
         unknown = np.flatnonzero(~lay.known)
         if unknown.size * 4 > lay.key.size:  # mostly unknown (a first window): every row
-            pos = np.full(n, -1, np.int64)
-            pos[np.arange(n) if lay.rows is None else lay.rows] = np.arange(lay.key.size)
-            parts, where, mask = [col], [pos[pos >= 0]], [pos >= 0]
+            first = np.zeros(n, bool)
+            first[rows] = True
+            parts, where, mask = [col], [pos[first]], [first]
             unknown = unknown[:0]
         else:
             step = -(-n // _RECHECK)
             lo = (self._tick % _RECHECK) * step
             sl = slice(lo, min(lo + step, n))
-            k = lay.raw[sl]
-            pos = np.searchsorted(lay.key, k)
-            ok = (k >= 0) & (pos < lay.key.size)
-            ok[ok] = lay.key[np.minimum(pos[ok], lay.key.size - 1)] == k[ok]
-            parts, where, mask = [col.slice(sl.start, sl.stop - sl.start)], [pos[ok]], [ok]
-            trows = unknown if lay.rows is None else lay.rows[unknown]
+            at = pos[sl]
+            ok = at >= 0
+            parts, where, mask = [col.slice(sl.start, sl.stop - sl.start)], [at[ok]], [ok]
+            trows = rows[unknown]
             outside = (trows < sl.start) | (trows >= sl.stop)
             unknown, trows = unknown[outside], trows[outside]
         if unknown.size:
@@ -307,29 +284,28 @@ class PathModel:
             mask.append(np.ones(unknown.size, bool))
         sub = pa.chunked_array([c for p in parts for c in p.chunks], col.type).combine_chunks()
         keep = np.concatenate(mask)
-        pos = np.concatenate(where)
+        at = np.concatenate(where)
         has = np.asarray(sub.is_valid().to_numpy(zero_copy_only=False), bool)
         use = keep & has
         if not use.any():
             return
-        pos, sub = pos[has[keep]], sub.filter(pa.array(use))
-        lens = np.diff(np.asarray(sub.offsets.to_numpy(), np.int64))
-        flat = sub.flatten()
-        links = np.asarray(pc.index_in(flat, value_set=self._link_set).fill_null(-1)
-                           .to_numpy(), np.int64)  # fmt: skip
-        owner = np.repeat(np.arange(lens.size), lens)
-        bad = np.bincount(owner[links < 0], minlength=lens.size) > 0
-        bad |= (lens == 0) | (lens > self.max_hops)
+        at, sub = at[has[keep]], sub.filter(pa.array(use))
+        lens, pad, bad = self._path_matrix(sub)
         dropped["bad_path"] = int(bad.sum())
         good = ~bad
         if not good.any():
             return
-        width = self.max_hops
-        pad = np.full((lens.size, width), -1, np.int64)
-        col_in_row = np.arange(links.size) - np.repeat(np.cumsum(lens) - lens, lens)
-        fits = col_in_row < width
-        pad[owner[fits], col_in_row[fits]] = links[fits]
-        self._store(lay, pos[good], pad[good], lens[good])
+        self._store(lay, at[good], pad[good], lens[good])
+
+    def _path_matrix(self, sub: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(links per path, link numbers padded with -1 to max_hops, bad) of a list<string>
+        array without nulls."""
+        if not pa.types.is_list(sub.type) or not pa.types.is_string(sub.type.value_type):
+            sub = sub.cast(pa.list_(pa.string()))
+        off = np.frombuffer(sub.buffers()[1], np.int32)[sub.offset : sub.offset + len(sub) + 1]
+        s_off, data, s_ok = _string_buffers(sub.values)
+        ok = _valid(sub)
+        return _fast.path_matrix(off, ok, s_off, data, s_ok, self._link_str, self.max_hops)
 
     def _store(self, lay: _Layout, pos, pad, lens) -> None:
         s, d = lay.src[pos], lay.dst[pos]
@@ -390,23 +366,68 @@ class PathModel:
 
 
 def _span(table: pa.Table, rows: np.ndarray | None) -> tuple[int, int]:
-    """(first start, last end) over the kept rows."""
-    if rows is None:  # every row kept: Arrow's kernels, no conversion
-        if table.num_rows == 0:
-            return 0, 0
-        start = pc.min(table["start_ns"]).as_py()
-        end = pc.max(pc.add(table["start_ns"], table["duration_ns"])).as_py()
-        return int(start or 0), int(end or 0)
-    starts = _ints(table["start_ns"], 0)[rows]
-    ends = starts + _ints(table["duration_ns"], 0)[rows]
-    if starts.size == 0:
+    """(first start, last end): over every row skipping nulls (``rows`` None), else over the
+    kept ``rows`` with nulls read as 0 (the engine's semantics since its first version)."""
+    if table.num_rows == 0:
         return 0, 0
-    return int(starts.min()), int(ends.max())
+    start, start_ok = _numbers(table["start_ns"], np.int64)
+    dur, dur_ok = _numbers(table["duration_ns"], np.int64)
+    return _fast.span(start, start_ok, dur, dur_ok, rows)
 
 
-def _ints(col: pa.ChunkedArray, fill: int) -> np.ndarray:
-    arr = col.combine_chunks()
-    return np.asarray(arr.fill_null(fill).to_numpy(zero_copy_only=False), np.int64)
+def _counts(table: pa.Table, rows: np.ndarray):
+    """(sent, lost, owd_min, unusable rows) per flow, gathered from its table row."""
+    sent, sent_ok = _numbers(table["sent"])
+    recv, recv_ok = _numbers(table["received"])
+    owd, owd_ok = _numbers(table["owd_min_ns"], np.float64)
+    n = rows.size
+    out = np.empty(n), np.empty(n), np.empty(n)
+    if sent.dtype != recv.dtype:
+        sent, recv = sent.astype(np.int64), recv.astype(np.int64)
+    bad = _fast.gather_counts(rows, sent, sent_ok, recv, recv_ok, owd, owd_ok, *out)
+    return (*out, bad)
+
+
+def _numbers(col: pa.ChunkedArray, dtype: type | None = None):
+    """(values, validity as uint8 or None) of a numeric column, without copying when it is
+    one chunk; integers stay int32/int64 (``dtype`` forces one), anything else is cast."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    want = {np.int64: pa.int64(), np.float64: pa.float64()}.get(dtype)
+    if want is None and arr.type not in (pa.int32(), pa.int64()):
+        want = pa.int64()
+    if want is not None and arr.type != want:
+        arr = arr.cast(want, safe=False)
+    np_type = np.dtype(arr.type.to_pandas_dtype())
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.zeros(len(arr), np_type), _valid(arr)
+    vals = np.frombuffer(buf, np_type)[arr.offset : arr.offset + len(arr)]
+    return vals, _valid(arr)
+
+
+def _valid(arr: pa.Array) -> np.ndarray | None:
+    """Validity as uint8 per row, None when there are no nulls."""
+    if arr.null_count == 0:
+        return None
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool).view(np.uint8)
+
+
+def _strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return col
+    return col.cast(pa.string())
+
+
+def _string_buffers(arr: pa.Array):
+    """(offsets, bytes, validity) of a string array, as the views ``_fast`` reads."""
+    off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    bufs = arr.buffers()
+    off = np.frombuffer(bufs[1], off_type)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size else _ZERO
+    return off, data, _valid(arr)
+
+
+_ZERO = np.zeros(1, np.uint8)
 
 
 def _depth(topo: Topology) -> int:

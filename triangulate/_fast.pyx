@@ -1,0 +1,481 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Hot per-row loops of the triangulation engine (one pass each, no numpy temporaries).
+
+A 1 s window of the reference fabric holds ~6 M flow rows; numpy spends most of its time
+there on full-size temporaries (a mask, then a gather, then a cast ...). Each function here
+is one typed loop over the rows that computes exactly what the numpy code it replaces did,
+in the same order of floating-point operations, so results are bit-identical (checked against
+numpy references in tests/triangulate/test_tri_fast.py).
+
+- :class:`StrIndex`: NIC / link id string -> number, straight from Arrow's string buffers
+  (offsets + bytes): rows of one flow pair are adjacent, so a row equal to the row before
+  skips the hash;
+- :class:`FlowIndex`: flow key -> position in the layout (keys in key order), by a small hash
+  of the (src, dst) pair and the source port's place inside the pair's run — O(n), no sort;
+- :func:`compose_keys`, :func:`place`, :func:`gather_counts`, :func:`span`: the window decode;
+- :func:`path_matrix`: reported paths (list<string>) -> padded link numbers;
+- :func:`route_hash`: the row hash of ``incidence._row_hash``;
+- :func:`link_sums`, :func:`decay_add`: per-window sums and the long-horizon decay;
+- :func:`to_bins`, :func:`quantile_scan`: the grouped histogram quantiles of ``quantile``.
+"""
+
+from libc.math cimport floor, log, fabs, isfinite, NAN
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcmp
+
+import numpy as np
+
+cdef uint64_t _FNV_OFF = 1469598103934665603ULL
+cdef uint64_t _FNV_PRIME = 1099511628211ULL
+cdef uint64_t _MIX = 0x9E3779B97F4A7C15ULL
+
+ctypedef fused offs_t:
+    int32_t
+    int64_t
+
+ctypedef fused ints_t:
+    int32_t
+    int64_t
+
+
+cdef inline uint64_t _fnv(const uint8_t* p, int64_t n) noexcept nogil:
+    cdef uint64_t h = _FNV_OFF
+    cdef int64_t i
+    for i in range(n):
+        h = (h ^ p[i]) * _FNV_PRIME
+    return h ^ (h >> 29)
+
+
+cdef int64_t _table_size(int64_t n):
+    cdef int64_t size = 16
+    while size < 2 * n + 2:
+        size *= 2
+    return size
+
+
+cdef class StrIndex:
+    """Open-addressing map from the given strings to their positions (first one wins)."""
+
+    cdef bytes _blob
+    cdef const uint8_t* _data
+    cdef int64_t[::1] _off
+    cdef int64_t[::1] _slot
+    cdef int64_t _mask
+    cdef readonly int64_t size
+
+    def __init__(self, strings: list[str]):
+        enc = [s.encode() for s in strings]
+        self._blob = b"".join(enc) + b"\0"
+        self._data = <const uint8_t*> self._blob
+        lens = np.array([len(e) for e in enc], np.int64)
+        self._off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        self.size = len(enc)
+        n = _table_size(self.size)
+        self._slot = np.full(n, -1, np.int64)
+        self._mask = n - 1
+        cdef int64_t i
+        for i in range(self.size):
+            if self._find(self._data + self._off[i], self._off[i + 1] - self._off[i]) < 0:
+                self._put(i)
+
+    cdef void _put(self, int64_t i):
+        cdef uint64_t h = _fnv(self._data + self._off[i], self._off[i + 1] - self._off[i])
+        cdef int64_t s = <int64_t> (h & <uint64_t> self._mask)
+        while self._slot[s] >= 0:
+            s = (s + 1) & self._mask
+        self._slot[s] = i
+
+    cdef inline int64_t _find(self, const uint8_t* p, int64_t n) noexcept nogil:
+        cdef uint64_t h = _fnv(p, n)
+        cdef int64_t s = <int64_t> (h & <uint64_t> self._mask)
+        cdef int64_t j
+        while True:
+            j = self._slot[s]
+            if j < 0:
+                return -1
+            if self._off[j + 1] - self._off[j] == n and memcmp(
+                self._data + self._off[j], p, n
+            ) == 0:
+                return j
+            s = (s + 1) & self._mask
+
+    def lookup(self, const offs_t[::1] off, const uint8_t[::1] data, valid, int64_t[::1] out):
+        """``out[i]`` = number of string i of an Arrow string array (its ``len+1`` offsets,
+        bytes and optional validity as uint8), -1 when unknown or null."""
+        cdef const uint8_t[::1] ok
+        cdef bint has_valid = valid is not None
+        if has_valid:
+            ok = valid
+        cdef int64_t n = out.shape[0], i, s, ln, prev_s = -1, prev_n = -1, prev_v = -1
+        cdef const uint8_t* base = &data[0]
+        with nogil:
+            for i in range(n):
+                if has_valid and not ok[i]:
+                    out[i] = -1
+                    continue
+                s = off[i]
+                ln = off[i + 1] - s
+                if ln == prev_n and memcmp(base + s, base + prev_s, ln) == 0:
+                    out[i] = prev_v
+                    continue
+                prev_v = self._find(base + s, ln)
+                prev_s, prev_n = s, ln
+                out[i] = prev_v
+
+
+def compose_keys(const int64_t[::1] src, const int64_t[::1] dst, const ints_t[::1] sport,
+                 valid, int64_t n_nics, int64_t[::1] out) -> int:
+    """``(src * n_nics + dst) * 65536 + sport`` per row, -1 where the row is unusable
+    (unknown NIC, src == dst, null or out-of-range port); returns the unusable count."""
+    cdef const uint8_t[::1] ok
+    cdef bint has_valid = valid is not None
+    if has_valid:
+        ok = valid
+    cdef int64_t i, n = out.shape[0], bad = 0, sp
+    with nogil:
+        for i in range(n):
+            sp = sport[i]
+            if (src[i] < 0 or dst[i] < 0 or src[i] == dst[i] or sp < 0 or sp >= 65536
+                    or (has_valid and not ok[i])):
+                out[i] = -1
+                bad += 1
+            else:
+                out[i] = (src[i] * n_nics + dst[i]) * 65536 + sp
+    return bad
+
+
+cdef class FlowIndex:
+    """Position of a flow key in a sorted array of unique non-negative keys.
+
+    Keys are ``pair * 65536 + sport``; a flow pair's keys are one run of the sorted array.
+    The pairs (hundreds of thousands: cache-resident) are hashed; inside a run the port is
+    usually at ``start + (sport - first sport)`` (agents use consecutive ports), else found
+    by binary search. Rows of one pair arrive together, so the pair lookup is mostly skipped.
+    """
+
+    cdef int64_t[::1] keys
+    cdef int64_t[::1] _pair, _start, _len
+    cdef int64_t _mask
+
+    def __init__(self, int64_t[::1] keys):
+        self.keys = keys
+        cdef int64_t n = keys.shape[0], i, runs = 0
+        for i in range(n):
+            if i == 0 or (keys[i] >> 16) != (keys[i - 1] >> 16):
+                runs += 1
+        size = _table_size(runs)
+        self._pair = np.full(size, -1, np.int64)
+        self._start = np.zeros(size, np.int64)
+        self._len = np.zeros(size, np.int64)
+        self._mask = size - 1
+        cdef int64_t s, p
+        for i in range(n):
+            p = keys[i] >> 16
+            if i == 0 or p != (keys[i - 1] >> 16):
+                s = self._slot_of(p)
+                self._pair[s] = p
+                self._start[s] = i
+            self._len[s] += 1
+
+    cdef inline int64_t _slot_of(self, int64_t pair) noexcept nogil:
+        cdef int64_t s = <int64_t> (((<uint64_t> pair) * _MIX) >> 32) & self._mask
+        while self._pair[s] >= 0 and self._pair[s] != pair:
+            s = (s + 1) & self._mask
+        return s
+
+    cdef inline int64_t _in_run(self, int64_t k, int64_t start, int64_t ln) noexcept nogil:
+        cdef int64_t at = start + (k & 0xFFFF) - (self.keys[start] & 0xFFFF)
+        if start <= at < start + ln and self.keys[at] == k:
+            return at
+        cdef int64_t lo = start, hi = start + ln, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.keys[mid] < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < start + ln and self.keys[lo] == k:
+            return lo
+        return -1
+
+    def place(self, const int64_t[::1] raw, int64_t[::1] pos, int64_t[::1] row_of):
+        """Per row its key's position (``pos``, -1: unusable or not a layout key) and per
+        position its first row (``row_of``, filled with -1 by the caller); returns
+        (rows not in the layout, duplicate rows, positions filled)."""
+        cdef int64_t i, k, p, n = raw.shape[0], pair, prev_pair = -1, start = 0, ln = 0, s
+        cdef int64_t missing = 0, dup = 0, filled = 0
+        with nogil:
+            for i in range(n):
+                k = raw[i]
+                if k < 0:
+                    pos[i] = -1
+                    continue
+                pair = k >> 16
+                if pair != prev_pair:
+                    s = self._slot_of(pair)
+                    prev_pair = pair
+                    if self._pair[s] == pair:
+                        start, ln = self._start[s], self._len[s]
+                    else:
+                        start, ln = 0, 0
+                p = self._in_run(k, start, ln) if ln else -1
+                pos[i] = p
+                if p < 0:
+                    missing += 1
+                elif row_of[p] >= 0:
+                    dup += 1
+                else:
+                    row_of[p] = i
+                    filled += 1
+        return missing, dup, filled
+
+
+def gather_counts(const int64_t[::1] rows, const ints_t[::1] sent, sent_ok,
+                  const ints_t[::1] recv, recv_ok, const double[::1] owd, owd_ok,
+                  double[::1] sent_out, double[::1] lost_out, double[::1] owd_out) -> int:
+    """Per flow (``rows``: its table row) packets sent and lost and the minimum OWD (NaN when
+    null); nulls read as 0 packets. Returns the rows with unusable counts (sent <= 0,
+    received < 0 or received > sent), which the caller drops."""
+    cdef const uint8_t[::1] s_ok, r_ok, o_ok
+    cdef bint hs = sent_ok is not None, hr = recv_ok is not None, ho = owd_ok is not None
+    if hs:
+        s_ok = sent_ok
+    if hr:
+        r_ok = recv_ok
+    if ho:
+        o_ok = owd_ok
+    cdef int64_t i, r, n = rows.shape[0], bad = 0, s, v
+    with nogil:
+        for i in range(n):
+            r = rows[i]
+            s = sent[r] if not hs or s_ok[r] else 0
+            v = recv[r] if not hr or r_ok[r] else 0
+            if s <= 0 or v < 0 or v > s:
+                bad += 1
+            sent_out[i] = <double> s
+            lost_out[i] = <double> (s - v)
+            owd_out[i] = owd[r] if not ho or o_ok[r] else NAN
+    return bad
+
+
+def span(const int64_t[::1] start, start_ok, const int64_t[::1] dur, dur_ok, rows):
+    """(first start, last start + duration): over every row skipping nulls (``rows`` None:
+    Arrow's min/max semantics), else over ``rows`` with nulls read as 0; (0, 0) if empty."""
+    cdef const uint8_t[::1] s_ok, d_ok
+    cdef const int64_t[::1] rw
+    cdef bint hs = start_ok is not None, hd = dur_ok is not None, all_rows = rows is None
+    if hs:
+        s_ok = start_ok
+    if hd:
+        d_ok = dur_ok
+    if not all_rows:
+        rw = rows
+    cdef int64_t n = start.shape[0] if all_rows else rw.shape[0]
+    cdef int64_t i, r, a, b, lo = 0, hi = 0
+    cdef bint any_lo = False, any_hi = False, sv, dv
+    with nogil:
+        for i in range(n):
+            r = i if all_rows else rw[i]
+            sv = not hs or s_ok[r]
+            dv = not hd or d_ok[r]
+            if all_rows and not sv:
+                continue
+            a = start[r] if sv else 0
+            if not any_lo or a < lo:
+                lo, any_lo = a, True
+            if all_rows and not dv:
+                continue
+            b = a + (dur[r] if dv else 0)
+            if not any_hi or b > hi:
+                hi, any_hi = b, True
+    return lo, hi
+
+
+def path_matrix(const offs_t[::1] list_off, list_ok, const int32_t[::1] str_off,
+                const uint8_t[::1] data, str_ok, StrIndex links, int64_t width):
+    """Reported paths (an Arrow list<string> array: its list offsets and validity, its child
+    strings' offsets, bytes and validity) as (lens, links padded with -1 to ``width``, bad):
+    a path is bad when empty, longer than ``width`` or naming a link not in the topology."""
+    cdef int64_t n = list_off.shape[0] - 1, i, j, a, b, s, ln, lk
+    lens_a = np.zeros(n, np.int64)
+    pad_a = np.full((n, width), -1, np.int64)
+    bad_a = np.zeros(n, np.bool_)
+    cdef int64_t[::1] lens = lens_a
+    cdef int64_t[:, ::1] pad = pad_a
+    cdef uint8_t[::1] bad = bad_a.view(np.uint8)
+    cdef const uint8_t[::1] l_ok, s_ok
+    cdef bint hl = list_ok is not None, hs = str_ok is not None
+    if hl:
+        l_ok = list_ok
+    if hs:
+        s_ok = str_ok
+    cdef const uint8_t* base = &data[0]
+    cdef int64_t prev_s = -1, prev_n = -1, prev_v = -1
+    with nogil:
+        for i in range(n):
+            if hl and not l_ok[i]:
+                bad[i] = 1
+                continue
+            a, b = list_off[i], list_off[i + 1]
+            lens[i] = b - a
+            if b == a or b - a > width:
+                bad[i] = 1
+            for j in range(a, b):
+                if hs and not s_ok[j]:
+                    lk = -1
+                else:
+                    s = str_off[j]
+                    ln = str_off[j + 1] - s
+                    if ln == prev_n and memcmp(base + s, base + prev_s, ln) == 0:
+                        lk = prev_v
+                    else:
+                        lk = links._find(base + s, ln)
+                        prev_s, prev_n, prev_v = s, ln, lk
+                if lk < 0:
+                    bad[i] = 1
+                if j - a < width:
+                    pad[i, j - a] = lk
+    return lens_a, pad_a, bad_a
+
+
+def route_hash(const int64_t[:, ::1] mid):
+    """``incidence._row_hash``: per row ``h = (h ^ (x + 2)) * MIX`` over its columns."""
+    cdef int64_t n = mid.shape[0], w = mid.shape[1], i, j
+    out_a = np.empty(n, np.uint64)
+    cdef uint64_t[::1] out = out_a
+    cdef uint64_t h
+    with nogil:
+        for i in range(n):
+            h = 0
+            for j in range(w):
+                h = (h ^ <uint64_t> (mid[i, j] + 2)) * _MIX
+            out[i] = h
+    return out_a
+
+
+def link_sums(const int64_t[::1] up, const int64_t[::1] dn, const int64_t[::1] route,
+              const double[::1] x, int64_t n_links, int64_t n_routes):
+    """Per access link (up, down; index ``n_links`` is the no-link sentinel) and per route,
+    the sum of ``x`` over the rows — the three ``bincount``s of ``Incidence.link_sums`` in one
+    pass, summed in row order like them."""
+    cdef int64_t i, n = x.shape[0]
+    up_a = np.zeros(n_links + 1)
+    dn_a = np.zeros(n_links + 1)
+    rt_a = np.zeros(n_routes)
+    cdef double[::1] su = up_a, sd = dn_a, sr = rt_a
+    with nogil:
+        for i in range(n):
+            su[up[i]] += x[i]
+            sd[dn[i]] += x[i]
+            sr[route[i]] += x[i]
+    return up_a, dn_a, rt_a
+
+
+def decay_add(double[::1] sent, double[::1] lost, const double[::1] f_sent,
+              const double[::1] f_lost, double gamma, double floor_lost, double keep_sent):
+    """``sent = sent * gamma + f_sent`` and the same for ``lost`` (lost below ``floor_lost``
+    set to 0), in place; returns whether every flow still has ``sent >= keep_sent``."""
+    cdef int64_t i, n = sent.shape[0]
+    cdef bint keep_all = True
+    cdef double s, v
+    with nogil:
+        for i in range(n):
+            s = sent[i] * gamma
+            s = s + f_sent[i]
+            v = lost[i] * gamma
+            v = v + f_lost[i]
+            if v < floor_lost:
+                v = 0.0
+            sent[i] = s
+            lost[i] = v
+            if not (s >= keep_sent):
+                keep_all = False
+    return keep_all
+
+
+def decay(double[::1] sent, double[::1] lost, double gamma) -> None:
+    """``sent *= gamma; lost *= gamma`` in one pass."""
+    cdef int64_t i, n = sent.shape[0]
+    with nogil:
+        for i in range(n):
+            sent[i] = sent[i] * gamma
+            lost[i] = lost[i] * gamma
+
+
+def to_bins(const double[::1] v, double lin_ns, int64_t lin_bins, double log_growth,
+            int64_t half):
+    """``quantile.bins_of``: signed log-linear bin per value, -1 for NaN and infinities."""
+    cdef int64_t i, n = v.shape[0]
+    out_a = np.empty(n, np.int64)
+    cdef int64_t[::1] out = out_a
+    cdef double a, lin, t, top = half - 1e-9, x, lg, m
+    with nogil:
+        for i in range(n):
+            x = v[i]
+            if not isfinite(x):
+                out[i] = -1
+                continue
+            a = fabs(x)
+            lin = a / lin_ns
+            if lin < lin_bins:
+                t = lin
+            else:
+                m = a if a > 1.0 else 1.0
+                lg = log(m / (lin_ns * lin_bins))
+                t = lin_bins + lg / log_growth
+            if t > top:
+                t = top
+            t = floor(t + 0.5)
+            if x > 0:
+                out[i] = <int64_t> t + half
+            elif x < 0:
+                out[i] = <int64_t> (-t) + half
+            else:
+                out[i] = half
+    return out_a
+
+
+def quantile_scan(const int64_t[::1] group, const int64_t[::1] bins, const double[::1] weight,
+                  int64_t n_groups, int64_t n_bins, double q):
+    """Per group: histogram over bins (rows with bin < 0 skipped), then the first bin whose
+    running sum reaches ``q`` of the total. Returns (bin, running sum before it, its weight,
+    total, target) per group — what ``quantile.group_quantile_bins`` interpolates."""
+    cdef int64_t i, g, b, n = group.shape[0]
+    hist_a = np.zeros(n_groups * n_bins)
+    cdef double[::1] hist = hist_a
+    for i in range(n):  # checked loop: a bad group must raise like bincount, not corrupt
+        if bins[i] >= 0:
+            g = group[i]
+            if g < 0 or g >= n_groups or bins[i] >= n_bins:
+                raise ValueError(f"group {g} / bin {bins[i]} out of range")
+            hist[g * n_bins + bins[i]] += weight[i]
+    at_a = np.zeros(n_groups, np.int64)
+    before_a, inside_a = np.zeros(n_groups), np.zeros(n_groups)
+    tot_a, target_a = np.zeros(n_groups), np.zeros(n_groups)
+    cdef int64_t[::1] at = at_a
+    cdef double[::1] before = before_a, inside = inside_a, tot = tot_a, target = target_a
+    cdef double c, goal
+    cdef int64_t hit
+    with nogil:
+        for g in range(n_groups):
+            c = 0.0
+            for b in range(n_bins):
+                c = c + hist[g * n_bins + b]
+            tot[g] = c
+            target[g] = q * c
+            goal = target[g] - 1e-12
+            c = 0.0
+            hit = -1
+            for b in range(n_bins):
+                c = c + hist[g * n_bins + b]
+                if c >= goal:
+                    hit = b
+                    break
+            if hit < 0:  # never reached (NaN weights): argmax of all-False is bin 0
+                hit = 0
+                c = hist[g * n_bins]
+            b = hit
+            at[g] = b
+            inside[g] = hist[g * n_bins + b]
+            before[g] = c - inside[g]
+    return at_a, before_a, inside_a, tot_a, target_a
