@@ -12,10 +12,12 @@ numpy references in tests/triangulate/test_tri_fast.py).
   skips the hash;
 - :class:`FlowIndex`: flow key -> position in the layout (keys in key order), by a small hash
   of the (src, dst) pair and the source port's place inside the pair's run — O(n), no sort;
-- :func:`compose_keys`, :func:`place`, :func:`gather_counts`, :func:`span`: the window decode;
+- :func:`compose_keys`, :meth:`FlowIndex.place`, :func:`scatter_counts`, :func:`span`: the
+  window decode;
 - :func:`path_matrix`: reported paths (list<string>) -> padded link numbers;
 - :func:`route_hash`: the row hash of ``incidence._row_hash``;
-- :func:`link_sums`, :func:`decay_add`: per-window sums and the long-horizon decay;
+- :func:`link_sums`, :func:`link_sums_diff`, :func:`decay_add`: per-window sums and the
+  long-horizon decay;
 - :func:`to_bins`, :func:`quantile_scan`: the grouped histogram quantiles of ``quantile``.
 """
 
@@ -144,17 +146,26 @@ def compose_keys(const int64_t[::1] src, const int64_t[::1] dst, const ints_t[::
     return bad
 
 
+cdef extern from *:
+    """
+    #define TRI_PREFETCH(p) __builtin_prefetch((const void *) (p))
+    """
+    void TRI_PREFETCH(const void* p) noexcept nogil
+
+
 cdef class FlowIndex:
     """Position of a flow key in a sorted array of unique non-negative keys.
 
     Keys are ``pair * 65536 + sport``; a flow pair's keys are one run of the sorted array.
-    The pairs (hundreds of thousands: cache-resident) are hashed; inside a run the port is
-    usually at ``start + (sport - first sport)`` (agents use consecutive ports), else found
-    by binary search. Rows of one pair arrive together, so the pair lookup is mostly skipped.
+    The pairs (hundreds of thousands) are hashed; inside a run the port is usually at
+    ``start + (sport - first sport)`` (agents use consecutive ports), else found by binary
+    search. Rows of one pair arrive together, so the cost is one hash lookup and one cache
+    miss per pair run, and those misses are prefetched a few runs ahead (they dominate: the
+    rows' pair order is not the key order).
     """
 
     cdef int64_t[::1] keys
-    cdef int64_t[::1] _pair, _start, _len
+    cdef int64_t[::1] _slots  # per slot: pair (-1: empty), first position, count
     cdef int64_t _mask
 
     def __init__(self, int64_t[::1] keys):
@@ -164,22 +175,25 @@ cdef class FlowIndex:
             if i == 0 or (keys[i] >> 16) != (keys[i - 1] >> 16):
                 runs += 1
         size = _table_size(runs)
-        self._pair = np.full(size, -1, np.int64)
-        self._start = np.zeros(size, np.int64)
-        self._len = np.zeros(size, np.int64)
+        slots = np.zeros(3 * size, np.int64)
+        slots[0::3] = -1
+        self._slots = slots
         self._mask = size - 1
-        cdef int64_t s, p
+        cdef int64_t s = 0, p
         for i in range(n):
             p = keys[i] >> 16
             if i == 0 or p != (keys[i - 1] >> 16):
                 s = self._slot_of(p)
-                self._pair[s] = p
-                self._start[s] = i
-            self._len[s] += 1
+                self._slots[3 * s] = p
+                self._slots[3 * s + 1] = i
+            self._slots[3 * s + 2] += 1
+
+    cdef inline int64_t _home(self, int64_t pair) noexcept nogil:
+        return <int64_t> ((((<uint64_t> pair) * _MIX) >> 32) & <uint64_t> self._mask)
 
     cdef inline int64_t _slot_of(self, int64_t pair) noexcept nogil:
-        cdef int64_t s = <int64_t> (((<uint64_t> pair) * _MIX) >> 32) & self._mask
-        while self._pair[s] >= 0 and self._pair[s] != pair:
+        cdef int64_t s = self._home(pair)
+        while self._slots[3 * s] >= 0 and self._slots[3 * s] != pair:
             s = (s + 1) & self._mask
         return s
 
@@ -202,22 +216,45 @@ cdef class FlowIndex:
         """Per row its key's position (``pos``, -1: unusable or not a layout key) and per
         position its first row (``row_of``, filled with -1 by the caller); returns
         (rows not in the layout, duplicate rows, positions filled)."""
-        cdef int64_t i, k, p, n = raw.shape[0], pair, prev_pair = -1, start = 0, ln = 0, s
+        cdef int64_t n = raw.shape[0]
+        # runs of rows with the same pair (usable rows only): first row, pair -> start, count
+        run_row_a = np.empty(n + 1, np.int64)
+        run_start_a = np.empty(n + 1, np.int64)
+        run_len_a = np.empty(n + 1, np.int64)
+        cdef int64_t[::1] run_row = run_row_a, run_start = run_start_a, run_len = run_len_a
+        cdef int64_t i, k, p, r, s, runs = 0, prev = -1, start = 0, ln = 0, nxt
         cdef int64_t missing = 0, dup = 0, filled = 0
         with nogil:
+            for i in range(n):
+                k = raw[i]
+                if k >= 0 and (k >> 16) != prev:
+                    prev = k >> 16
+                    run_row[runs] = i
+                    run_start[runs] = prev  # the pair, for now
+                    runs += 1
+            run_row[runs] = n
+            for r in range(runs):
+                if r + 16 < runs:
+                    TRI_PREFETCH(&self._slots[3 * self._home(run_start[r + 16])])
+                s = self._slot_of(run_start[r])
+                if self._slots[3 * s] == run_start[r]:
+                    run_start[r], run_len[r] = self._slots[3 * s + 1], self._slots[3 * s + 2]
+                else:
+                    run_start[r], run_len[r] = 0, 0
+            r = -1
+            nxt = run_row[0] if runs else n
             for i in range(n):
                 k = raw[i]
                 if k < 0:
                     pos[i] = -1
                     continue
-                pair = k >> 16
-                if pair != prev_pair:
-                    s = self._slot_of(pair)
-                    prev_pair = pair
-                    if self._pair[s] == pair:
-                        start, ln = self._start[s], self._len[s]
-                    else:
-                        start, ln = 0, 0
+                if i == nxt:
+                    r += 1
+                    nxt = run_row[r + 1]
+                    start, ln = run_start[r], run_len[r]
+                    if r + 3 < runs and run_len[r + 3]:
+                        TRI_PREFETCH(&self.keys[run_start[r + 3]])
+                        TRI_PREFETCH(&row_of[run_start[r + 3]])
                 p = self._in_run(k, start, ln) if ln else -1
                 pos[i] = p
                 if p < 0:
@@ -230,12 +267,14 @@ cdef class FlowIndex:
         return missing, dup, filled
 
 
-def gather_counts(const int64_t[::1] rows, const ints_t[::1] sent, sent_ok,
-                  const ints_t[::1] recv, recv_ok, const double[::1] owd, owd_ok,
-                  double[::1] sent_out, double[::1] lost_out, double[::1] owd_out) -> int:
-    """Per flow (``rows``: its table row) packets sent and lost and the minimum OWD (NaN when
-    null); nulls read as 0 packets. Returns the rows with unusable counts (sent <= 0,
-    received < 0 or received > sent), which the caller drops."""
+def scatter_counts(const int64_t[::1] pos, const int64_t[::1] row_of, int64_t first_row,
+                   const ints_t[::1] sent, sent_ok, const ints_t[::1] recv, recv_ok,
+                   const double[::1] owd, owd_ok,
+                   double[::1] sent_out, double[::1] lost_out, double[::1] owd_out) -> int:
+    """For the rows ``first_row ..`` of one record batch that are their flow's first row:
+    packets sent and lost and the minimum OWD (NaN when null) at the flow's position; nulls
+    read as 0 packets. Returns the rows with unusable counts (sent <= 0, received < 0 or
+    received > sent), which the caller drops."""
     cdef const uint8_t[::1] s_ok, r_ok, o_ok
     cdef bint hs = sent_ok is not None, hr = recv_ok is not None, ho = owd_ok is not None
     if hs:
@@ -244,23 +283,35 @@ def gather_counts(const int64_t[::1] rows, const ints_t[::1] sent, sent_ok,
         r_ok = recv_ok
     if ho:
         o_ok = owd_ok
-    cdef int64_t i, r, n = rows.shape[0], bad = 0, s, v
+    cdef int64_t i, p, q, n = sent.shape[0], bad = 0, s, v, ahead = 96
     with nogil:
         for i in range(n):
-            r = rows[i]
-            s = sent[r] if not hs or s_ok[r] else 0
-            v = recv[r] if not hr or r_ok[r] else 0
+            # the writes land one pair run at a time, runs in random order: prefetch the
+            # targets of the run starting ``ahead`` rows on (inside a run they are adjacent)
+            if i + ahead < n:
+                q = pos[first_row + i + ahead]
+                if q >= 0 and q != pos[first_row + i + ahead - 1] + 1:
+                    TRI_PREFETCH(&sent_out[q])
+                    TRI_PREFETCH(&lost_out[q])
+                    TRI_PREFETCH(&owd_out[q])
+                    TRI_PREFETCH(&row_of[q])
+            p = pos[first_row + i]
+            if p < 0 or row_of[p] != first_row + i:
+                continue
+            s = sent[i] if not hs or s_ok[i] else 0
+            v = recv[i] if not hr or r_ok[i] else 0
             if s <= 0 or v < 0 or v > s:
                 bad += 1
-            sent_out[i] = <double> s
-            lost_out[i] = <double> (s - v)
-            owd_out[i] = owd[r] if not ho or o_ok[r] else NAN
+            sent_out[p] = <double> s
+            lost_out[p] = <double> (s - v)
+            owd_out[p] = owd[i] if not ho or o_ok[i] else NAN
     return bad
 
 
 def span(const int64_t[::1] start, start_ok, const int64_t[::1] dur, dur_ok, rows):
-    """(first start, last start + duration): over every row skipping nulls (``rows`` None:
-    Arrow's min/max semantics), else over ``rows`` with nulls read as 0; (0, 0) if empty."""
+    """(first start, last start + duration, found a start, found an end): over every row
+    skipping nulls (``rows`` None: Arrow's min/max semantics), else over ``rows`` with nulls
+    read as 0; 0 where nothing was found."""
     cdef const uint8_t[::1] s_ok, d_ok
     cdef const int64_t[::1] rw
     cdef bint hs = start_ok is not None, hd = dur_ok is not None, all_rows = rows is None
@@ -288,7 +339,7 @@ def span(const int64_t[::1] start, start_ok, const int64_t[::1] dur, dur_ok, row
             b = a + (dur[r] if dv else 0)
             if not any_hi or b > hi:
                 hi, any_hi = b, True
-    return lo, hi
+    return lo, hi, any_lo, any_hi
 
 
 def path_matrix(const offs_t[::1] list_off, list_ok, const int32_t[::1] str_off,
@@ -371,6 +422,33 @@ def link_sums(const int64_t[::1] up, const int64_t[::1] dn, const int64_t[::1] r
     return up_a, dn_a, rt_a
 
 
+def link_sums_diff(const int64_t[::1] up, const int64_t[::1] dn, const int64_t[::1] route,
+                   const double[::1] new, const double[::1] old, int64_t n_links,
+                   int64_t n_routes, int64_t max_changed):
+    """:func:`link_sums` of ``new - old`` over the rows where it is not 0, or None when more
+    than ``max_changed`` rows changed (the caller sums ``new`` afresh then). Returns
+    (changed rows, up, down, route sums)."""
+    cdef int64_t i, n = new.shape[0], changed = 0
+    up_a = np.zeros(n_links + 1)
+    dn_a = np.zeros(n_links + 1)
+    rt_a = np.zeros(n_routes)
+    cdef double[::1] su = up_a, sd = dn_a, sr = rt_a
+    cdef double d
+    with nogil:
+        for i in range(n):
+            d = new[i] - old[i]
+            if d != 0.0:
+                changed += 1
+                if changed > max_changed:
+                    break
+                su[up[i]] += d
+                sd[dn[i]] += d
+                sr[route[i]] += d
+    if changed > max_changed:
+        return changed, None, None, None
+    return changed, up_a, dn_a, rt_a
+
+
 def decay_add(double[::1] sent, double[::1] lost, const double[::1] f_sent,
               const double[::1] f_lost, double gamma, double floor_lost, double keep_sent):
     """``sent = sent * gamma + f_sent`` and the same for ``lost`` (lost below ``floor_lost``
@@ -438,17 +516,32 @@ def to_bins(const double[::1] v, double lin_ns, int64_t lin_bins, double log_gro
 def quantile_scan(const int64_t[::1] group, const int64_t[::1] bins, const double[::1] weight,
                   int64_t n_groups, int64_t n_bins, double q):
     """Per group: histogram over bins (rows with bin < 0 skipped), then the first bin whose
-    running sum reaches ``q`` of the total. Returns (bin, running sum before it, its weight,
-    total, target) per group — what ``quantile.group_quantile_bins`` interpolates."""
-    cdef int64_t i, g, b, n = group.shape[0]
-    hist_a = np.zeros(n_groups * n_bins)
-    cdef double[::1] hist = hist_a
+    running sum reaches ``q`` of the total. Returns (bin, running sum through the bin before
+    it, its weight, total, target) per group — what ``quantile.group_quantile_bins``
+    interpolates. A group's histogram spans only its lowest to highest used bin (a dense
+    groups x bins array is tens of MB to zero and scan); the bins outside hold 0.0, which
+    leaves every running sum unchanged, so the result equals numpy's cumsum/argmax."""
+    cdef int64_t i, g, b, n = group.shape[0], size = 0
+    lo_a = np.full(n_groups, n_bins, np.int64)
+    hi_a = np.full(n_groups, -1, np.int64)
+    off_a = np.zeros(n_groups, np.int64)
+    cdef int64_t[::1] lo = lo_a, hi = hi_a, off = off_a
     for i in range(n):  # checked loop: a bad group must raise like bincount, not corrupt
-        if bins[i] >= 0:
+        b = bins[i]
+        if b >= 0:
             g = group[i]
-            if g < 0 or g >= n_groups or bins[i] >= n_bins:
-                raise ValueError(f"group {g} / bin {bins[i]} out of range")
-            hist[g * n_bins + bins[i]] += weight[i]
+            if g < 0 or g >= n_groups or b >= n_bins:
+                raise ValueError(f"group {g} / bin {b} out of range")
+            if b < lo[g]:
+                lo[g] = b
+            if b > hi[g]:
+                hi[g] = b
+    for g in range(n_groups):
+        off[g] = size
+        if hi[g] >= lo[g]:
+            size += hi[g] - lo[g] + 1
+    hist_a = np.zeros(max(size, 1))
+    cdef double[::1] hist = hist_a
     at_a = np.zeros(n_groups, np.int64)
     before_a, inside_a = np.zeros(n_groups), np.zeros(n_groups)
     tot_a, target_a = np.zeros(n_groups), np.zeros(n_groups)
@@ -457,25 +550,62 @@ def quantile_scan(const int64_t[::1] group, const int64_t[::1] bins, const doubl
     cdef double c, goal
     cdef int64_t hit
     with nogil:
+        for i in range(n):
+            b = bins[i]
+            if b >= 0:
+                g = group[i]
+                hist[off[g] + b - lo[g]] += weight[i]
         for g in range(n_groups):
             c = 0.0
-            for b in range(n_bins):
-                c = c + hist[g * n_bins + b]
+            for b in range(lo[g], hi[g] + 1):
+                c = c + hist[off[g] + b - lo[g]]
             tot[g] = c
             target[g] = q * c
             goal = target[g] - 1e-12
-            c = 0.0
             hit = -1
-            for b in range(n_bins):
-                c = c + hist[g * n_bins + b]
-                if c >= goal:
-                    hit = b
-                    break
-            if hit < 0:  # never reached (NaN weights): argmax of all-False is bin 0
+            if 0.0 >= goal:  # bin 0's running sum is its weight, >= 0: argmax finds bin 0
                 hit = 0
-                c = hist[g * n_bins]
-            b = hit
-            at[g] = b
-            inside[g] = hist[g * n_bins + b]
+            else:
+                c = 0.0
+                for b in range(lo[g], hi[g] + 1):
+                    c = c + hist[off[g] + b - lo[g]]
+                    if c >= goal:
+                        hit = b
+                        break
+            if hit <= 0:  # bin 0 (or never reached, NaN weights: argmax of all-False)
+                hit = 0
+                inside[g] = hist[off[g]] if lo[g] == 0 and hi[g] >= 0 else 0.0
+                c = inside[g]
+            else:
+                inside[g] = hist[off[g] + hit - lo[g]]
+            at[g] = hit
             before[g] = c - inside[g]
     return at_a, before_a, inside_a, tot_a, target_a
+
+
+def strip_access(const int64_t[:, ::1] pad, const int64_t[::1] lens, const int64_t[::1] up,
+                 const int64_t[::1] down):
+    """Reported paths -> (fabric links padded with -1, access links implied): a path that
+    starts at its source NIC's up link and ends at its destination NIC's down link (``up``,
+    ``down``: per row) loses those two; any other path is kept whole (``PathModel._store``)."""
+    cdef int64_t n = pad.shape[0], w = pad.shape[1], i, j, ln
+    mid_a = np.empty((n, w), np.int64)
+    acc_a = np.zeros(n, np.bool_)
+    cdef int64_t[:, ::1] mid = mid_a
+    cdef uint8_t[::1] acc = acc_a.view(np.uint8)
+    cdef bint inner
+    with nogil:
+        for i in range(n):
+            ln = lens[i]
+            inner = (ln >= 2 and pad[i, 0] == up[i]
+                     and pad[i, (ln - 1 if ln >= 1 else 0)] == down[i])
+            acc[i] = inner
+            if not inner:
+                for j in range(w):
+                    mid[i, j] = pad[i, j]
+                continue
+            for j in range(w - 1):
+                mid[i, j] = pad[i, j + 1]
+            mid[i, w - 1] = -1
+            mid[i, ln - 2] = -1  # the last (access) link, now one place to the left
+    return mid_a, acc_a

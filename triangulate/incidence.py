@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _fast
+from .store import unique
+
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -121,7 +124,7 @@ class RouteTable:
             lptr = np.searchsorted(link[order], np.arange(self.n_links + 1))
             self._by_link = (lptr, owner[order])
         lptr, routes = self._by_link
-        return np.unique(_ranges(routes, lptr[links], lptr[links + 1]))
+        return unique(_ranges(routes, lptr[links], lptr[links + 1]))
 
 
 class Incidence:
@@ -148,9 +151,27 @@ class Incidence:
         return Incidence(self.up[rows], self.dn[rows], self.route[rows], self.routes, self.n_links)
 
     def link_sums(self, x: np.ndarray) -> np.ndarray:
+        """``A^T x``: the three bincounts (up, down, route) in one Cython pass, summed in
+        the same order as numpy's."""
         n = self.n_links
-        s = np.bincount(self.up, x, n + 1)[:n] + np.bincount(self.dn, x, n + 1)[:n]
-        return s + self.routes.link_sum(np.bincount(self.route, x, len(self.routes)))
+        up, dn, rt = _fast.link_sums(
+            _c(self.up, np.int64), _c(self.dn, np.int64), _c(self.route, np.int64),
+            _c(x, np.float64), n, len(self.routes),
+        )  # fmt: skip
+        return (up[:n] + dn[:n]) + self.routes.link_sum(rt)
+
+    def link_sums_diff(self, new: np.ndarray, old: np.ndarray, max_changed: int):
+        """(rows changed, ``A^T (new - old)`` over them), the same sums as
+        ``take(changed).link_sums((new - old)[changed])``; None when more than
+        ``max_changed`` rows changed."""
+        n = self.n_links
+        changed, up, dn, rt = _fast.link_sums_diff(
+            _c(self.up, np.int64), _c(self.dn, np.int64), _c(self.route, np.int64),
+            _c(new, np.float64), _c(old, np.float64), n, len(self.routes), max_changed,
+        )  # fmt: skip
+        if up is None:
+            return None
+        return changed, (up[:n] + dn[:n]) + self.routes.link_sum(rt)
 
     def entries(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(row, link, weight) entries; rows numbered by position in ``rows`` when given."""
@@ -182,7 +203,7 @@ class Incidence:
             _ranges(dn_o, dn_p[links], dn_p[links + 1]),
             _ranges(rt_o, rt_p[routes], rt_p[routes + 1]),
         ]
-        return np.unique(np.concatenate(parts))
+        return unique(np.concatenate(parts))
 
     def _index(self) -> tuple:
         if self._inverse is None:
@@ -205,7 +226,17 @@ def _ranges(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndar
     return values[idx]
 
 
+def _c(a: np.ndarray, dtype: type) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype)
+
+
 def _row_hash(mid: np.ndarray) -> np.ndarray:
+    """Per row ``h = (h ^ (x + 2)) * MIX`` over its columns (``_fast.route_hash``)."""
+    return _fast.route_hash(_c(mid, np.int64))
+
+
+def _reference_row_hash(mid: np.ndarray) -> np.ndarray:
+    """The numpy definition of :func:`_row_hash` (tests compare the two)."""
     h = np.zeros(mid.shape[0], np.uint64)
     with np.errstate(over="ignore"):
         for j in range(mid.shape[1]):
@@ -216,7 +247,7 @@ def _row_hash(mid: np.ndarray) -> np.ndarray:
 def _unique_rows(mid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first row of each distinct row, inverse) for a small-int matrix, via a 64-bit hash
     checked for collisions (falls back to an exact row sort if two rows ever share one)."""
-    _, first, inv = np.unique(_row_hash(mid), return_index=True, return_inverse=True)
+    _, first, inv = unique(_row_hash(mid), first=True, inverse=True)
     if not np.array_equal(mid[first[inv]], mid):
         _, first, inv = np.unique(mid, axis=0, return_index=True, return_inverse=True)
     return first, inv.reshape(-1)

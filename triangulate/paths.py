@@ -32,7 +32,7 @@ from fleetlens.topology import Topology
 
 from . import _fast
 from .incidence import Incidence, RouteTable
-from .store import FlowStore
+from .store import FlowStore, unique
 
 SPORT_SPAN = 1 << 16
 _RECHECK = 64
@@ -180,9 +180,14 @@ class PathModel:
     def frame(self, table: pa.Table) -> Frame:
         """Decode a WINDOW_SCHEMA table; drop (and count) rows it cannot use."""
         src, dst = self._nics(table["src_nic"], "src"), self._nics(table["dst_nic"], "dst")
-        sport, sport_ok = _numbers(table["sport"])
+        batches = table.select(_COUNTS).to_batches()  # the columns chunked alike, zero-copy
         raw = np.empty(table.num_rows, np.int64)
-        n_bad = _fast.compose_keys(src, dst, sport, sport_ok, self.n_nics, raw)
+        n_bad, at = 0, 0
+        for b in batches:
+            sport, ok = _numbers(b.column(0))
+            sl = slice(at, at + b.num_rows)
+            n_bad += _fast.compose_keys(src[sl], dst[sl], sport, ok, self.n_nics, raw[sl])
+            at += b.num_rows
         lay = self._layout
         placed = self._place(lay, raw, n_bad) if lay is not None else None
         if placed is None:  # new or vanished flows: a new layout (sorts the keys once)
@@ -190,10 +195,11 @@ class PathModel:
             placed = self._place(lay, raw, n_bad)
             assert placed is not None  # the layout is made of exactly these keys
         pos, rows, dropped = placed
-        sent, lost, owd, n_bad_counts = _counts(table, rows)
+        sent, lost, owd, n_bad_counts = _counts(batches, pos, rows)
         dropped["bad_counts"] = n_bad_counts
         self._remember(table, lay, pos, rows, dropped)
-        start, end = _span(table, None if lay.key.size == table.num_rows else rows)
+        all_rows = lay.key.size == table.num_rows
+        start, end = _span(batches) if all_rows else _span_of_rows(table, rows)
         f = Frame(
             lay.key, lay.src, lay.dst, lay.sport, sent, lost, owd, lay.known, lay.inc,
             start, end, dropped, (lay.token, self.version),
@@ -223,7 +229,7 @@ class PathModel:
     def _arrange(self, raw: np.ndarray, lay: _Layout | None) -> _Layout:
         """The flows in key order (unusable rows and repeats left out); the same key set as
         the last layout keeps it (remembered routes, incidence, inverse indexes)."""
-        key = np.unique(raw[raw >= 0])
+        key = unique(raw[raw >= 0])
         if lay is not None and np.array_equal(lay.key, key):
             return lay
         pair = key // SPORT_SPAN
@@ -262,7 +268,7 @@ class PathModel:
         n = table.num_rows
         if col.null_count == n or lay.key.size == 0:
             return
-        unknown = np.flatnonzero(~lay.known)
+        unknown = self._unknown(lay)
         if unknown.size * 4 > lay.key.size:  # mostly unknown (a first window): every row
             first = np.zeros(n, bool)
             first[rows] = True
@@ -282,43 +288,62 @@ class PathModel:
             parts.append(col.take(pa.array(trows)))
             where.append(unknown)
             mask.append(np.ones(unknown.size, bool))
-        sub = pa.chunked_array([c for p in parts for c in p.chunks], col.type).combine_chunks()
+        # each chunk decoded where it lies (no combine / filter copies of the list column)
+        mats = [self._path_matrix(c) for p in parts for c in p.chunks]
+        if not mats:
+            return
         keep = np.concatenate(mask)
         at = np.concatenate(where)
-        has = np.asarray(sub.is_valid().to_numpy(zero_copy_only=False), bool)
+        has = np.concatenate([m[3] for m in mats])
         use = keep & has
         if not use.any():
             return
-        at, sub = at[has[keep]], sub.filter(pa.array(use))
-        lens, pad, bad = self._path_matrix(sub)
+        at = at[has[keep]]
+        lens, pad, bad = (np.concatenate([m[i] for m in mats]) for i in range(3))
+        if not use.all():
+            lens, pad, bad = lens[use], pad[use], bad[use]
         dropped["bad_path"] = int(bad.sum())
         good = ~bad
         if not good.any():
             return
-        self._store(lay, at[good], pad[good], lens[good])
+        if not good.all():
+            at, pad, lens = at[good], pad[good], lens[good]
+        self._store(lay, at, pad, lens)
 
-    def _path_matrix(self, sub: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(links per path, link numbers padded with -1 to max_hops, bad) of a list<string>
-        array without nulls."""
-        if not pa.types.is_list(sub.type) or not pa.types.is_string(sub.type.value_type):
-            sub = sub.cast(pa.list_(pa.string()))
-        off = np.frombuffer(sub.buffers()[1], np.int32)[sub.offset : sub.offset + len(sub) + 1]
-        s_off, data, s_ok = _string_buffers(sub.values)
-        ok = _valid(sub)
-        return _fast.path_matrix(off, ok, s_off, data, s_ok, self._link_str, self.max_hops)
+    def _path_matrix(self, arr: pa.Array) -> tuple[np.ndarray, ...]:
+        """(links per path, link numbers padded with -1 to max_hops, bad, valid) of a
+        list<string> array (a null path: not valid)."""
+        if not pa.types.is_list(arr.type) or not pa.types.is_string(arr.type.value_type):
+            arr = arr.cast(pa.list_(pa.string()))
+        off = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset : arr.offset + len(arr) + 1]
+        s_off, data, s_ok = _string_buffers(arr.values)
+        ok = _valid(arr)
+        lens, pad, bad = _fast.path_matrix(
+            off, ok, s_off, data, s_ok, self._link_str, self.max_hops
+        )
+        valid = np.ones(len(arr), bool) if ok is None else ok.view(bool)
+        return lens, pad, bad, valid
+
+    def _unknown(self, lay: _Layout) -> np.ndarray:
+        """Layout flows without a known path; cached while no path is learned (``known``
+        only changes in ``_store``, which bumps ``version``)."""
+        got = getattr(self, "_unknown_cache", None)
+        if got is None or got[0] is not lay.token or got[1] != self.version:
+            got = self._unknown_cache = (lay.token, self.version, np.flatnonzero(~lay.known))
+        return got[2]
 
     def _store(self, lay: _Layout, pos, pad, lens) -> None:
         s, d = lay.src[pos], lay.dst[pos]
-        last = pad[np.arange(lens.size), np.maximum(lens - 1, 0)]
-        acc = (lens >= 2) & (pad[:, 0] == self.nic_up[s]) & (last == self.nic_down[d])
-        mid = pad.copy()
-        inner = np.flatnonzero(acc)
-        mid[inner, :-1] = pad[inner, 1:]
-        mid[inner, -1] = -1
-        mid[inner, lens[inner] - 2] = -1  # drop the last (access) link
+        mid, acc = _fast.strip_access(pad, lens, self.nic_up[s], self.nic_down[d])
         route = self.routes.known(mid)
-        k = lay.key[pos]
-        at = self.paths.locate(k)
+        if self.paths.aligned(lay.key):  # the usual case: layout positions are store rows
+            at = pos
+        else:
+            n_before = len(self.paths)
+            at = self.paths.locate(lay.key[pos])
+            if len(self.paths) == lay.key.size > n_before:  # it now holds the layout's flows:
+                self.paths.sort()  # key order, so the next windows index it by position
+                at = self.paths.find(lay.key[pos])
         old_r, old_a = self.paths.cols["route"][at], self.paths.cols["acc"][at]
         changed = (old_r != route) | (old_a != acc) | ~lay.known[pos]
         if not changed.any():
@@ -350,7 +375,7 @@ class PathModel:
         """Access links with weight 1, fabric links weighted by their share of ECMP paths."""
         n_leaf = len(self.leaf_names)
         pair = self.nic_leaf[src] * n_leaf + self.nic_leaf[dst]
-        uniq, inv = np.unique(pair, return_inverse=True)
+        uniq, inv = unique(pair, inverse=True)
         ids = np.array([self._leaf_pair(int(p)) for p in uniq.tolist()], np.int64)
         return ids[inv.reshape(-1)]
 
@@ -365,26 +390,42 @@ class PathModel:
         return self._cand[pair]
 
 
-def _span(table: pa.Table, rows: np.ndarray | None) -> tuple[int, int]:
-    """(first start, last end): over every row skipping nulls (``rows`` None), else over the
-    kept ``rows`` with nulls read as 0 (the engine's semantics since its first version)."""
-    if table.num_rows == 0:
-        return 0, 0
+_COUNTS = ["sport", "sent", "received", "owd_min_ns", "start_ns", "duration_ns"]
+
+
+def _span(batches: list[pa.RecordBatch]) -> tuple[int, int]:
+    """(first start, last end) over every row, nulls skipped (Arrow's min/max)."""
+    lo = hi = None
+    for b in batches:
+        start, start_ok = _numbers(b.column(4), np.int64)
+        dur, dur_ok = _numbers(b.column(5), np.int64)
+        a, z, any_a, any_z = _fast.span(start, start_ok, dur, dur_ok, None)
+        lo = a if any_a and (lo is None or a < lo) else lo
+        hi = z if any_z and (hi is None or z > hi) else hi
+    return int(lo or 0), int(hi or 0)
+
+
+def _span_of_rows(table: pa.Table, rows: np.ndarray) -> tuple[int, int]:
+    """(first start, last end) over the kept rows, nulls read as 0 (when rows were dropped:
+    the engine's semantics since its first version)."""
     start, start_ok = _numbers(table["start_ns"], np.int64)
     dur, dur_ok = _numbers(table["duration_ns"], np.int64)
-    return _fast.span(start, start_ok, dur, dur_ok, rows)
+    return _fast.span(start, start_ok, dur, dur_ok, rows)[:2]
 
 
-def _counts(table: pa.Table, rows: np.ndarray):
-    """(sent, lost, owd_min, unusable rows) per flow, gathered from its table row."""
-    sent, sent_ok = _numbers(table["sent"])
-    recv, recv_ok = _numbers(table["received"])
-    owd, owd_ok = _numbers(table["owd_min_ns"], np.float64)
+def _counts(batches: list[pa.RecordBatch], pos: np.ndarray, rows: np.ndarray):
+    """(sent, lost, owd_min, unusable rows) per flow, from its first table row."""
     n = rows.size
     out = np.empty(n), np.empty(n), np.empty(n)
-    if sent.dtype != recv.dtype:
-        sent, recv = sent.astype(np.int64), recv.astype(np.int64)
-    bad = _fast.gather_counts(rows, sent, sent_ok, recv, recv_ok, owd, owd_ok, *out)
+    bad, at = 0, 0
+    for b in batches:
+        sent, sent_ok = _numbers(b.column(1))
+        recv, recv_ok = _numbers(b.column(2))
+        owd, owd_ok = _numbers(b.column(3), np.float64)
+        if sent.dtype != recv.dtype:
+            sent, recv = sent.astype(np.int64), recv.astype(np.int64)
+        bad += _fast.scatter_counts(pos, rows, at, sent, sent_ok, recv, recv_ok, owd, owd_ok, *out)
+        at += b.num_rows
     return (*out, bad)
 
 
