@@ -361,7 +361,11 @@ def path_matrix(const offs_t[::1] list_off, list_ok, const int32_t[::1] str_off,
     if hs:
         s_ok = str_ok
     cdef const uint8_t* base = &data[0]
-    cdef int64_t prev_s = -1, prev_n = -1, prev_v = -1
+    # per hop, the last string seen there and its number: paths of one flow pair share their
+    # access links and most fabric links, so most lookups are one short memcmp
+    prev_a = np.full((width + 1, 3), -1, np.int64)
+    cdef int64_t[:, ::1] prev = prev_a
+    cdef int64_t h
     with nogil:
         for i in range(n):
             if hl and not l_ok[i]:
@@ -372,16 +376,17 @@ def path_matrix(const offs_t[::1] list_off, list_ok, const int32_t[::1] str_off,
             if b == a or b - a > width:
                 bad[i] = 1
             for j in range(a, b):
+                h = j - a if j - a < width else width
                 if hs and not s_ok[j]:
                     lk = -1
                 else:
                     s = str_off[j]
                     ln = str_off[j + 1] - s
-                    if ln == prev_n and memcmp(base + s, base + prev_s, ln) == 0:
-                        lk = prev_v
+                    if ln == prev[h, 1] and memcmp(base + s, base + prev[h, 0], ln) == 0:
+                        lk = prev[h, 2]
                     else:
                         lk = links._find(base + s, ln)
-                        prev_s, prev_n, prev_v = s, ln, lk
+                        prev[h, 0], prev[h, 1], prev[h, 2] = s, ln, lk
                 if lk < 0:
                     bad[i] = 1
                 if j - a < width:
@@ -609,3 +614,29 @@ def strip_access(const int64_t[:, ::1] pad, const int64_t[::1] lens, const int64
             mid[i, w - 1] = -1
             mid[i, ln - 2] = -1  # the last (access) link, now one place to the left
     return mid_a, acc_a
+
+
+def group_rows(const int64_t[::1] col, int64_t n_groups):
+    """(rows ordered by group, stably; per group its first place in that order, n_groups+1
+    entries) for values in [0, n_groups): a counting sort, the ``argsort(kind="stable")`` +
+    ``searchsorted`` of the inverse indexes in two linear passes."""
+    cdef int64_t n = col.shape[0], i, g
+    ptr_a = np.zeros(n_groups + 1, np.int64)
+    order_a = np.empty(n, np.int64)
+    cdef int64_t[::1] ptr = ptr_a, order = order_a
+    for i in range(n):  # checked: an out-of-range value must raise, not corrupt memory
+        g = col[i]
+        if g < 0 or g >= n_groups:
+            raise ValueError(f"value {g} outside [0, {n_groups})")
+        ptr[g + 1] += 1
+    fill_a = np.empty(n_groups, np.int64)
+    cdef int64_t[::1] fill = fill_a
+    with nogil:
+        for g in range(n_groups):
+            ptr[g + 1] += ptr[g]
+            fill[g] = ptr[g]
+        for i in range(n):
+            g = col[i]
+            order[fill[g]] = i
+            fill[g] += 1
+    return order_a, ptr_a

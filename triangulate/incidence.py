@@ -120,8 +120,7 @@ class RouteTable:
         if self._by_link is None:
             ptr, link, _ = self.csr()
             owner = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
-            order = np.argsort(link, kind="stable")
-            lptr = np.searchsorted(link[order], np.arange(self.n_links + 1))
+            order, lptr = _fast.group_rows(_c(link, np.int64), self.n_links)
             self._by_link = (lptr, owner[order])
         lptr, routes = self._by_link
         return unique(_ranges(routes, lptr[links], lptr[links + 1]))
@@ -210,8 +209,7 @@ class Incidence:
             out = []
             for col, size in ((self.up, self.n_links + 1), (self.dn, self.n_links + 1),
                               (self.route, len(self.routes))):  # fmt: skip
-                order = np.argsort(col, kind="stable")
-                out += [order, np.searchsorted(col[order], np.arange(size + 1))]
+                out += _fast.group_rows(_c(col, np.int64), size)  # a counting sort
             self._inverse = tuple(out)
         return self._inverse
 

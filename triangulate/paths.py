@@ -109,6 +109,7 @@ class _Layout:
     sport: np.ndarray
     known: np.ndarray
     inc: Incidence
+    pending: bool = False  # unknown flows still lack their candidate routes
     token: object = field(default_factory=object)
 
 
@@ -198,6 +199,8 @@ class PathModel:
         sent, lost, owd, n_bad_counts = _counts(batches, pos, rows)
         dropped["bad_counts"] = n_bad_counts
         self._remember(table, lay, pos, rows, dropped)
+        if lay.pending:
+            self._fill_candidates(lay)
         all_rows = lay.key.size == table.num_rows
         start, end = _span(batches) if all_rows else _span_of_rows(table, rows)
         f = Frame(
@@ -234,15 +237,21 @@ class PathModel:
             return lay
         pair = key // SPORT_SPAN
         s, d, sp = pair // self.n_nics, pair % self.n_nics, key % SPORT_SPAN
-        route, acc, known = self._recall(key, s, d)
+        # unknown flows get their ECMP candidates after this window's paths are read (in
+        # ``_fill_candidates``): on a first window with paths nearly every flow is learned,
+        # and the candidate sets of a fat-tree's leaf pairs took a minute to build
+        route, acc, known = self._recall(key, s, d, candidates=False)
         inc = Incidence(
             np.where(acc, self._up[s], self.n_links), np.where(acc, self._dn[d], self.n_links),
             route, self.routes, self.n_links,
         )  # fmt: skip
-        return _Layout(_fast.FlowIndex(key), key, s, d, sp, known, inc)
+        return _Layout(_fast.FlowIndex(key), key, s, d, sp, known, inc, pending=True)
 
-    def _recall(self, key, src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(route, access-links-implied, known) per flow: remembered or ECMP candidates."""
+    def _recall(
+        self, key, src, dst, candidates: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(route, access-links-implied, known) per flow: remembered or ECMP candidates
+        (``candidates=False``: route 0, no links, until ``_fill_candidates``)."""
         at = self.paths.find(key)
         known = at >= 0
         route = np.empty(key.size, np.int64)
@@ -251,8 +260,17 @@ class PathModel:
         acc[known] = self.paths.cols["acc"][at[known]]
         unk = np.flatnonzero(~known)
         if unk.size:
-            route[unk] = self._candidate_routes(src[unk], dst[unk])
+            route[unk] = self._candidate_routes(src[unk], dst[unk]) if candidates else 0
         return route, acc, known
+
+    def _fill_candidates(self, lay: _Layout) -> None:
+        """ECMP candidate routes for the layout's flows still without a path."""
+        lay.pending = False
+        unk = np.flatnonzero(~lay.known)
+        if unk.size:
+            s, d = lay.src[unk], lay.dst[unk]
+            route = self._candidate_routes(s, d)
+            lay.inc.set_rows(unk, self._up[s], self._dn[d], route)
 
     def _remember(
         self, table: pa.Table, lay: _Layout, pos: np.ndarray, rows: np.ndarray, dropped

@@ -32,6 +32,10 @@ def unique(a: np.ndarray, first: bool = False, inverse: bool = False):
     return tuple(out)
 
 
+def _increasing(a: np.ndarray) -> bool:
+    return a.ndim == 1 and (a.size < 2 or bool(np.all(a[1:] > a[:-1])))
+
+
 def _starts(s: np.ndarray) -> np.ndarray:
     """True where a sorted array's value differs from the one before (and at 0)."""
     new = np.empty(s.size, bool)
@@ -82,6 +86,10 @@ class FlowStore:
         last = self._last
         if last is not None and last[0].size == keys.size and np.array_equal(last[0], keys):
             return last[1]  # agents send the same flows window after window
+        if not self.keys.size and _increasing(keys):  # an empty store filled in key order
+            self._insert_sorted(keys)
+            self._last = (keys.copy(), np.arange(keys.size))
+            return self._last[1]
         pos = self.find(keys)
         miss = pos < 0
         if miss.any():  # new flows become rows in the order they arrive
@@ -112,6 +120,13 @@ class FlowStore:
         at = np.searchsorted(self._sorted, new[order])
         self._sorted = np.insert(self._sorted, at, new[order])
         self._order = np.insert(self._order, at, n0 + order)
+
+    def _insert_sorted(self, keys: np.ndarray) -> None:
+        """Rows for ``keys`` (strictly increasing) in an empty store: no sorting needed."""
+        self._gen += 1
+        self.keys = keys.copy()
+        self.cols = {name: self._blank(keys.size, name) for name in self.cols}
+        self._sorted, self._order = self.keys, np.arange(keys.size)
 
     def sort(self) -> None:
         """Put the rows in key order (then ``aligned`` holds for the sorted keys)."""

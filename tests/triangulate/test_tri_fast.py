@@ -382,3 +382,28 @@ def test_store_sort_keeps_values_and_aligns() -> None:
     assert s.find(np.array([5, 7])).tolist() == [1, -1]
     s.locate(np.array([7]))  # a new row: no longer aligned with the old keys
     assert not s.aligned(keys)
+
+
+def test_group_rows_equals_stable_argsort() -> None:
+    rng = np.random.default_rng(6)
+    col = rng.integers(0, 40, 5000)
+    order, ptr = _fast.group_rows(col, 41)
+    want = np.argsort(col, kind="stable")
+    np.testing.assert_array_equal(order, want)
+    np.testing.assert_array_equal(ptr, np.searchsorted(col[want], np.arange(42)))
+    with pytest.raises(ValueError):
+        _fast.group_rows(np.array([3, 41]), 41)
+
+
+def test_store_filled_in_key_order_equals_general_insert() -> None:
+    keys = np.array([3, 8, 20, 21])
+    a, b = FlowStore({"x": (np.int64, -1, 0)}), FlowStore({"x": (np.int64, -1, 0)})
+    np.testing.assert_array_equal(a.locate(keys), np.arange(4))  # empty + increasing
+    b.locate(keys[:1])
+    b.locate(keys)  # the general path
+    np.testing.assert_array_equal(a.keys, b.keys)
+    for s in (a, b):
+        np.testing.assert_array_equal(s.find(np.array([21, 3, 4])), [3, 0, -1])
+        s.locate(np.array([5, 21]))
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.find(np.array([5, 20])), b.find(np.array([5, 20])))
