@@ -23,12 +23,11 @@ numpy references in tests/triangulate/test_tri_fast.py).
 
 from libc.math cimport floor, log, fabs, isfinite, NAN
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 
 import numpy as np
 
 cdef uint64_t _FNV_OFF = 1469598103934665603ULL
-cdef uint64_t _FNV_PRIME = 1099511628211ULL
 cdef uint64_t _MIX = 0x9E3779B97F4A7C15ULL
 
 ctypedef fused offs_t:
@@ -41,10 +40,18 @@ ctypedef fused ints_t:
 
 
 cdef inline uint64_t _fnv(const uint8_t* p, int64_t n) noexcept nogil:
-    cdef uint64_t h = _FNV_OFF
-    cdef int64_t i
-    for i in range(n):
-        h = (h ^ p[i]) * _FNV_PRIME
+    """A string hash, 8 bytes at a time (ids are short: one or two words)."""
+    cdef uint64_t h = _FNV_OFF ^ <uint64_t> n, w
+    while n >= 8:
+        memcpy(&w, p, 8)
+        h = (h ^ w) * _MIX
+        h ^= h >> 31
+        p += 8
+        n -= 8
+    w = 0
+    if n:
+        memcpy(&w, p, n)
+        h = (h ^ w) * _MIX
     return h ^ (h >> 29)
 
 
@@ -640,3 +647,40 @@ def group_rows(const int64_t[::1] col, int64_t n_groups):
             order[fill[g]] = i
             fill[g] += 1
     return order_a, ptr_a
+
+
+
+cdef class U64Map:
+    """Open-addressing map uint64 -> int64 (first value wins for a repeated key): the route
+    hash -> route id lookups, one probe instead of a binary search per path."""
+
+    cdef uint64_t[::1] _keys
+    cdef int64_t[::1] _vals
+    cdef int64_t _mask
+
+    def __init__(self, const uint64_t[::1] keys, const int64_t[::1] vals):
+        cdef int64_t n = keys.shape[0], size = _table_size(n), i, s
+        self._keys = np.zeros(size, np.uint64)
+        self._vals = np.full(size, -1, np.int64)
+        self._mask = size - 1
+        for i in range(n):
+            s = self._slot(keys[i])
+            if self._vals[s] < 0:
+                self._keys[s] = keys[i]
+                self._vals[s] = vals[i]
+
+    cdef inline int64_t _slot(self, uint64_t k) noexcept nogil:
+        cdef int64_t s = <int64_t> (((k * _MIX) >> 32) & <uint64_t> self._mask)
+        while self._vals[s] >= 0 and self._keys[s] != k:
+            s = (s + 1) & self._mask
+        return s
+
+    def get(self, const uint64_t[::1] query):
+        """Value per query key, -1 where absent."""
+        cdef int64_t n = query.shape[0], i
+        out_a = np.empty(n, np.int64)
+        cdef int64_t[::1] out = out_a
+        with nogil:
+            for i in range(n):
+                out[i] = self._vals[self._slot(query[i])]
+        return out_a

@@ -38,6 +38,7 @@ class RouteTable:
         # known-path routes by row hash: sorted hashes, their route ids, padded rows by id
         self._hash = np.empty(0, np.uint64)
         self._hash_id = np.empty(0, np.int64)
+        self._hash_map: _fast.U64Map | None = None  # hash -> id of the first sorted match
         self._pad_blocks: list[tuple[int, np.ndarray]] = []
         self._pads: np.ndarray | None = None
         self.add(b"empty", np.empty(0, np.int64), np.empty(0))  # route 0: no fabric links
@@ -65,11 +66,10 @@ class RouteTable:
         if mid.shape[0] == 0:
             return np.empty(0, np.int64)
         h = _row_hash(mid)
-        at = np.searchsorted(self._hash, h)
-        hit = at < self._hash.size
-        hit[hit] = self._hash[at[hit]] == h[hit]
-        ids = np.full(h.size, -1, np.int64)
-        ids[hit] = self._hash_id[at[hit]]
+        if self._hash_map is None:
+            self._hash_map = _fast.U64Map(self._hash, self._hash_id)
+        ids = self._hash_map.get(h)  # the id of the first sorted match, -1 for none
+        hit = ids >= 0
         miss = ~hit
         if hit.any():  # a hash match must also be the same links (collisions are possible)
             rows = np.flatnonzero(hit)
@@ -88,6 +88,7 @@ class RouteTable:
             order = np.argsort(hs, kind="stable")
             self._hash = hs[order]
             self._hash_id = np.concatenate([self._hash_id, new])[order]
+            self._hash_map = None
         return ids
 
     def _pad_matrix(self, width: int) -> np.ndarray:

@@ -407,3 +407,15 @@ def test_store_filled_in_key_order_equals_general_insert() -> None:
         s.locate(np.array([5, 21]))
     np.testing.assert_array_equal(a.keys, b.keys)
     np.testing.assert_array_equal(a.find(np.array([5, 20])), b.find(np.array([5, 20])))
+
+
+def test_u64_map_equals_sorted_search() -> None:
+    rng = np.random.default_rng(7)
+    keys = np.sort(rng.integers(0, 2**63, 3000, dtype=np.uint64))
+    keys[10] = keys[11]  # a repeated key: the first sorted match wins, as in searchsorted
+    ids = rng.permutation(3000).astype(np.int64)
+    q = np.concatenate([keys, rng.integers(0, 2**63, 500, dtype=np.uint64), [0]]).astype(np.uint64)
+    at = np.searchsorted(keys, q)
+    hit = (at < keys.size) & (keys[np.minimum(at, keys.size - 1)] == q)
+    want = np.where(hit, ids[np.minimum(at, keys.size - 1)], -1)
+    np.testing.assert_array_equal(_fast.U64Map(keys, ids).get(q), want)
