@@ -3,6 +3,7 @@
     .venv/bin/python bench/triangulate_speed.py                      # reference leaf-spine
     .venv/bin/python bench/triangulate_speed.py --topo fattree:k=32  # 8192 hosts
     .venv/bin/python bench/triangulate_speed.py --against 1dc2cf8    # also an older engine
+    .venv/bin/python bench/triangulate_speed.py --shuffle            # rows in a new order
 
 Simulates a few 1 s windows (paths known, one lossy fabric link), then times the engine on
 each (CPU time of this process pinned to one core; the first window also builds the per-flow
@@ -12,6 +13,10 @@ state) and, on the same windows, two baselines:
   cheapest thing that localizes anything);
 - with ``--against REV``: the engine as it was at git revision REV (its ``triangulate/``
   files extracted into a temporary package), so a speed-up is measured in one command.
+
+``--shuffle`` hands every window's rows over in a fresh random order (and other chunks), as a
+collector reading its store may: the simulator itself sends each flow pair's rows together,
+in the same pair order every window.
 
 Peak memory is the tracemalloc peak during the engine call (numpy buffers included).
 """
@@ -29,6 +34,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fleetlens.fixtures.sim.config import SimConfig
@@ -69,6 +75,12 @@ def timed(fn, *args) -> tuple[object, float, float]:
     return out, cpu, peak
 
 
+def shuffled(t, rng: np.random.Generator):
+    """The same rows in a random order, in 64 Ki-row chunks."""
+    t = t.take(rng.permutation(t.num_rows))
+    return pa.Table.from_batches(t.to_batches(max_chunksize=1 << 16), t.schema)
+
+
 def vote(pm: PathModel, t) -> set[int]:
     f = pm.frame(t)
     lossy = np.flatnonzero(f.lost > 0)
@@ -81,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topo", default=REFERENCE)
     ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("--against", default="", help="git revision of an engine to compare")
+    ap.add_argument("--shuffle", action="store_true", help="rows in a random order per window")
     args = ap.parse_args(argv)
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     topo = from_spec(args.topo)
@@ -98,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         peak: dict[str, list[float]] = {name: [] for name in engines}
         for w in sim.stream(args.windows):
             t = w.windows.select(WINDOW_SCHEMA.names)
+            if args.shuffle:
+                t = shuffled(t, np.random.default_rng(w.index))
             line = [f"window {w.index}: {t.num_rows} rows"]
             for name, tri in engines.items():
                 verdicts, c, p = timed(tri, t, topo, {})
