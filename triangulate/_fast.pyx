@@ -12,8 +12,9 @@ numpy references in tests/triangulate/test_tri_fast.py).
   skips the hash;
 - :class:`FlowIndex`: flow key -> position in the layout (keys in key order), by a small hash
   of the (src, dst) pair and the source port's place inside the pair's run — O(n), no sort;
-- :func:`compose_keys`, :meth:`FlowIndex.place`, :func:`scatter_counts`, :func:`span`: the
-  window decode;
+- :func:`decode_batch`: the window decode of a record batch in one pass (keys, their
+  layout positions, counts gathered into layout order, time span); :func:`compose_keys`
+  for a new layout, :func:`span` for the kept rows when some were dropped;
 - :func:`path_matrix`: reported paths (list<string>) -> padded link numbers;
 - :func:`route_hash`: the row hash of ``incidence._row_hash``;
 - :func:`link_sums`, :func:`link_sums_diff`, :func:`decay_add`: per-window sums and the
@@ -218,101 +219,6 @@ cdef class FlowIndex:
         if lo < start + ln and self.keys[lo] == k:
             return lo
         return -1
-
-    def place(self, const int64_t[::1] raw, int64_t[::1] pos, int64_t[::1] row_of):
-        """Per row its key's position (``pos``, -1: unusable or not a layout key) and per
-        position its first row (``row_of``, filled with -1 by the caller); returns
-        (rows not in the layout, duplicate rows, positions filled)."""
-        cdef int64_t n = raw.shape[0]
-        # runs of rows with the same pair (usable rows only): first row, pair -> start, count
-        run_row_a = np.empty(n + 1, np.int64)
-        run_start_a = np.empty(n + 1, np.int64)
-        run_len_a = np.empty(n + 1, np.int64)
-        cdef int64_t[::1] run_row = run_row_a, run_start = run_start_a, run_len = run_len_a
-        cdef int64_t i, k, p, r, s, runs = 0, prev = -1, start = 0, ln = 0, nxt
-        cdef int64_t missing = 0, dup = 0, filled = 0
-        with nogil:
-            for i in range(n):
-                k = raw[i]
-                if k >= 0 and (k >> 16) != prev:
-                    prev = k >> 16
-                    run_row[runs] = i
-                    run_start[runs] = prev  # the pair, for now
-                    runs += 1
-            run_row[runs] = n
-            for r in range(runs):
-                if r + 16 < runs:
-                    TRI_PREFETCH(&self._slots[3 * self._home(run_start[r + 16])])
-                s = self._slot_of(run_start[r])
-                if self._slots[3 * s] == run_start[r]:
-                    run_start[r], run_len[r] = self._slots[3 * s + 1], self._slots[3 * s + 2]
-                else:
-                    run_start[r], run_len[r] = 0, 0
-            r = -1
-            nxt = run_row[0] if runs else n
-            for i in range(n):
-                k = raw[i]
-                if k < 0:
-                    pos[i] = -1
-                    continue
-                if i == nxt:
-                    r += 1
-                    nxt = run_row[r + 1]
-                    start, ln = run_start[r], run_len[r]
-                    if r + 3 < runs and run_len[r + 3]:
-                        TRI_PREFETCH(&self.keys[run_start[r + 3]])
-                        TRI_PREFETCH(&row_of[run_start[r + 3]])
-                p = self._in_run(k, start, ln) if ln else -1
-                pos[i] = p
-                if p < 0:
-                    missing += 1
-                elif row_of[p] >= 0:
-                    dup += 1
-                else:
-                    row_of[p] = i
-                    filled += 1
-        return missing, dup, filled
-
-
-def scatter_counts(const int64_t[::1] pos, const int64_t[::1] row_of, int64_t first_row,
-                   const ints_t[::1] sent, sent_ok, const ints_t[::1] recv, recv_ok,
-                   const double[::1] owd, owd_ok,
-                   double[::1] sent_out, double[::1] lost_out, double[::1] owd_out) -> int:
-    """For the rows ``first_row ..`` of one record batch that are their flow's first row:
-    packets sent and lost and the minimum OWD (NaN when null) at the flow's position; nulls
-    read as 0 packets. Returns the rows with unusable counts (sent <= 0, received < 0 or
-    received > sent), which the caller drops."""
-    cdef const uint8_t[::1] s_ok, r_ok, o_ok
-    cdef bint hs = sent_ok is not None, hr = recv_ok is not None, ho = owd_ok is not None
-    if hs:
-        s_ok = sent_ok
-    if hr:
-        r_ok = recv_ok
-    if ho:
-        o_ok = owd_ok
-    cdef int64_t i, p, q, n = sent.shape[0], bad = 0, s, v, ahead = 96
-    with nogil:
-        for i in range(n):
-            # the writes land one pair run at a time, runs in random order: prefetch the
-            # targets of the run starting ``ahead`` rows on (inside a run they are adjacent)
-            if i + ahead < n:
-                q = pos[first_row + i + ahead]
-                if q >= 0 and q != pos[first_row + i + ahead - 1] + 1:
-                    TRI_PREFETCH(&sent_out[q])
-                    TRI_PREFETCH(&lost_out[q])
-                    TRI_PREFETCH(&owd_out[q])
-                    TRI_PREFETCH(&row_of[q])
-            p = pos[first_row + i]
-            if p < 0 or row_of[p] != first_row + i:
-                continue
-            s = sent[i] if not hs or s_ok[i] else 0
-            v = recv[i] if not hr or r_ok[i] else 0
-            if s <= 0 or v < 0 or v > s:
-                bad += 1
-            sent_out[p] = <double> s
-            lost_out[p] = <double> (s - v)
-            owd_out[p] = owd[i] if not ho or o_ok[i] else NAN
-    return bad
 
 
 def span(const int64_t[::1] start, start_ok, const int64_t[::1] dur, dur_ok, rows):
@@ -684,3 +590,110 @@ cdef class U64Map:
             for i in range(n):
                 out[i] = self._vals[self._slot(query[i])]
         return out_a
+
+
+def decode_batch(FlowIndex index, const int64_t[::1] src, const int64_t[::1] dst,
+                 const ints_t[::1] sport, sport_ok, const ints_t[::1] sent, sent_ok,
+                 const ints_t[::1] recv, recv_ok, const double[::1] owd, owd_ok,
+                 const int64_t[::1] start, start_ok, const int64_t[::1] dur, dur_ok,
+                 int64_t n_nics, int64_t first_row, int64_t[::1] pos, int64_t[::1] row_of,
+                 double[::1] sent_out, double[::1] lost_out, double[::1] owd_out,
+                 int64_t[:, ::1] scratch):
+    """One record batch (table rows ``first_row ..``) in one pass: :func:`compose_keys`,
+    :meth:`FlowIndex.place`, :func:`scatter_counts` and :func:`span` fused, so the columns
+    are read once and no full-size key array is written. Returns (unusable keys, rows not in
+    the layout, duplicates, flows filled, unusable counts, first start, last end, found a
+    start, found an end). ``scratch``: 4 x (rows + 1) int64 work space, kept by the caller
+    across windows (fresh arrays of this size cost a page fault every 4 KiB)."""
+    cdef int64_t n = src.shape[0]
+    if scratch.shape[0] < 4 or scratch.shape[1] < n + 1:
+        raise ValueError("scratch too small")
+    cdef int64_t[::1] key = scratch[0], run_row = scratch[1], run_start = scratch[2]
+    cdef int64_t[::1] run_len = scratch[3]
+    cdef const uint8_t[::1] p_ok, s_ok, r_ok, o_ok, a_ok, d_ok
+    cdef bint hp = sport_ok is not None, hs = sent_ok is not None, hr = recv_ok is not None
+    cdef bint ho = owd_ok is not None, ha = start_ok is not None, hd = dur_ok is not None
+    if hp:
+        p_ok = sport_ok
+    if hs:
+        s_ok = sent_ok
+    if hr:
+        r_ok = recv_ok
+    if ho:
+        o_ok = owd_ok
+    if ha:
+        a_ok = start_ok
+    if hd:
+        d_ok = dur_ok
+    cdef int64_t i, k, p, r, s, t, runs = 0, prev = -1, lo_run = 0, ln = 0, nxt, sp, sv, rv
+    cdef int64_t bad_key = 0, missing = 0, dup = 0, filled = 0, bad_counts = 0
+    cdef int64_t lo = 0, hi = 0, a, b
+    cdef bint any_lo = False, any_hi = False
+    with nogil:
+        for i in range(n):  # keys and pair runs
+            sp = sport[i]
+            if (src[i] < 0 or dst[i] < 0 or src[i] == dst[i] or sp < 0 or sp >= 65536
+                    or (hp and not p_ok[i])):
+                key[i] = -1
+                bad_key += 1
+                continue
+            k = (src[i] * n_nics + dst[i]) * 65536 + sp
+            key[i] = k
+            if (k >> 16) != prev:
+                prev = k >> 16
+                run_row[runs] = i
+                run_start[runs] = prev
+                runs += 1
+        run_row[runs] = n
+        for r in range(runs):  # pair -> (first position, count), slots prefetched ahead
+            if r + 16 < runs:
+                TRI_PREFETCH(&index._slots[3 * index._home(run_start[r + 16])])
+            s = index._slot_of(run_start[r])
+            if index._slots[3 * s] == run_start[r]:
+                run_start[r], run_len[r] = index._slots[3 * s + 1], index._slots[3 * s + 2]
+            else:
+                run_start[r], run_len[r] = 0, 0
+        r = -1
+        nxt = run_row[0] if runs else n
+        for i in range(n):
+            if not ha or a_ok[i]:  # span over every row, nulls skipped (Arrow's min/max)
+                a = start[i]
+                if not any_lo or a < lo:
+                    lo, any_lo = a, True
+                if not hd or d_ok[i]:
+                    b = a + dur[i]
+                    if not any_hi or b > hi:
+                        hi, any_hi = b, True
+            k = key[i]
+            if k < 0:
+                pos[first_row + i] = -1
+                continue
+            if i == nxt:
+                r += 1
+                nxt = run_row[r + 1]
+                lo_run, ln = run_start[r], run_len[r]
+                if r + 3 < runs and run_len[r + 3]:
+                    t = run_start[r + 3]
+                    TRI_PREFETCH(&index.keys[t])
+                    TRI_PREFETCH(&row_of[t])
+                    TRI_PREFETCH(&sent_out[t])
+                    TRI_PREFETCH(&lost_out[t])
+                    TRI_PREFETCH(&owd_out[t])
+            p = index._in_run(k, lo_run, ln) if ln else -1
+            pos[first_row + i] = p
+            if p < 0:
+                missing += 1
+                continue
+            if row_of[p] >= 0:
+                dup += 1
+                continue
+            row_of[p] = first_row + i
+            filled += 1
+            sv = sent[i] if not hs or s_ok[i] else 0
+            rv = recv[i] if not hr or r_ok[i] else 0
+            if sv <= 0 or rv < 0 or rv > sv:
+                bad_counts += 1
+            sent_out[p] = <double> sv
+            lost_out[p] = <double> (sv - rv)
+            owd_out[p] = owd[i] if not ho or o_ok[i] else NAN
+    return bad_key, missing, dup, filled, bad_counts, lo, hi, any_lo, any_hi

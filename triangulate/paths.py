@@ -147,6 +147,7 @@ class PathModel:
         self.version = 0  # bumped whenever a remembered path is added or changes
         self._layout: _Layout | None = None
         self._decoded: dict[str, tuple[pa.ChunkedArray, np.ndarray]] = {}
+        self._work: dict[str, np.ndarray] = {}  # see _scratch
         self._tick = 0
 
     # ---- keys -----------------------------------------------------------------------------
@@ -182,32 +183,23 @@ class PathModel:
         """Decode a WINDOW_SCHEMA table; drop (and count) rows it cannot use."""
         src, dst = self._nics(table["src_nic"], "src"), self._nics(table["dst_nic"], "dst")
         batches = table.select(_COUNTS).to_batches()  # the columns chunked alike, zero-copy
-        raw = np.empty(table.num_rows, np.int64)
-        n_bad, at = 0, 0
-        for b in batches:
-            sport, ok = _numbers(b.column(0))
-            sl = slice(at, at + b.num_rows)
-            n_bad += _fast.compose_keys(src[sl], dst[sl], sport, ok, self.n_nics, raw[sl])
-            at += b.num_rows
         lay = self._layout
-        placed = self._place(lay, raw, n_bad) if lay is not None else None
-        if placed is None:  # new or vanished flows: a new layout (sorts the keys once)
-            lay = self._layout = self._arrange(raw, lay)
-            placed = self._place(lay, raw, n_bad)
-            assert placed is not None  # the layout is made of exactly these keys
-        pos, rows, dropped = placed
-        sent, lost, owd, n_bad_counts = _counts(batches, pos, rows)
-        dropped["bad_counts"] = n_bad_counts
+        got = self._decode(lay, batches, src, dst) if lay is not None else None
+        if got is None:  # new or vanished flows: a new layout (sorts the keys once)
+            lay = self._layout = self._arrange(self._keys(batches, src, dst), lay)
+            got = self._decode(lay, batches, src, dst)
+            assert got is not None  # the layout is made of exactly these keys
+        pos, rows, dropped, sent, lost, owd, span = got
         self._remember(table, lay, pos, rows, dropped)
         if lay.pending:
             self._fill_candidates(lay)
-        all_rows = lay.key.size == table.num_rows
-        start, end = _span(batches) if all_rows else _span_of_rows(table, rows)
+        if lay.key.size != table.num_rows:  # rows dropped: the span of the kept ones
+            span = _span_of_rows(table, rows)
         f = Frame(
             lay.key, lay.src, lay.dst, lay.sport, sent, lost, owd, lay.known, lay.inc,
-            start, end, dropped, (lay.token, self.version),
+            *span, dropped, (lay.token, self.version),
         )  # fmt: skip
-        if n_bad_counts:  # rare: a one-off frame without those rows
+        if dropped["bad_counts"]:  # rare: a one-off frame without those rows
             keep = np.flatnonzero((sent > 0) & (lost >= 0) & (lost <= sent))
             f = Frame(
                 f.key[keep], f.src[keep], f.dst[keep], f.sport[keep], f.sent[keep],
@@ -216,18 +208,57 @@ class PathModel:
             )  # fmt: skip
         return f
 
-    def _place(self, lay: _Layout, raw: np.ndarray, n_bad: int):
-        """(layout position per table row, table row per layout flow, dropped counts) when the
-        window's usable keys are exactly the layout's (in any row order); else None."""
-        pos = np.empty(raw.size, np.int64)
-        rows = np.full(lay.key.size, -1, np.int64)
-        missing, dup, filled = lay.index.place(raw, pos, rows)
-        if missing or filled != lay.key.size:
+    def _scratch(self, name: str, size: int) -> np.ndarray:
+        """An int64 work array of ``size`` kept across windows (only used inside ``frame``):
+        new arrays of millions of entries are fresh pages, a page fault every 4 KiB."""
+        got = self._work.get(name)
+        if got is None or got.size < size:
+            got = self._work[name] = np.empty(size, np.int64)
+        return got[:size]
+
+    def _keys(self, batches: list[pa.RecordBatch], src, dst) -> np.ndarray:
+        """Flow key per table row, -1 where the row is unusable."""
+        raw = np.empty(src.size, np.int64)
+        at = 0
+        for b in batches:
+            sport, ok = _numbers(b.column(0))
+            sl = slice(at, at + b.num_rows)
+            _fast.compose_keys(src[sl], dst[sl], sport, ok, self.n_nics, raw[sl])
+            at += b.num_rows
+        return raw
+
+    def _decode(self, lay: _Layout, batches: list[pa.RecordBatch], src, dst):
+        """Every batch in one fused pass (``_fast.decode_batch``): (layout position per table
+        row, table row per layout flow, dropped counts, sent, lost, owd_min per flow, span of
+        all rows) when the window's usable keys are exactly the layout's (in any row order);
+        else None."""
+        n_flows = lay.key.size
+        pos = self._scratch("pos", src.size)
+        rows = self._scratch("rows", n_flows)
+        rows.fill(-1)
+        out = np.empty(n_flows), np.empty(n_flows), np.empty(n_flows)
+        most = max((b.num_rows for b in batches), default=0)
+        work = self._scratch("batch", 4 * (most + 1)).reshape(4, most + 1)
+        bad_key = dup = filled = bad_counts = at = 0
+        lo = hi = None
+        for b in batches:
+            cols = _batch_columns(b)
+            sl = slice(at, at + b.num_rows)
+            got = _fast.decode_batch(lay.index, src[sl], dst[sl], *cols, self.n_nics, at,
+                                     pos, rows, *out, work)  # fmt: skip
+            if got[1]:  # a flow the layout does not have
+                return None
+            bad_key, dup = bad_key + got[0], dup + got[2]
+            filled, bad_counts = filled + got[3], bad_counts + got[4]
+            lo = got[5] if got[7] and (lo is None or got[5] < lo) else lo
+            hi = got[6] if got[8] and (hi is None or got[6] > hi) else hi
+            at += b.num_rows
+        if filled != n_flows:  # a layout flow is not in this window
             return None
-        dropped = {"unknown_nic_or_bad_key": int(n_bad), "bad_counts": 0, "bad_path": 0}
+        dropped = {"unknown_nic_or_bad_key": bad_key, "bad_counts": bad_counts, "bad_path": 0}
         if dup:  # the same flow twice in one window: its first row counts
-            dropped["duplicate_flow"] = int(dup)
-        return pos, rows, dropped
+            dropped["duplicate_flow"] = dup
+        return pos, rows, dropped, *out, (int(lo or 0), int(hi or 0))
 
     def _arrange(self, raw: np.ndarray, lay: _Layout | None) -> _Layout:
         """The flows in key order (unusable rows and repeats left out); the same key set as
@@ -411,18 +442,6 @@ class PathModel:
 _COUNTS = ["sport", "sent", "received", "owd_min_ns", "start_ns", "duration_ns"]
 
 
-def _span(batches: list[pa.RecordBatch]) -> tuple[int, int]:
-    """(first start, last end) over every row, nulls skipped (Arrow's min/max)."""
-    lo = hi = None
-    for b in batches:
-        start, start_ok = _numbers(b.column(4), np.int64)
-        dur, dur_ok = _numbers(b.column(5), np.int64)
-        a, z, any_a, any_z = _fast.span(start, start_ok, dur, dur_ok, None)
-        lo = a if any_a and (lo is None or a < lo) else lo
-        hi = z if any_z and (hi is None or z > hi) else hi
-    return int(lo or 0), int(hi or 0)
-
-
 def _span_of_rows(table: pa.Table, rows: np.ndarray) -> tuple[int, int]:
     """(first start, last end) over the kept rows, nulls read as 0 (when rows were dropped:
     the engine's semantics since its first version)."""
@@ -431,20 +450,15 @@ def _span_of_rows(table: pa.Table, rows: np.ndarray) -> tuple[int, int]:
     return _fast.span(start, start_ok, dur, dur_ok, rows)[:2]
 
 
-def _counts(batches: list[pa.RecordBatch], pos: np.ndarray, rows: np.ndarray):
-    """(sent, lost, owd_min, unusable rows) per flow, from its first table row."""
-    n = rows.size
-    out = np.empty(n), np.empty(n), np.empty(n)
-    bad, at = 0, 0
-    for b in batches:
-        sent, sent_ok = _numbers(b.column(1))
-        recv, recv_ok = _numbers(b.column(2))
-        owd, owd_ok = _numbers(b.column(3), np.float64)
-        if sent.dtype != recv.dtype:
-            sent, recv = sent.astype(np.int64), recv.astype(np.int64)
-        bad += _fast.scatter_counts(pos, rows, at, sent, sent_ok, recv, recv_ok, owd, owd_ok, *out)
-        at += b.num_rows
-    return (*out, bad)
+def _batch_columns(b: pa.RecordBatch) -> list:
+    """(values, validity) of the _COUNTS columns of a batch, as ``decode_batch`` reads them
+    (the three integer columns of one integer type)."""
+    ints = [_numbers(b.column(i)) for i in range(3)]
+    if len({v.dtype for v, _ in ints}) > 1:
+        ints = [(v.astype(np.int64), ok) for v, ok in ints]
+    rest = [_numbers(b.column(3), np.float64)]
+    rest += [_numbers(b.column(i), np.int64) for i in (4, 5)]
+    return [x for pair in ints + rest for x in pair]
 
 
 def _numbers(col: pa.ChunkedArray, dtype: type | None = None):

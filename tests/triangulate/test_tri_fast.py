@@ -269,26 +269,54 @@ def test_string_index_reads_arrow_buffers() -> None:
         assert out.tolist() == want
 
 
-def test_flow_index_matches_searchsorted() -> None:
+def test_decode_batch_matches_plain_lookups() -> None:
+    """Positions by the pair hash equal a binary search; first row per flow, duplicates,
+    unusable and unknown keys, counts and the span as a plain loop computes them."""
     rng = np.random.default_rng(1)
-    pairs = rng.choice(10**6, 500, replace=False)
+    n_nics = 50
+    pairs = rng.choice(n_nics * n_nics, 400, replace=False)
+    pairs = pairs[pairs // n_nics != pairs % n_nics]
     ports = [rng.choice(300, rng.integers(1, 30), replace=False) for _ in pairs]
     keys = unique(np.concatenate([p * SPORT_SPAN + q for p, q in zip(pairs, ports, strict=True)]))
-    idx = _fast.FlowIndex(keys)
-    raw = np.concatenate([keys, keys[:50], [-1, 5 * SPORT_SPAN + 7], keys[::3] + 1])
+    raw = np.concatenate([keys, keys[:50], keys[::3] + 1])
     raw = raw[rng.permutation(raw.size)]
-    pos, row_of = np.empty(raw.size, np.int64), np.full(keys.size, -1, np.int64)
-    missing, dup, filled = idx.place(raw, pos, row_of)
-    at = np.searchsorted(keys, raw)
-    found = (raw >= 0) & (at < keys.size) & (keys[np.minimum(at, keys.size - 1)] == raw)
+    pair = raw // SPORT_SPAN
+    src, dst, sport = pair // n_nics, pair % n_nics, (raw % SPORT_SPAN).astype(np.int32)
+    src[:3] = [-1, dst[1], 7]  # unknown NIC, src == dst, and a valid row
+    sport[3] = 70000
+    n = raw.size
+    sent = rng.integers(-1, 9, n).astype(np.int32)
+    recv = rng.integers(-1, 9, n).astype(np.int32)
+    owd, start, dur = rng.random(n), rng.integers(0, 10**6, n), rng.integers(0, 10**3, n)
+    start_ok = (rng.random(n) > 0.1).astype(np.uint8)
+    idx = _fast.FlowIndex(keys)
+    pos, rows = np.empty(n, np.int64), np.full(keys.size, -1, np.int64)
+    out = np.full(keys.size, -7.0), np.full(keys.size, -7.0), np.full(keys.size, -7.0)
+    got = _fast.decode_batch(idx, src, dst, sport, None, sent, None, recv, None, owd, None,
+                             start, start_ok, dur, None, n_nics, 0, pos, rows, *out,
+                             np.empty((4, n + 1), np.int64))  # fmt: skip
+    k = np.where((src >= 0) & (src != dst) & (sport < SPORT_SPAN),
+                 (src * n_nics + dst) * SPORT_SPAN + sport, -1)  # fmt: skip
+    at = np.searchsorted(keys, k)
+    found = (k >= 0) & (at < keys.size) & (keys[np.minimum(at, keys.size - 1)] == k)
     np.testing.assert_array_equal(pos, np.where(found, at, -1))
-    first = {}
+    first: dict[int, int] = {}
     for i, p in enumerate(pos.tolist()):
         if p >= 0:
             first.setdefault(p, i)
-    assert row_of.tolist() == [first.get(p, -1) for p in range(keys.size)]
-    assert (missing, dup, filled) == (int((~found & (raw >= 0)).sum()),
-                                      int(found.sum()) - len(first), len(first))  # fmt: skip
+    assert rows.tolist() == [first.get(p, -1) for p in range(keys.size)]
+    r = np.array([first[p] for p in sorted(first)])
+    p = np.array(sorted(first))
+    np.testing.assert_array_equal(out[0][p], sent[r])
+    np.testing.assert_array_equal(out[1][p], sent[r] - recv[r])
+    np.testing.assert_array_equal(out[2][p], owd[r])
+    bad = (sent[r] <= 0) | (recv[r] < 0) | (recv[r] > sent[r])
+    ok = start_ok.astype(bool)
+    assert got == (
+        int((k < 0).sum()), int((~found & (k >= 0)).sum()), int(found.sum()) - len(first),
+        len(first), int(bad.sum()), int(start[ok].min()), int((start + dur)[ok].max()), True,
+        True,
+    )  # fmt: skip
 
 
 def test_bins_and_group_quantiles_equal_numpy() -> None:
