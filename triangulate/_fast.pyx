@@ -111,12 +111,14 @@ cdef class StrIndex:
 
     def lookup(self, const offs_t[::1] off, const uint8_t[::1] data, valid, int64_t[::1] out):
         """``out[i]`` = number of string i of an Arrow string array (its ``len+1`` offsets,
-        bytes and optional validity as uint8), -1 when unknown or null."""
+        bytes and optional validity as uint8), -1 when unknown or null. Returns how many
+        rows equalled the row before (resolved without hashing)."""
         cdef const uint8_t[::1] ok
         cdef bint has_valid = valid is not None
         if has_valid:
             ok = valid
         cdef int64_t n = out.shape[0], i, s, ln, prev_s = -1, prev_n = -1, prev_v = -1
+        cdef int64_t hits = 0
         cdef const uint8_t* base = &data[0]
         with nogil:
             for i in range(n):
@@ -127,10 +129,12 @@ cdef class StrIndex:
                 ln = off[i + 1] - s
                 if ln == prev_n and memcmp(base + s, base + prev_s, ln) == 0:
                     out[i] = prev_v
+                    hits += 1
                     continue
                 prev_v = self._find(base + s, ln)
                 prev_s, prev_n = s, ln
                 out[i] = prev_v
+        return hits
 
 
 def compose_keys(const int64_t[::1] src, const int64_t[::1] dst, const ints_t[::1] sport,
@@ -646,8 +650,8 @@ def decode_batch(FlowIndex index, const int64_t[::1] src, const int64_t[::1] dst
                 runs += 1
         run_row[runs] = n
         for r in range(runs):  # pair -> (first position, count), slots prefetched ahead
-            if r + 16 < runs:
-                TRI_PREFETCH(&index._slots[3 * index._home(run_start[r + 16])])
+            if r + 32 < runs:
+                TRI_PREFETCH(&index._slots[3 * index._home(run_start[r + 32])])
             s = index._slot_of(run_start[r])
             if index._slots[3 * s] == run_start[r]:
                 run_start[r], run_len[r] = index._slots[3 * s + 1], index._slots[3 * s + 2]
@@ -672,8 +676,9 @@ def decode_batch(FlowIndex index, const int64_t[::1] src, const int64_t[::1] dst
                 r += 1
                 nxt = run_row[r + 1]
                 lo_run, ln = run_start[r], run_len[r]
-                if r + 3 < runs and run_len[r + 3]:
-                    t = run_start[r + 3]
+                # rows in random pair order make runs of one row: look far enough ahead
+                if r + 8 < runs and run_len[r + 8]:
+                    t = run_start[r + 8]
                     TRI_PREFETCH(&index.keys[t])
                     TRI_PREFETCH(&row_of[t])
                     TRI_PREFETCH(&sent_out[t])

@@ -21,6 +21,7 @@ from . import _fast
 from .store import unique
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+_MAP_MAX = 1 << 20  # routes up to which RouteTable.known looks hashes up in a U64Map
 
 
 class RouteTable:
@@ -66,9 +67,15 @@ class RouteTable:
         if mid.shape[0] == 0:
             return np.empty(0, np.int64)
         h = _row_hash(mid)
-        if self._hash_map is None:
-            self._hash_map = _fast.U64Map(self._hash, self._hash_id)
-        ids = self._hash_map.get(h)  # the id of the first sorted match, -1 for none
+        if self._hash.size <= _MAP_MAX:  # one probe per path (a leaf-spine: few routes)
+            if self._hash_map is None:
+                self._hash_map = _fast.U64Map(self._hash, self._hash_id)
+            ids = self._hash_map.get(h)  # the id of the first sorted match, -1 for none
+        else:  # a fat-tree has about a route per flow: a map would cost more than it saves
+            at = np.searchsorted(self._hash, h)
+            found = at < self._hash.size
+            found[found] = self._hash[at[found]] == h[found]
+            ids = np.where(found, self._hash_id[np.minimum(at, self._hash.size - 1)], -1)
         hit = ids >= 0
         miss = ~hit
         if hit.any():  # a hash match must also be the same links (collisions are possible)

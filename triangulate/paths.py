@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetlens.ids import is_nic_id
 from fleetlens.topology import Topology
@@ -124,6 +125,7 @@ class PathModel:
         self.link_index = {lk: i for i, lk in enumerate(self.link_ids)}
         self.n_nics, self.n_links = len(self.nic_ids), len(self.link_ids)
         self._nic_str = _fast.StrIndex(self.nic_ids)
+        self._nic_set = pa.array(self.nic_ids, pa.string())
         self._link_str = _fast.StrIndex(self.link_ids)
         self.nic_up = np.full(self.n_nics, -1, np.int64)
         self.nic_down = np.full(self.n_nics, -1, np.int64)
@@ -167,10 +169,15 @@ class PathModel:
         if last is not None and last[0].equals(col):
             return last[1]
         out = np.empty(len(col), np.int64)
-        at = 0
+        at, ours = 0, True
         for chunk in _strings(col).chunks:
-            off, data, ok = _string_buffers(chunk)
-            self._nic_str.lookup(off, data, ok, out[at : at + len(chunk)])
+            part = out[at : at + len(chunk)]
+            if ours:  # rows of a flow pair come together: mostly the same id as the row before
+                off, data, ok = _string_buffers(chunk)
+                ours = 2 * self._nic_str.lookup(off, data, ok, part) >= len(chunk)
+            else:  # rows in random order: Arrow's hashing does better than ours there
+                idx = pc.index_in(chunk, value_set=self._nic_set).fill_null(-1)
+                part[:] = idx.to_numpy(zero_copy_only=False)
             at += len(chunk)
         self._decoded[which] = (col, out)
         return out
@@ -387,11 +394,15 @@ class PathModel:
         route = self.routes.known(mid)
         if self.paths.aligned(lay.key):  # the usual case: layout positions are store rows
             at = pos
-        else:
+        else:  # in key order (stable: a repeated flow's last row still wins), so an empty
+            # store fills without sorting and lookups walk the sorted keys in order
+            order, _ = _fast.group_rows(pos, lay.key.size)
+            pos, acc, route, s, d = pos[order], acc[order], route[order], s[order], d[order]
             n_before = len(self.paths)
             at = self.paths.locate(lay.key[pos])
-            if len(self.paths) == lay.key.size > n_before:  # it now holds the layout's flows:
-                self.paths.sort()  # key order, so the next windows index it by position
+            grown = len(self.paths) == lay.key.size > n_before  # it holds the layout's flows:
+            if grown and not self.paths.aligned(lay.key):  # key order, so that the next
+                self.paths.sort()  # windows index it by layout position
                 at = self.paths.find(lay.key[pos])
         old_r, old_a = self.paths.cols["route"][at], self.paths.cols["acc"][at]
         changed = (old_r != route) | (old_a != acc) | ~lay.known[pos]
