@@ -165,6 +165,10 @@ cdef extern from *:
     void TRI_PREFETCH(const void* p) noexcept nogil
 
 
+cdef enum:
+    _SLOT = 5  # int64 fields per FlowIndex slot
+
+
 cdef class FlowIndex:
     """Position of a flow key in a sorted array of unique non-negative keys.
 
@@ -177,7 +181,8 @@ cdef class FlowIndex:
     """
 
     cdef int64_t[::1] keys
-    cdef int64_t[::1] _slots  # per slot: pair (-1: empty), first position, count
+    # per slot: pair (-1: empty), first position, count, first port, ports consecutive
+    cdef int64_t[::1] _slots
     cdef int64_t _mask
 
     def __init__(self, int64_t[::1] keys):
@@ -187,8 +192,8 @@ cdef class FlowIndex:
             if i == 0 or (keys[i] >> 16) != (keys[i - 1] >> 16):
                 runs += 1
         size = _table_size(runs)
-        slots = np.zeros(3 * size, np.int64)
-        slots[0::3] = -1
+        slots = np.zeros(_SLOT * size, np.int64)
+        slots[0::_SLOT] = -1
         self._slots = slots
         self._mask = size - 1
         cdef int64_t s = 0, p
@@ -196,16 +201,20 @@ cdef class FlowIndex:
             p = keys[i] >> 16
             if i == 0 or p != (keys[i - 1] >> 16):
                 s = self._slot_of(p)
-                self._slots[3 * s] = p
-                self._slots[3 * s + 1] = i
-            self._slots[3 * s + 2] += 1
+                self._slots[_SLOT * s] = p
+                self._slots[_SLOT * s + 1] = i
+                self._slots[_SLOT * s + 3] = keys[i] & 0xFFFF
+            self._slots[_SLOT * s + 2] += 1
+            # consecutive ports: a port's place is known without reading the keys
+            self._slots[_SLOT * s + 4] = (
+                keys[i] - keys[self._slots[_SLOT * s + 1]] == self._slots[_SLOT * s + 2] - 1)
 
     cdef inline int64_t _home(self, int64_t pair) noexcept nogil:
         return <int64_t> ((((<uint64_t> pair) * _MIX) >> 32) & <uint64_t> self._mask)
 
     cdef inline int64_t _slot_of(self, int64_t pair) noexcept nogil:
         cdef int64_t s = self._home(pair)
-        while self._slots[3 * s] >= 0 and self._slots[3 * s] != pair:
+        while self._slots[_SLOT * s] >= 0 and self._slots[_SLOT * s] != pair:
             s = (s + 1) & self._mask
         return s
 
@@ -600,20 +609,23 @@ def decode_batch(FlowIndex index, const int64_t[::1] src, const int64_t[::1] dst
                  const ints_t[::1] sport, sport_ok, const ints_t[::1] sent, sent_ok,
                  const ints_t[::1] recv, recv_ok, const double[::1] owd, owd_ok,
                  const int64_t[::1] start, start_ok, const int64_t[::1] dur, dur_ok,
-                 int64_t n_nics, int64_t first_row, int64_t[::1] pos, int64_t[::1] row_of,
+                 int64_t n_nics, int64_t first_row, int64_t[::1] pos, uint64_t[::1] seen,
                  double[::1] sent_out, double[::1] lost_out, double[::1] owd_out,
                  int64_t[:, ::1] scratch):
-    """One record batch (table rows ``first_row ..``) in one pass: :func:`compose_keys`,
-    :meth:`FlowIndex.place`, :func:`scatter_counts` and :func:`span` fused, so the columns
-    are read once and no full-size key array is written. Returns (unusable keys, rows not in
-    the layout, duplicates, flows filled, unusable counts, first start, last end, found a
-    start, found an end). ``scratch``: 4 x (rows + 1) int64 work space, kept by the caller
-    across windows (fresh arrays of this size cost a page fault every 4 KiB)."""
+    """One record batch (table rows ``first_row ..``) in one pass: the flow key of each row
+    (as :func:`compose_keys`), its layout position (``pos``), and for a flow's first row
+    (``seen``: a bit per flow, zeroed by the caller) its counts gathered into layout order,
+    plus the time span of every row (as :func:`span`). The columns are read once; per row,
+    the random accesses are the three outputs (the pair table is small, ``seen`` is 1/64 of
+    the flows, a flow's port place comes from its pair's slot). Returns (unusable keys, rows
+    not in the layout, duplicates, flows filled, unusable counts, first start, last end,
+    found a start, found an end). ``scratch``: 6 x (rows + 1) int64 work space, kept by the
+    caller across windows (fresh arrays of this size page-fault every 4 KiB)."""
     cdef int64_t n = src.shape[0]
-    if scratch.shape[0] < 4 or scratch.shape[1] < n + 1:
+    if scratch.shape[0] < 6 or scratch.shape[1] < n + 1:
         raise ValueError("scratch too small")
     cdef int64_t[::1] key = scratch[0], run_row = scratch[1], run_start = scratch[2]
-    cdef int64_t[::1] run_len = scratch[3]
+    cdef int64_t[::1] run_len = scratch[3], run_port = scratch[4], run_dense = scratch[5]
     cdef const uint8_t[::1] p_ok, s_ok, r_ok, o_ok, a_ok, d_ok
     cdef bint hp = sport_ok is not None, hs = sent_ok is not None, hr = recv_ok is not None
     cdef bint ho = owd_ok is not None, ha = start_ok is not None, hd = dur_ok is not None
@@ -630,8 +642,10 @@ def decode_batch(FlowIndex index, const int64_t[::1] src, const int64_t[::1] dst
     if hd:
         d_ok = dur_ok
     cdef int64_t i, k, p, r, s, t, runs = 0, prev = -1, lo_run = 0, ln = 0, nxt, sp, sv, rv
+    cdef int64_t port0 = 0, dense = 0, at
     cdef int64_t bad_key = 0, missing = 0, dup = 0, filled = 0, bad_counts = 0
     cdef int64_t lo = 0, hi = 0, a, b
+    cdef uint64_t bit
     cdef bint any_lo = False, any_hi = False
     with nogil:
         for i in range(n):  # keys and pair runs
@@ -649,14 +663,15 @@ def decode_batch(FlowIndex index, const int64_t[::1] src, const int64_t[::1] dst
                 run_start[runs] = prev
                 runs += 1
         run_row[runs] = n
-        for r in range(runs):  # pair -> (first position, count), slots prefetched ahead
+        for r in range(runs):  # pair -> its slot's fields, slots prefetched ahead
             if r + 32 < runs:
-                TRI_PREFETCH(&index._slots[3 * index._home(run_start[r + 32])])
+                TRI_PREFETCH(&index._slots[_SLOT * index._home(run_start[r + 32])])
             s = index._slot_of(run_start[r])
-            if index._slots[3 * s] == run_start[r]:
-                run_start[r], run_len[r] = index._slots[3 * s + 1], index._slots[3 * s + 2]
+            if index._slots[_SLOT * s] == run_start[r]:
+                run_start[r], run_len[r] = index._slots[_SLOT * s + 1], index._slots[_SLOT * s + 2]
+                run_port[r], run_dense[r] = index._slots[_SLOT * s + 3], index._slots[_SLOT * s + 4]
             else:
-                run_start[r], run_len[r] = 0, 0
+                run_start[r], run_len[r], run_port[r], run_dense[r] = 0, 0, 0, 0
         r = -1
         nxt = run_row[0] if runs else n
         for i in range(n):
@@ -675,24 +690,31 @@ def decode_batch(FlowIndex index, const int64_t[::1] src, const int64_t[::1] dst
             if i == nxt:
                 r += 1
                 nxt = run_row[r + 1]
-                lo_run, ln = run_start[r], run_len[r]
+                lo_run, ln, port0, dense = run_start[r], run_len[r], run_port[r], run_dense[r]
                 # rows in random pair order make runs of one row: look far enough ahead
                 if r + 8 < runs and run_len[r + 8]:
                     t = run_start[r + 8]
-                    TRI_PREFETCH(&index.keys[t])
-                    TRI_PREFETCH(&row_of[t])
                     TRI_PREFETCH(&sent_out[t])
                     TRI_PREFETCH(&lost_out[t])
                     TRI_PREFETCH(&owd_out[t])
-            p = index._in_run(k, lo_run, ln) if ln else -1
+                    if not run_dense[r + 8]:
+                        TRI_PREFETCH(&index.keys[t])
+            if ln == 0:
+                p = -1
+            elif dense:
+                at = (k & 0xFFFF) - port0
+                p = lo_run + at if 0 <= at < ln else -1
+            else:
+                p = index._in_run(k, lo_run, ln)
             pos[first_row + i] = p
             if p < 0:
                 missing += 1
                 continue
-            if row_of[p] >= 0:
+            bit = (<uint64_t> 1) << (p & 63)
+            if seen[p >> 6] & bit:
                 dup += 1
                 continue
-            row_of[p] = first_row + i
+            seen[p >> 6] |= bit
             filled += 1
             sv = sent[i] if not hs or s_ok[i] else 0
             rv = recv[i] if not hr or r_ok[i] else 0
@@ -702,3 +724,18 @@ def decode_batch(FlowIndex index, const int64_t[::1] src, const int64_t[::1] dst
             lost_out[p] = <double> (sv - rv)
             owd_out[p] = owd[i] if not ho or o_ok[i] else NAN
     return bad_key, missing, dup, filled, bad_counts, lo, hi, any_lo, any_hi
+
+
+
+def first_rows(const int64_t[::1] pos, int64_t n_flows):
+    """Per flow its first table row (-1: none), from the per-row positions of
+    :func:`decode_batch`; needed only on first windows, unknown paths or dropped rows."""
+    cdef int64_t i, p, n = pos.shape[0]
+    rows_a = np.full(n_flows, -1, np.int64)
+    cdef int64_t[::1] rows = rows_a
+    with nogil:
+        for i in range(n):
+            p = pos[i]
+            if p >= 0 and rows[p] < 0:
+                rows[p] = i
+    return rows_a

@@ -196,12 +196,13 @@ class PathModel:
             lay = self._layout = self._arrange(self._keys(batches, src, dst), lay)
             got = self._decode(lay, batches, src, dst)
             assert got is not None  # the layout is made of exactly these keys
-        pos, rows, dropped, sent, lost, owd, span = got
+        pos, dropped, sent, lost, owd, span = got
+        rows = _Rows(pos, lay.key.size)
         self._remember(table, lay, pos, rows, dropped)
         if lay.pending:
             self._fill_candidates(lay)
         if lay.key.size != table.num_rows:  # rows dropped: the span of the kept ones
-            span = _span_of_rows(table, rows)
+            span = _span_of_rows(table, rows.get())
         f = Frame(
             lay.key, lay.src, lay.dst, lay.sport, sent, lost, owd, lay.known, lay.inc,
             *span, dropped, (lay.token, self.version),
@@ -236,23 +237,22 @@ class PathModel:
 
     def _decode(self, lay: _Layout, batches: list[pa.RecordBatch], src, dst):
         """Every batch in one fused pass (``_fast.decode_batch``): (layout position per table
-        row, table row per layout flow, dropped counts, sent, lost, owd_min per flow, span of
-        all rows) when the window's usable keys are exactly the layout's (in any row order);
-        else None."""
+        row, dropped counts, sent, lost, owd_min per flow, span of all rows) when the window's
+        usable keys are exactly the layout's (in any row order); else None."""
         n_flows = lay.key.size
         pos = self._scratch("pos", src.size)
-        rows = self._scratch("rows", n_flows)
-        rows.fill(-1)
+        seen = self._scratch("seen", (n_flows + 63) // 64).view(np.uint64)
+        seen.fill(0)
         out = np.empty(n_flows), np.empty(n_flows), np.empty(n_flows)
         most = max((b.num_rows for b in batches), default=0)
-        work = self._scratch("batch", 4 * (most + 1)).reshape(4, most + 1)
+        work = self._scratch("batch", 6 * (most + 1)).reshape(6, most + 1)
         bad_key = dup = filled = bad_counts = at = 0
         lo = hi = None
         for b in batches:
             cols = _batch_columns(b)
             sl = slice(at, at + b.num_rows)
             got = _fast.decode_batch(lay.index, src[sl], dst[sl], *cols, self.n_nics, at,
-                                     pos, rows, *out, work)  # fmt: skip
+                                     pos, seen, *out, work)  # fmt: skip
             if got[1]:  # a flow the layout does not have
                 return None
             bad_key, dup = bad_key + got[0], dup + got[2]
@@ -265,7 +265,7 @@ class PathModel:
         dropped = {"unknown_nic_or_bad_key": bad_key, "bad_counts": bad_counts, "bad_path": 0}
         if dup:  # the same flow twice in one window: its first row counts
             dropped["duplicate_flow"] = dup
-        return pos, rows, dropped, *out, (int(lo or 0), int(hi or 0))
+        return pos, dropped, *out, (int(lo or 0), int(hi or 0))
 
     def _arrange(self, raw: np.ndarray, lay: _Layout | None) -> _Layout:
         """The flows in key order (unusable rows and repeats left out); the same key set as
@@ -311,7 +311,7 @@ class PathModel:
             lay.inc.set_rows(unk, self._up[s], self._dn[d], route)
 
     def _remember(
-        self, table: pa.Table, lay: _Layout, pos: np.ndarray, rows: np.ndarray, dropped
+        self, table: pa.Table, lay: _Layout, pos: np.ndarray, rows: _Rows, dropped
     ) -> None:
         """Store the paths the records carry (only rows whose every link is in the topology).
 
@@ -327,7 +327,7 @@ class PathModel:
         unknown = self._unknown(lay)
         if unknown.size * 4 > lay.key.size:  # mostly unknown (a first window): every row
             first = np.zeros(n, bool)
-            first[rows] = True
+            first[rows.get()] = True
             parts, where, mask = [col], [pos[first]], [first]
             unknown = unknown[:0]
         else:
@@ -337,7 +337,7 @@ class PathModel:
             at = pos[sl]
             ok = at >= 0
             parts, where, mask = [col.slice(sl.start, sl.stop - sl.start)], [at[ok]], [ok]
-            trows = rows[unknown]
+            trows = rows.get()[unknown] if unknown.size else unknown
             outside = (trows < sl.start) | (trows >= sl.stop)
             unknown, trows = unknown[outside], trows[outside]
         if unknown.size:
@@ -459,6 +459,20 @@ def _span_of_rows(table: pa.Table, rows: np.ndarray) -> tuple[int, int]:
     start, start_ok = _numbers(table["start_ns"], np.int64)
     dur, dur_ok = _numbers(table["duration_ns"], np.int64)
     return _fast.span(start, start_ok, dur, dur_ok, rows)[:2]
+
+
+class _Rows:
+    """Table row of each layout flow, computed only when asked (first windows, unknown
+    paths, dropped rows): the steady-state decode keeps a seen-bit per flow instead."""
+
+    def __init__(self, pos: np.ndarray, n_flows: int) -> None:
+        self.pos, self.n_flows = pos, n_flows
+        self._rows: np.ndarray | None = None
+
+    def get(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = _fast.first_rows(self.pos, self.n_flows)
+        return self._rows
 
 
 def _batch_columns(b: pa.RecordBatch) -> list:

@@ -290,11 +290,12 @@ def test_decode_batch_matches_plain_lookups() -> None:
     owd, start, dur = rng.random(n), rng.integers(0, 10**6, n), rng.integers(0, 10**3, n)
     start_ok = (rng.random(n) > 0.1).astype(np.uint8)
     idx = _fast.FlowIndex(keys)
-    pos, rows = np.empty(n, np.int64), np.full(keys.size, -1, np.int64)
+    pos, seen = np.empty(n, np.int64), np.zeros((keys.size + 63) // 64, np.uint64)
     out = np.full(keys.size, -7.0), np.full(keys.size, -7.0), np.full(keys.size, -7.0)
     got = _fast.decode_batch(idx, src, dst, sport, None, sent, None, recv, None, owd, None,
-                             start, start_ok, dur, None, n_nics, 0, pos, rows, *out,
-                             np.empty((4, n + 1), np.int64))  # fmt: skip
+                             start, start_ok, dur, None, n_nics, 0, pos, seen, *out,
+                             np.empty((6, n + 1), np.int64))  # fmt: skip
+    rows = _fast.first_rows(pos, keys.size)
     k = np.where((src >= 0) & (src != dst) & (sport < SPORT_SPAN),
                  (src * n_nics + dst) * SPORT_SPAN + sport, -1)  # fmt: skip
     at = np.searchsorted(keys, k)
