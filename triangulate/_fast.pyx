@@ -15,11 +15,18 @@ numpy references in tests/triangulate/test_tri_fast.py).
 - :func:`decode_batch`: the window decode of a record batch in one pass (keys, their
   layout positions, counts gathered into layout order, time span); :func:`compose_keys`
   for a new layout, :func:`span` for the kept rows when some were dropped;
-- :func:`path_matrix`: reported paths (list<string>) -> padded link numbers;
-- :func:`route_hash`: the row hash of ``incidence._row_hash``;
+  and :func:`first_rows` (a flow's first table row) only when needed;
+- :func:`path_matrix`, :func:`strip_access`: reported paths (list<string>) -> padded link
+  numbers -> fabric links and whether the access links are implied;
+- :func:`route_hash`, :class:`U64Map`: the row hash of ``incidence._row_hash`` and hash -> route;
 - :func:`link_sums`, :func:`link_sums_diff`, :func:`decay_add`: per-window sums and the
   long-horizon decay;
-- :func:`to_bins`, :func:`quantile_scan`: the grouped histogram quantiles of ``quantile``.
+- :func:`to_bins`, :func:`quantile_scan`: the grouped histogram quantiles of ``quantile``;
+- :func:`group_rows`: a counting sort for the link -> rows inverse indexes.
+
+The machine is shared and memory-bound loops dominate: fresh multi-MB arrays page-fault, so
+callers keep work arrays across windows, and random accesses are prefetched a few pair runs
+ahead.
 """
 
 from libc.math cimport floor, log, fabs, isfinite, NAN
