@@ -29,6 +29,11 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     ingest_concurrency: int = 16  # bodies read/decoded at once (memory bound: 16 x 64 MiB)
     loop_interval_s: float = 1.0
+    # The clock solve runs as soon as every live agent has uploaded a window generation
+    # (api/arrivals.py), or this long after the window ended (a dead or late agent).
+    solve_max_wait_ns: int = 1_000_000_000
+    # An agent that registered counts as starting (its first window is waited for) this long.
+    agent_starting_ns: int = 10_000_000_000
     retention_interval_s: float = 60.0
     # The loops look at windows that started within this span before the newest one.
     loop_lookback_ns: int = 2_000_000_000

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from fleetlens.api.arrivals import WindowArrivals
 from fleetlens.api.config import Settings
 from fleetlens.api.metrics import Metrics, StateCollector, WriterCounters
 from fleetlens.api.placeholders import (
@@ -94,6 +95,8 @@ class Collector:
         self._known = pa.array([], pa.string())
         self._known_set: frozenset[str] = frozenset()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a window generation is in: solve now, not at the tick
+        self.arrivals = WindowArrivals(settings.solve_max_wait_ns, settings.agent_starting_ns)
         self._loop_thread: threading.Thread | None = None
         self._load_state()
 
@@ -108,6 +111,7 @@ class Collector:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._loop_thread:
             self._loop_thread.join(10)
         self.writer.stop()
@@ -193,11 +197,21 @@ class Collector:
             newest = pc.max(batch.windows["start_ns"]).as_py()
             self.state.max_start_ns = max(self.state.max_start_ns or newest, newest)
             m.owd.observe(batch.windows)
+            starts = pc.unique(batch.windows["start_ns"]).to_pylist()
+            dur = batch.windows["duration_ns"][0].as_py() or 1_000_000_000
+            if self.arrivals.stored(batch.host_id, starts, dur, time.time_ns()):
+                self._wake.set()
 
     # ---- background loops ----------------------------------------------------------------
     def _loop(self) -> None:
         last_retention = 0.0
-        while not self._stop.wait(self.settings.loop_interval_s):
+        while not self._stop.is_set():
+            # A round when a window generation is complete (the clock solve waits on nothing
+            # else), and at least every loop interval (triangulation, late or dead agents).
+            self._wake.wait(self.settings.loop_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.run_round(time.time_ns())
             except Exception:  # e.g. the writer failed to store a round: try again next time
@@ -207,15 +221,18 @@ class Collector:
                 last_retention = time.monotonic()
                 self.run_retention(time.time_ns())
 
-    def newest_windows(self) -> pa.Table:
-        if self.state.max_start_ns is None:
+    def newest_windows(self, now_ns: int | None = None) -> pa.Table:
+        """The look-back up to the newest window generation every live agent has uploaded."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        hi = self.arrivals.solve_upto(now_ns, self.state.max_start_ns)
+        if hi is None:
             return WINDOW_SCHEMA.empty_table()
-        lo = self.state.max_start_ns - self.settings.loop_lookback_ns
-        return self.store.read_windows("start_ns >= ?", [lo])
+        lo = hi - self.settings.loop_lookback_ns
+        return self.store.read_windows("start_ns >= ? AND start_ns <= ?", [lo, hi])
 
     def run_round(self, now_ns: int) -> None:
         """One round: clock solve, triangulation, decisions; outputs stored in one transaction."""
-        windows = self.newest_windows()
+        windows = self.newest_windows(now_ns)
         clocks = self._timed(
             "clocks", self.engines.solve_clocks, windows, self.topology, dict(self.state.clocks)
         )

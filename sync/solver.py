@@ -16,13 +16,17 @@ Steps per window:
 3. Max-margin fit per NIC pair (:mod:`.edgefit`). Edges are NIC pairs, not host pairs, so a
    fault on one NIC's link shows up as disagreement between that host's NICs.
    With software stamps, each edge is also fitted over the pooled hulls of the last 8 and
-   32 windows (:mod:`.pooling`) and the span that best predicted the next window is used.
+   32 windows (:mod:`.pooling`) and the span that best predicted the next window across the
+   fleet is used where it is allowed; its prediction score also floors the measurement noise
+   the tracker is given (a pairwise-only edge has no residual to show it).
 4. Hosts with most of their edges overlapping (a clock step or broken stamps inside the
    window) are left out of this window: they are reported unsynchronized, not guessed.
    Soft-margin edges otherwise count with weight ``SOFT_WEIGHT``.
 5. Network effect (:mod:`.network`): robust weighted least squares for offsets, then drifts.
-6. Drift tracking and step detection (:mod:`.tracking`); models out, ``synced`` only for hosts
-   measured in this window. ``error_bound_ns`` is 3σ of the tracked offset.
+6. Drift tracking, drift-change and step detection (:mod:`.tracking`); a host with
+   ``MIN_EDGES`` agreeing edges is trusted (a surprise is followed at once), others must
+   repeat a surprise. Models out, ``synced`` only for hosts measured in this window.
+   ``error_bound_ns`` is 3σ of the tracked offset.
 
 Window length: the probe plan's 1 s window (100 rounds at 10 ms) gives each NIC pair ~100 pure
 points per direction, enough for the minimum delays to be within tens of ns of the floor with
@@ -80,6 +84,7 @@ class SolveReport:
     passes: int = 0
     edge_keys: list[str] = field(default_factory=list)  # "lo_nic|hi_nic" per edge
     span: np.ndarray | None = None  # windows pooled for each edge's fit (:mod:`.pooling`)
+    edge_noise: np.ndarray | None = None  # per edge: the chosen span's offset noise (ns)
     ts_kind: str = "software"
 
     @property
@@ -190,12 +195,15 @@ class HuygensSync:
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
         elif pool_ok:
-            self.pool.choose(geo.keys, t_ref, [fits] * len(self.pool.sizes))  # start the tracks
+            slope = (drift[geo.hi] - drift[geo.lo]) * 1e-9
+            self.pool.choose(geo.keys, t_ref, [fits] * len(self.pool.sizes), slope)  # start
         rep = SolveReport(
             t_ref, hosts, geo.lo, geo.hi, geo.nics, pairwise, fits, off, dft,
             [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
         )  # fmt: skip
         rep.edge_keys, rep.span = geo.keys, np.array(self.pool.sizes)[span]
+        if pool_ok and self.pool.noise.size == geo.n:
+            rep.edge_noise = self.pool.noise
         rep.ts_kind = kind
         return rep
 
@@ -218,7 +226,7 @@ class HuygensSync:
             m = known & (pool.age < k)
             e, up, tt, yy = hull_reduce(edge[m], upper[m], t[m], y[m], geo.n)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_prior))
-        return self.pool.choose(geo.keys, t_ref, fits)
+        return self.pool.choose(geo.keys, t_ref, fits, b_prior)
 
     def _latency(self, pts: HullPoints) -> tuple[np.ndarray, np.ndarray]:
         lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
@@ -246,15 +254,19 @@ class HuygensSync:
         on = off.weight > 0
         deg = np.bincount(rep.edge_lo[on], minlength=len(rep.hosts))
         deg += np.bincount(rep.edge_hi[on], minlength=len(rep.hosts))
-        # Hardware stamps are not delayed by the scheduler: a host whose value is agreed on by
-        # MIN_EDGES+ edges through the network solve is measured, not an outlier, even when it
-        # jumped (a temperature drift step): follow it at once instead of gating it out.
-        trusted = (deg >= MIN_EDGES) & (rep.ts_kind == TS_HARDWARE)
+        # A host whose value is agreed on by MIN_EDGES+ edges through the (robust) network
+        # solve is measured, not an outlier, even when it jumped (a temperature drift step):
+        # follow it at once instead of gating it out. (First hardware stamps only; software
+        # stamps too since the 1024-host simulator showed gated stepped hosts at 200-260 ns
+        # for a window. Scheduler delays do not move a host's hull floors on all its edges,
+        # and a pairwise-only host, as in the two-host lab, is never trusted.)
+        trusted = deg >= MIN_EDGES
         # How far apart in time each host's points are (its longest used edge): a partial
         # window (agents just started) pins neither slope nor floors as well as a full one.
         span = np.zeros(len(rep.hosts))
         np.maximum.at(span, rep.edge_lo[on], rep.fits.span[on] * 1e-9)
         np.maximum.at(span, rep.edge_hi[on], rep.fits.span[on] * 1e-9)
+        floor = _host_noise(rep, on)
         for i, h in enumerate(rep.hosts):
             if not off.solved[i]:
                 continue
@@ -264,7 +276,7 @@ class HuygensSync:
             d = float(dft.x[i]) if d_ok else None  # None: slope unknown this window
             # A window's slope rests on hull points about half the span apart: its error is at
             # least ~2 offset errors over that, whatever the (maybe single) edge says.
-            s_th = float(np.hypot(off.sigma[i], off.scale))
+            s_th = max(float(np.hypot(off.sigma[i], off.scale)), float(floor[i]))
             short = span[i] < SHORT_SPAN_S
             if short or not d_ok:  # e.g. the first, partial window: its few points sit well
                 s_th *= SHORT_WINDOW_K  # above the floors (lab: 2-3x the stated σ)
@@ -354,6 +366,18 @@ def _edge_weights(fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.
     unstable = (n_all > 0) & (n_soft > UNSTABLE_FRACTION * n_all)
     w0 = np.where((unstable[geo.lo] | unstable[geo.hi]) & ~lenient, 0.0, w0)
     return w0, unstable
+
+
+def _host_noise(rep: SolveReport, on: np.ndarray) -> np.ndarray:
+    """Per host, the offset noise its used edges' spans showed (:func:`.pooling._noise`),
+    combined as independent edges (1/σ² = Σ 1/σ_e²); 0 where unknown."""
+    n = len(rep.hosts)
+    if rep.edge_noise is None:
+        return np.zeros(n)
+    known = on & (rep.edge_noise > 0)
+    inv = np.where(known, 1.0 / np.maximum(rep.edge_noise, 1e-9) ** 2, 0.0)
+    tot = np.bincount(rep.edge_lo, inv, n) + np.bincount(rep.edge_hi, inv, n)
+    return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
 
 
 def _host_list(pts: HullPoints, topology, prev, tracker) -> list[str]:
