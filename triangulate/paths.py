@@ -166,7 +166,7 @@ class PathModel:
         """NIC number per row (-1: unknown or null); a column equal to the last window's (a
         cheap buffer compare) is not decoded again."""
         last = self._decoded.get(which)
-        if last is not None and last[0].equals(col):
+        if last is not None and _same_strings(last[0], col):
             return last[1]
         out = np.empty(len(col), np.int64)
         at, ours = 0, True
@@ -508,6 +508,28 @@ def _valid(arr: pa.Array) -> np.ndarray | None:
     if arr.null_count == 0:
         return None
     return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool).view(np.uint8)
+
+
+def _same_strings(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+    """``a.equals(b)``, by comparing the used part of each chunk's offset and byte buffers
+    whole when both are string columns chunked alike without nulls or slicing (half the time
+    of Arrow's compare: the NIC-id columns are ~100 MB a window). Buffers equal there means
+    equal values; any difference or other layout is left to ``equals``."""
+    if a.type != b.type or len(a) != len(b):
+        return False
+    if a.num_chunks != b.num_chunks or not pa.types.is_string(a.type):
+        return a.equals(b)
+    for x, y in zip(a.chunks, b.chunks, strict=True):
+        if len(x) != len(y) or x.offset or y.offset or x.null_count or y.null_count:
+            return a.equals(b)
+        n_off = 4 * (len(x) + 1)
+        bx, by = x.buffers(), y.buffers()
+        if not bx[1].slice(0, n_off).equals(by[1].slice(0, n_off)):
+            return a.equals(b)
+        end = int(np.frombuffer(bx[1], np.int32, 1, n_off - 4)[0])
+        if end and not bx[2].slice(0, end).equals(by[2].slice(0, end)):
+            return a.equals(b)
+    return True
 
 
 def _strings(col: pa.ChunkedArray) -> pa.ChunkedArray:

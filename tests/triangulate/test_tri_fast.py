@@ -15,7 +15,7 @@ from fleetlens.fixtures.sim.engine import Simulator
 from fleetlens.triangulate import _fast
 from fleetlens.triangulate.engine import Triangulator
 from fleetlens.triangulate.incidence import Incidence, RouteTable, _reference_row_hash, _row_hash
-from fleetlens.triangulate.paths import SPORT_SPAN, PathModel
+from fleetlens.triangulate.paths import SPORT_SPAN, PathModel, _same_strings
 from fleetlens.triangulate.quantile import (
     _reference_group_quantile_bins,
     bins_of,
@@ -448,3 +448,32 @@ def test_u64_map_equals_sorted_search() -> None:
     hit = (at < keys.size) & (keys[np.minimum(at, keys.size - 1)] == q)
     want = np.where(hit, ids[np.minimum(at, keys.size - 1)], -1)
     np.testing.assert_array_equal(_fast.U64Map(keys, ids).get(q), want)
+
+
+def test_same_strings_equals_arrow_equals() -> None:
+    """The buffer compare of NIC-id columns answers as ``ChunkedArray.equals`` whatever the
+    chunking, slicing, nulls, trailing bytes or a one-byte change."""
+    rng = np.random.default_rng(7)
+    ids = [f"h{i:04d}/eth{i % 8}" for i in range(300)]
+    vals = [ids[i] for i in rng.integers(0, 300, 5000)]
+    base = pa.chunked_array([pa.array(vals[:2000]), pa.array(vals[2000:])])
+    changed = list(vals)
+    changed[4321] = changed[4321][:-1] + "9"
+    with_null = list(vals)
+    with_null[17] = None
+    variants = [
+        pa.chunked_array([pa.array(vals[:2000]), pa.array(vals[2000:])]),  # equal, new buffers
+        pa.chunked_array([pa.array(vals)]),  # equal, chunked otherwise
+        pa.chunked_array([pa.array(["x", *vals[:2000]])[1:], pa.array(vals[2000:])]),  # sliced
+        pa.chunked_array([pa.array(changed[:2000]), pa.array(changed[2000:])]),
+        pa.chunked_array([pa.array(with_null[:2000]), pa.array(with_null[2000:])]),
+        pa.chunked_array([pa.array(vals[:2000]), pa.array(vals[2000:-1])]),  # shorter
+        pa.chunked_array([pa.array(vals[:2000]), pa.array(vals[2000:])]).cast(pa.large_string()),
+    ]
+    # same offsets and used bytes but different bytes past the end of the data buffer
+    big = pa.array([*vals[2000:], "zzzz"])
+    variants.append(pa.chunked_array([pa.array(vals[:2000]), big.slice(0, len(vals) - 2000)]))
+    for v in variants:
+        assert _same_strings(base, v) == base.equals(v)
+        assert _same_strings(v, base) == v.equals(base)
+    assert _same_strings(base, variants[0])
