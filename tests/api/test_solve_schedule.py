@@ -9,15 +9,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from collector_helpers import send_clean_window
 from fleetlens.api.config import Settings
 from fleetlens.api.service import Collector, Engines
 
-from fleetlens.batch import Batch
-from fleetlens.records import WINDOW_SCHEMA
-from fleetlens.topology import Topology, leaf_spine
+from fleetlens.topology import leaf_spine
 
 T0 = 1_800_000_000_000_000_000
 SEC = 1_000_000_000
@@ -57,22 +55,7 @@ def manual(tmp_path: Path) -> Iterator[tuple[Collector, SolveLog]]:
 
 
 def _send(c: Collector, host: str, start: int) -> None:
-    topo: Topology = c.topology  # type: ignore[assignment]
-    pairs = [(s.id, d.id) for s in topo.nics_by_host[host] for d in topo.nics if d.host != host]
-    n = len(pairs)
-    t = pa.table(
-        {
-            "src_nic": [p[0] for p in pairs], "dst_nic": [p[1] for p in pairs],
-            "sport": [40000] * n, "start_ns": [start] * n, "duration_ns": [SEC] * n,
-            "sent": [100] * n, "received": [100] * n, "pure": [90] * n,
-            "owd_min_ns": [20_000.0] * n, "owd_p50_ns": [21_000.0] * n,
-            "owd_p99_ns": [25_000.0] * n, "owd_max_ns": [30_000.0] * n,
-            "hull_t_ns": [[5]] * n, "hull_owd_ns": [[20_000]] * n, "ts_source": ["software"] * n,
-            "path": [None] * n,
-        },
-        schema=WINDOW_SCHEMA,
-    )  # fmt: skip
-    c.writer.submit_batch(Batch(f"{host}-{start}", host, t)).result(timeout=30)
+    send_clean_window(c, c.topology, host, start, with_hull=True)  # type: ignore[arg-type]
 
 
 def _starts(c: Collector, now: int) -> set[int]:
