@@ -61,6 +61,10 @@ SLOPE_BASE_S = 0.5
 SHORT_WINDOW_K = 3.0
 SHORT_SPAN_S = 0.6  # a host whose points span less than this is in a partial window
 UNSTABLE_FRACTION = 0.5
+# A window's extra offset σ per ns of margin excess (:func:`_margin_excess`): the excess
+# bounds the error; with both directions' excesses alike-distributed the error's σ is ~0.7×
+# their mean, and a window whose floors sit µs high is weighed ~(µs/σ)² less.
+EVIDENCE_K = 0.7
 # Residual-scale floors: below these, edges are never called outliers (noise, not faults).
 FLOOR_NS = {"software": 20.0, TS_HARDWARE: 5.0}
 # Drift: within-window wander (≈ 20 ppb/√s) dominates stamp noise in both modes.
@@ -87,6 +91,7 @@ class SolveReport:
     edge_keys: list[str] = field(default_factory=list)  # "lo_nic|hi_nic" per edge
     span: np.ndarray | None = None  # windows pooled for each edge's fit (:mod:`.pooling`)
     edge_noise: np.ndarray | None = None  # per edge: the chosen span's offset noise (ns)
+    edge_excess: np.ndarray | None = None  # per edge: margin above the pooled floor (ns)
     ts_kind: str = "software"
 
     @property
@@ -193,6 +198,7 @@ class HuygensSync:
         # drift steps cost more than they gave (128-host sim, steps on: p99 34 ns pooled vs
         # 16 ns single-window), so only software-stamped windows are pooled.
         pool_ok = kind != TS_HARDWARE and len(self.pool.sizes) > 1
+        self._excess = None
         if pool_ok and self.pool.history and mapped[off.solved].all():
             fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits, tracked)
             lenient = np.zeros(geo.n, bool)
@@ -207,6 +213,7 @@ class HuygensSync:
         rep.edge_keys, rep.span = geo.keys, np.array(self.pool.sizes)[span]
         if pool_ok and self.pool.noise.size == geo.n:
             rep.edge_noise = self.pool.noise
+        rep.edge_excess = self._excess
         rep.ts_kind = kind
         return rep
 
@@ -241,11 +248,14 @@ class HuygensSync:
             SLOPE_BRACKET,
         )  # fmt: skip
         fits = [fits1]
-        for k in self.pool.sizes[1:]:
+        for k in self.pool.sizes:
             m = known & (pool.age < k)
             e, up, tt, yy = hull_reduce(edge[m], upper[m], t[m], y[m], geo.n)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket))
-        return self.pool.choose(geo.keys, t_ref, fits, b_prior)
+        held = fits.pop(1)  # this window alone, its slope held near the tracked one
+        chosen, span = self.pool.choose(geo.keys, t_ref, fits, b_prior)
+        self._excess = _margin_excess([*fits, held], chosen, span, held)
+        return chosen, span
 
     def _latency(self, pts: HullPoints) -> tuple[np.ndarray, np.ndarray]:
         lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
@@ -289,6 +299,7 @@ class HuygensSync:
         np.maximum.at(span, rep.edge_lo[on], rep.fits.span[on] * 1e-9)
         np.maximum.at(span, rep.edge_hi[on], rep.fits.span[on] * 1e-9)
         floor = _host_noise(rep, on)
+        evidence = EVIDENCE_K * _host_excess(rep, on)
         for i, h in enumerate(rep.hosts):
             if not off.solved[i]:
                 continue
@@ -306,8 +317,9 @@ class HuygensSync:
             base = max(span[i] / 2, SLOPE_BASE_S) if not short else max(span[i] / 2, 0.05)
             s_d = max(float(dft.sigma[i]), 2.0 * s_th / base) if d_ok else DRIFT_UNKNOWN_PPB
             if self.tracker.update(
-                h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, trust=bool(trusted[i])
-            ):
+                h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, bool(trusted[i]),
+                float(evidence[i]),
+            ):  # fmt: skip
                 steps.append(h)
         rep.steps = steps
         return [self.tracker.model(h, rep.t_ref_ns, bool(off.solved[i])) for i, h in
@@ -398,6 +410,39 @@ def _host_noise(rep: SolveReport, on: np.ndarray) -> np.ndarray:
         return np.zeros(n)
     known = on & (rep.edge_noise > 0)
     inv = np.where(known, 1.0 / np.maximum(rep.edge_noise, 1e-9) ** 2, 0.0)
+    tot = np.bincount(rep.edge_lo, inv, n) + np.bincount(rep.edge_hi, inv, n)
+    return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
+
+
+def _margin_excess(
+    fits: list[EdgeFits], chosen: EdgeFits, span: np.ndarray, held: EdgeFits
+) -> np.ndarray:
+    """Per edge, the chosen fit's offset uncertainty from its own evidence (ns, ≥ 0).
+
+    Margin: half the sum of the two directions' lowest delays above the line. The smallest
+    margin any fit found is near the true floors, so the chosen fit's excess over it is how
+    far its floors sit above them, and at the same slope its offset error is at most that.
+    Slope: a single window's free slope rests on its few pure points; with one or two of
+    them it tilts freely and its offset at the window's middle swings by µs at an ordinary
+    margin (lab under load: a window 3 µs off with a margin 180 ns above the floor). Where
+    the chosen fit is a single window, its offset's distance from the same window's fit with
+    the slope held near the tracked drift counts too."""
+    m = np.array([np.where(f.usable & ~f.soft & (f.margin > 0), f.margin, np.inf) for f in fits])
+    ref = m.min(axis=0)
+    ok = chosen.usable & ~chosen.soft & np.isfinite(ref)
+    excess = np.where(ok, np.maximum(chosen.margin - ref, 0.0), 0.0)
+    tilt = (span == 0) & held.usable & ~held.soft
+    swing = np.where(tilt, np.abs(chosen.a - held.a), 0.0)
+    return np.hypot(excess, swing)
+
+
+def _host_excess(rep: SolveReport, on: np.ndarray) -> np.ndarray:
+    """Per host, its used edges' margin excesses combined as independent edges (1/σ² =
+    Σ 1/σ_e²): one well-supported edge makes the host's window good; 0 where unknown."""
+    n = len(rep.hosts)
+    if rep.edge_excess is None or rep.edge_excess.size != rep.edge_lo.size:
+        return np.zeros(n)
+    inv = np.where(on, 1.0 / np.maximum(rep.edge_excess, 1e-3) ** 2, 0.0)
     tot = np.bincount(rep.edge_lo, inv, n) + np.bincount(rep.edge_hi, inv, n)
     return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
 

@@ -127,6 +127,7 @@ class DriftTracker:
         drift: float | None,
         s_drift: float,
         trust: bool = False,
+        evidence_sd: float = 0.0,
     ) -> bool:
         """Fold in one measurement; returns True when a clock step was detected.
 
@@ -134,10 +135,12 @@ class DriftTracker:
         the offset is measured (the drift is learnt from successive offsets), and nothing is
         folded into the running drift-noise estimate. ``trust``: the measurement is known
         good (cross-checked by several edges), so a surprise is a change of the clock,
-        followed at once; otherwise a surprise must show twice in a row."""
+        followed at once; otherwise a surprise must show twice in a row. ``evidence_sd``
+        (ns): this window's own extra offset uncertainty (see ``_evidence``)."""
         has_d = drift is not None and s_drift < DRIFT_UNKNOWN_PPB
         idx = [0, 1] if has_d else [0]
         floor = np.array([s_theta**2, s_drift**2 if has_d else 0.0])
+        extra = _evidence(evidence_sd, s_theta, s_drift, has_d)
         pred = self.predict(host, t_ns)
         stale = host in self.states and t_ns - self.states[host].t_ns > STALE_NS
         if pred is None or stale or pred[2][0, 0] >= MAX_P_THETA_NS2:
@@ -146,7 +149,7 @@ class DriftTracker:
             return False
         th, dr, p = pred
         old = self.states[host]
-        r = np.maximum(floor, old.r)
+        r = np.maximum(floor, old.r) + extra
         z = np.array([theta, drift if has_d else dr])
         innov = (z - np.array([th, dr]))[idx]
         s = p[np.ix_(idx, idx)] + np.diag(r[idx])
@@ -186,8 +189,10 @@ class DriftTracker:
             s = p[np.ix_(idx, idx)] + np.diag(r[idx])
         elif (z > CHANGE_K).any():  # unconfirmed: folded in as usual, noise not learnt from it
             pending = side
+        elif extra[0] > max(old.r[0], floor[0]):
+            pass  # a window its own evidence calls poor: its innovation is its, not the host's
         else:  # running noise estimates from the innovations the prediction does not explain
-            r_obs = np.maximum(innov**2 - np.diag(p)[idx], floor[idx])
+            r_obs = np.maximum(innov**2 - np.diag(p)[idx] - extra[idx], floor[idx])
             r_new[idx] = np.where(old.r[idx] > 0, (1 - ADAPT) * old.r[idx] + ADAPT * r_obs, r_obs)
         k = p[:, idx] @ np.linalg.inv(s)
         x = np.array([th, dr]) + k @ innov
@@ -243,6 +248,17 @@ def _adapt_q(st: HostState, old: HostState, nu: float) -> None:
         st.rho = (1 - ADAPT) * old.rho + ADAPT * float(np.clip(nu * old.last_nu, -4.0, 4.0))
         st.q = float(np.clip(old.q * np.exp(Q_GAIN * st.rho), Q_MIN, Q_MAX))
     st.last_nu = nu
+
+
+def _evidence(sd: float, s_theta: float, s_drift: float, has_d: bool) -> np.ndarray:
+    """A window's own extra measurement variance (offset ns², drift ppb²) on top of the
+    host's running noise estimate: added for this window only, and taken out of the
+    innovation before the running estimate learns from it. The drift extra is the offset
+    extra over the base the window's slope rests on (s_drift ≈ 2 s_theta / base)."""
+    if sd <= 0.0:
+        return np.zeros(2)
+    per_ns = s_drift / max(s_theta, 1e-9) if has_d else 0.0
+    return np.array([sd**2, (sd * per_ns) ** 2])
 
 
 def _widen(p: np.ndarray, innov: np.ndarray, has_d: bool) -> np.ndarray:
