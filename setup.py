@@ -7,11 +7,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 # Source directory -> the package its .pyx modules belong to (the package-dir mapping).
-CYTHON_PACKAGES = {
-    "probe": "fleetlens.probe",
-    "fixtures/lab": "fleetlens.fixtures.lab",
-    "triangulate": "fleetlens.triangulate",
-}
+CYTHON_PACKAGES = {"probe": "fleetlens.probe", "fixtures/lab": "fleetlens.fixtures.lab"}
 
 
 def _extensions() -> list[Extension]:
