@@ -7,13 +7,10 @@ solves as soon as the uploads of a window generation (windows with the same ``st
 in from every host expected to send it:
 
 - every host that sent the previous generation (a steady fleet), and
-- every host whose agent registered before the window ended and has sent nothing since (an
-  agent starting up: it probes within a fraction of a second of registering), for up to
+- every host whose agent registered before the window started and has sent nothing since
+  (an agent starting up: it probes within a fraction of a second of registering), for up to
   ``starting_ns`` after its registration (an agent that never uploads is not waited for
-  forever). Waiting for one that only starts probing in the next window costs nothing: that
-  next window completes about when this one times out, and both are solved then; not waiting
-  for one that did probe in this window would solve it without that host's first data and
-  cost a whole window (measured on the lab: agents register while the first window runs).
+  forever).
 
 A generation nobody completes (an agent died, an upload is late) is ready ``max_wait_ns``
 after it ended anyway: the regular loop tick picks it up, as before. The solve is handed
@@ -72,12 +69,11 @@ class WindowArrivals:
         return g + self._duration[g] + self.max_wait_ns <= now_ns or self._complete(g, now_ns)
 
     def _complete(self, g: int, now_ns: int) -> bool:
-        end = g + self._duration[g]
         earlier = [s for s in self._senders if s < g]
         expected = set(self._senders[max(earlier)]) if earlier else set()
         expected |= {
             h
             for h, t in self._registered.items()
-            if t < end and now_ns - t < self.starting_ns and self._last_sent.get(h, 0) < t
+            if t < g and now_ns - t < self.starting_ns and self._last_sent.get(h, 0) < t
         }
         return expected <= self._senders[g]
