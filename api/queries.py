@@ -206,7 +206,7 @@ agg AS (
     FROM windows_minute
     WHERE src_nic = $src AND dst_nic = $dst AND minute_ns >= $min_lo AND minute_ns < $split
       -- a minute that raw rows also cover (split inside it) is read from raw only
-      AND (minute_ns + 60000000000 <= $split OR $split >= $until)
+      AND (minute_ns + $minute <= $split OR $split >= $until)
     GROUP BY 1)
 SELECT t, sum(windows)::BIGINT, sum(sent)::BIGINT, sum(received)::BIGINT, min(mn),
        sum(p50 * windows) / sum(windows), max(p99), max(mx)
@@ -225,6 +225,7 @@ def pair_owd(c: Collector, src: str, dst: str, since: int, until: int, step: int
     params = {
         "src": src, "dst": dst, "since": since, "until": until, "step": step,
         "raw_lo": split, "split": split, "min_lo": since // MINUTE_NS * MINUTE_NS,
+        "minute": MINUTE_NS,
     }  # fmt: skip
     rows = store.read().execute(_OWD_SQL, params).fetchall()
     return [

@@ -32,7 +32,7 @@ from fleetlens.triangulate import decisions as triangulate_decisions
 
 from fleetlens.batch import Batch, BatchError
 from fleetlens.ids import split_nic_id
-from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, DrainEntry, Verdict
+from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, DrainEntry, Verdict, nic_hosts
 from fleetlens.topology import Topology
 
 log = logging.getLogger("fleetlens.api")
@@ -300,7 +300,7 @@ class Collector:
         """Every host that sent rows for the previous window has sent this one's, or it
         ended ``triangulate_max_wait_ns`` ago. A window is judged once, so rows that arrive
         after it are lost to triangulation; an agent that died is waited for only once."""
-        hosts = _hosts(window["src_nic"])
+        hosts = nic_hosts(window["src_nic"])
         senders = frozenset(pc.unique(hosts).to_pylist())
         end = window["start_ns"][0].as_py() + window["duration_ns"][0].as_py()
         if not self.state.last_senders <= senders and (
@@ -314,7 +314,7 @@ class Collector:
         """Remember when each host's agent first sent a window: from then on it answers probes."""
         if not windows.num_rows:
             return
-        hosts = _hosts(windows["src_nic"])
+        hosts = nic_hosts(windows["src_nic"])
         firsts = (
             pa.table({"h": hosts, "t": windows["start_ns"]}).group_by("h").aggregate([("t", "min")])
         )
@@ -338,8 +338,8 @@ class Collector:
         losses still count): a raw clock is off by up to milliseconds, and a per-flow baseline
         taken from it would hide delay faults long after sync converges."""
         live = self.state.live_from_ns
-        src = _hosts(one["src_nic"])
-        dst = _hosts(one["dst_nic"])
+        src = nic_hosts(one["src_nic"])
+        dst = nic_hosts(one["dst_nic"])
         first = _lookup(dst, live)
         ok = pc.less_equal(pc.add(first, one["duration_ns"]), one["start_ns"])
         trusted = self.state.clock_trusted_ns
@@ -418,11 +418,6 @@ class Collector:
             )
         )
         return self._timed("retention", fut.result, 600)
-
-
-def _hosts(nics: pa.ChunkedArray) -> pa.ChunkedArray:
-    """The host of each NIC id (``h03/eth1`` -> ``h03``)."""
-    return pc.list_element(pc.split_pattern(nics, "/", max_splits=1), 0)
 
 
 def _lookup(hosts: pa.Array, table: dict[str, int]) -> pa.Array:

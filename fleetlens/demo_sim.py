@@ -66,7 +66,7 @@ from rich.table import Table
 
 from fleetlens.fixtures.sim import SimConfig, Simulator, SimWindow
 from fleetlens.fixtures.sim.stream import CollectorStream
-from fleetlens.records import ClockModel
+from fleetlens.records import ClockModel, nic_hosts
 from fleetlens.topology import Topology, leaf_spine
 
 SYNC_BOUND_NS = 100.0  # the clock-sync issue's simulator bound (software timestamps), p99
@@ -318,8 +318,7 @@ def withhold_unsynced_owd(win: SimWindow, ready: set[str]) -> tuple[SimWindow, i
     measurement" until then; loss counts and hulls (what sync needs) are sent as always.
     The real agent does not do this yet (reported)."""
     t = win.windows
-    host = {c: pc.list_element(pc.split_pattern(t[c], "/", max_splits=1), 0)
-            for c in ("src_nic", "dst_nic")}  # fmt: skip
+    host = {c: nic_hosts(t[c]) for c in ("src_nic", "dst_nic")}
     known = pa.array(sorted(ready), pa.string())
     good = pc.and_(pc.is_in(host["src_nic"], known), pc.is_in(host["dst_nic"], known))
     bad = t.num_rows - pc.sum(good).as_py() if t.num_rows else 0

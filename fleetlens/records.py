@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 TS_SOFTWARE, TS_HARDWARE = "software", "hardware"
 STATES = ("healthy", "suspect", "faulty")
@@ -122,6 +123,11 @@ WINDOW_SCHEMA = pa.schema(
         ("path", pa.list_(pa.string())),
     ]
 )
+
+
+def nic_hosts(nics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """The host of each NIC id in an Arrow column (``h03/eth1`` -> ``h03``)."""
+    return pc.list_element(pc.split_pattern(nics, "/", max_splits=1), 0)
 
 
 def windows_to_table(windows: list[Window]) -> pa.Table:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import json
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -143,10 +143,7 @@ class Topology:
         """Directed fabric links on the equal-cost paths from one leaf to another, each with
         the share of those paths crossing it (what ECMP hashing spreads over it)."""
         paths = self.switch_paths(leaf_a, leaf_b) if leaf_a != leaf_b else []
-        counts: dict[str, int] = {}
-        for p in paths:
-            for u, v in itertools.pairwise(p):
-                counts[link_id(u, v)] = counts.get(link_id(u, v), 0) + 1
+        counts = Counter(link_id(u, v) for p in paths for u, v in itertools.pairwise(p))
         return {lk: n / len(paths) for lk, n in counts.items()}
 
     def ecmp_paths(self, src_nic: str, dst_nic: str) -> list[list[str]]:

@@ -123,7 +123,15 @@ class DelayModel:
         return a[b.dst] - a[b.src]
 
     # ---- location -------------------------------------------------------------------------
-    def _most_consistent(self, b: FlowBatch, e, ex, wt, z, ok) -> int:
+    def _most_consistent(
+        self,
+        b: FlowBatch,
+        e: np.ndarray,
+        ex: np.ndarray,
+        wt: np.ndarray,
+        z: np.ndarray,
+        ok: np.ndarray,
+    ) -> int:
         """The candidate whose flows are late most consistently (share of its flows with at
         least half its excess), then the largest z. A delayed fabric link slows *all* its
         flows; the uplink of a NIC behind it only those hashed across it, though its statistic
