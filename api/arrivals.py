@@ -7,10 +7,19 @@ solves as soon as the uploads of a window generation (windows with the same ``st
 in from every host expected to send it:
 
 - every host that sent the previous generation (a steady fleet), and
-- every host whose agent registered before the window started and has sent nothing since
-  (an agent starting up: it probes within a fraction of a second of registering), for up to
-  ``starting_ns`` after its registration (an agent that never uploads is not waited for
-  forever).
+- every host whose agent registered and has sent no earlier window since (an agent starting
+  up), for up to ``starting_ns`` after its registration (one that never uploads is not
+  waited for forever).
+  Waiting for one that only starts probing in a later window costs little: that window
+  completes about when this one times out, and both are solved then; not waiting for one that
+  did probe in this window would solve it without that host's first data and cost a whole
+  window (measured on the lab: agents register while the first window runs). The simulator
+  replays past windows after registering its hosts, so registration times say nothing about
+  which window a host sends first.
+
+With nobody to expect (a collector that just restarted: no registrations, no previous window)
+a generation is never complete early: it waits for the time-out, as a single upload says
+nothing about the others still coming.
 
 A generation nobody completes (an agent died, an upload is late) is ready ``max_wait_ns``
 after it ended anyway: the regular loop tick picks it up, as before. The solve is handed
@@ -32,17 +41,18 @@ class WindowArrivals:
         self._senders: dict[int, set[str]] = {}  # window start_ns -> hosts that sent rows
         self._duration: dict[int, int] = {}  # window start_ns -> duration_ns
         self._registered: dict[str, int] = {}  # host -> when its agent last registered
-        self._last_sent: dict[str, int] = {}  # host -> when it last sent rows
+        self._first_sent: dict[str, int] = {}  # host -> first window it sent since registering
         self._signalled = -(1 << 62)  # newest generation already reported complete
 
     def registered(self, host: str, now_ns: int) -> None:
         with self._lock:
             self._registered[host] = now_ns
+            self._first_sent.pop(host, None)
 
     def stored(self, host: str, starts: list[int], duration_ns: int, now_ns: int) -> bool:
         """Note a stored batch; True when it completed a generation newer than any before."""
         with self._lock:
-            self._last_sent[host] = now_ns
+            self._first_sent.setdefault(host, min(starts))
             for s in starts:
                 self._senders.setdefault(s, set()).add(host)
                 self._duration[s] = duration_ns
@@ -71,9 +81,9 @@ class WindowArrivals:
     def _complete(self, g: int, now_ns: int) -> bool:
         earlier = [s for s in self._senders if s < g]
         expected = set(self._senders[max(earlier)]) if earlier else set()
-        expected |= {
+        expected |= {  # starting: registered lately, nothing older than g sent since
             h
             for h, t in self._registered.items()
-            if t < g and now_ns - t < self.starting_ns and self._last_sent.get(h, 0) < t
+            if now_ns - t < self.starting_ns and self._first_sent.get(h, g) >= g
         }
-        return expected <= self._senders[g]
+        return bool(expected) and expected <= self._senders[g]

@@ -5,6 +5,7 @@ wait (real DuckDB file, real writer; the solve is a recorder)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,8 +65,14 @@ def _starts(c: Collector, now: int) -> set[int]:
 def test_a_generation_is_solved_only_once_every_live_agent_sent_it(manual) -> None:  # type: ignore[no-untyped-def]
     c, _ = manual
     for h in ("h00", "h01", "h02"):
+        c.arrivals.registered(h, T0 - SEC)  # agents start: each says so first
+    for h in ("h00", "h01"):
         _send(c, h, T0)
-    assert _starts(c, T0 + SEC) == {T0}  # the first generation: nobody else expected
+        assert not c._wake.is_set()
+    assert _starts(c, T0 + SEC) == set()  # h02 registered and has not sent yet
+    _send(c, "h02", T0)
+    assert c._wake.is_set()
+    assert _starts(c, T0 + SEC) == {T0}
     c._wake.clear()
     _send(c, "h00", T0 + SEC)
     _send(c, "h01", T0 + SEC)
@@ -76,10 +83,22 @@ def test_a_generation_is_solved_only_once_every_live_agent_sent_it(manual) -> No
     assert _starts(c, T0 + 2 * SEC) == {T0, T0 + SEC}
 
 
+def test_with_nobody_to_expect_a_window_waits_for_the_time_out(manual) -> None:  # type: ignore[no-untyped-def]
+    """A restarted collector: no registrations, no previous window. One upload says nothing
+    about the others still on their way."""
+    c, _ = manual
+    _send(c, "h00", T0)
+    assert not c._wake.is_set()
+    end = T0 + SEC
+    assert _starts(c, end + c.settings.solve_max_wait_ns - 1) == set()
+    assert _starts(c, end + c.settings.solve_max_wait_ns) == {T0}
+
+
 def test_a_dead_agent_is_waited_for_up_to_the_max_wait_then_not_at_all(manual) -> None:  # type: ignore[no-untyped-def]
     c, _ = manual
     wait = c.settings.solve_max_wait_ns
     for h in ("h00", "h01", "h02"):
+        c.arrivals.registered(h, T0 - SEC)
         _send(c, h, T0)
     for h in ("h00", "h01"):  # h02 died
         _send(c, h, T0 + SEC)
@@ -111,6 +130,8 @@ def test_the_loop_solves_a_complete_generation_without_waiting_for_its_tick(
     solve = SolveLog()
     c = _collector(tmp_path, solve, loops=True)  # the tick is an hour
     try:
+        for h in ("h00", "h01", "h02"):
+            c.arrivals.registered(h, time.time_ns())
         for h in ("h00", "h01", "h02"):
             _send(c, h, T0)
         assert solve.called.wait(30), "the solve did not run on the complete generation"
