@@ -40,6 +40,7 @@ class WindowArrivals:
         self._lock = threading.Lock()
         self._senders: dict[int, set[str]] = {}  # window start_ns -> hosts that sent rows
         self._duration: dict[int, int] = {}  # window start_ns -> duration_ns
+        self._first_at: dict[int, int] = {}  # window start_ns -> when its first rows came
         self._registered: dict[str, int] = {}  # host -> when its agent last registered
         self._first_sent: dict[str, int] = {}  # host -> first window it sent since registering
         self._signalled = -(1 << 62)  # newest generation already reported complete
@@ -56,8 +57,9 @@ class WindowArrivals:
             for s in starts:
                 self._senders.setdefault(s, set()).add(host)
                 self._duration[s] = duration_ns
+                self._first_at.setdefault(s, now_ns)
             for old in sorted(self._senders)[:-KEEP_GENERATIONS]:
-                del self._senders[old], self._duration[old]
+                del self._senders[old], self._duration[old], self._first_at[old]
             newest = max(starts)
             if newest > self._signalled and self._complete(newest, now_ns):
                 self._signalled = newest
@@ -74,6 +76,16 @@ class WindowArrivals:
         if gens:  # tracked generations all still arriving: only what came before them
             return gens[0] - 1
         return newest_start  # nothing tracked (e.g. history from before a restart)
+
+    def complete(self, g: int, now_ns: int) -> bool:
+        """Every host expected to send generation ``g`` has sent it (False when untracked)."""
+        with self._lock:
+            return g in self._senders and self._complete(g, now_ns)
+
+    def first_arrival(self, g: int) -> int | None:
+        """When the first rows of generation ``g`` were stored (None when untracked)."""
+        with self._lock:
+            return self._first_at.get(g)
 
     def _ready(self, g: int, now_ns: int) -> bool:
         return g + self._duration[g] + self.max_wait_ns <= now_ns or self._complete(g, now_ns)

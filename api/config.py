@@ -38,8 +38,8 @@ class Settings:
     # The loops look at windows that started within this span before the newest one.
     loop_lookback_ns: int = 2_000_000_000
     background_loss: float = 1e-6  # per-link loss triangulation treats as normal
-    # A window goes to triangulation once it ended this long ago: every agent's upload
-    # (sent ~0.7 s after the window's end) is in by then, and each window is judged once.
+    # A window goes to triangulation (once: it is judged once) when every agent expected to
+    # send it has (api/arrivals.py), or when it ended this long ago ...
     triangulate_settle_ns: int = 1_500_000_000
     # ... unless a host that sent the previous window has not sent this one yet (a late
     # upload): then up to this long after the window's end.

@@ -60,7 +60,7 @@ class State:
     verdict_updated: dict[str, int] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
     max_start_ns: int | None = None
-    triangulated_ns: int | None = None  # start of the newest window triangulation has seen
+    triangulated_ns: int | None = None  # start of the newest window triangulation is past
     live_from_ns: dict[str, int] = field(default_factory=dict)  # host -> first window it sent
     # host -> when its one-way delays are in fleet time: its agent applies a synced model
     clock_trusted_ns: dict[str, int] = field(default_factory=dict)
@@ -270,19 +270,20 @@ class Collector:
         # Its own backlog from the store, not the sync loop's look-back: a round slower than
         # the look-back (a big fleet) must delay windows, never skip them.
         lo = self.state.triangulated_ns
-        if lo is None:  # first round: start at the newest windows, not the whole history
+        if lo is None:  # first round: start at the newest windows, not the whole history ...
             if self.state.max_start_ns is None:
                 return list(self.state.verdicts.values())
-            lo = self.state.max_start_ns - self.settings.loop_lookback_ns
-        todo = self.store.read_windows(
-            "start_ns > ? AND start_ns + duration_ns <= ?",
-            [lo, now_ns - self.settings.triangulate_settle_ns],
-        )
+            # ... and stay there: a start that slid with the newest window would pass over
+            # each window before it settles, round after round.
+            lo = self.state.triangulated_ns = (
+                self.state.max_start_ns - self.settings.loop_lookback_ns
+            )
+        todo = self.store.read_windows("start_ns > ?", [lo])
         self._note_live_hosts(todo)
         verdicts: list[Verdict] | None = list(self.state.verdicts.values())
         for start in sorted(set(todo["start_ns"].to_pylist())):
             window = todo.filter(pc.equal(todo["start_ns"], start))
-            if not self._all_senders_in(window, now_ns):
+            if not self._settled(window, now_ns) or not self._all_senders_in(window, now_ns):
                 break  # a late upload: judge this window (and the next ones) next round
             one = self._judgeable(window)
             if not one.num_rows:  # nobody to judge yet: not evidence of health either
@@ -295,6 +296,18 @@ class Collector:
                 return None
             self.state.triangulated_ns = start
         return verdicts
+
+    def _settled(self, window: pa.Table, now_ns: int) -> bool:
+        """Every agent expected to send this window has, in a steady fleet (the round its last
+        upload wakes judges it); else it ended, and its first rows came, a settle time ago.
+        Without a judged window before, "expected" only knows the hosts whose rows are in
+        (a restarted collector, a replay of past windows: one batch can hold two windows)."""
+        start = window["start_ns"][0].as_py()
+        if self.state.last_senders and self.arrivals.complete(start, now_ns):
+            return True
+        since = start + window["duration_ns"][0].as_py()
+        since = max(since, self.arrivals.first_arrival(start) or since)
+        return now_ns - since >= self.settings.triangulate_settle_ns
 
     def _all_senders_in(self, window: pa.Table, now_ns: int) -> bool:
         """Every host that sent rows for the previous window has sent this one's, or it
