@@ -7,7 +7,11 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 # Source directory -> the package its .pyx modules belong to (the package-dir mapping).
-CYTHON_PACKAGES = {"probe": "fleetlens.probe", "fixtures/lab": "fleetlens.fixtures.lab"}
+CYTHON_PACKAGES = {
+    "probe": "fleetlens.probe",
+    "fixtures/lab": "fleetlens.fixtures.lab",
+    "triangulate": "fleetlens.triangulate",
+}
 
 
 def _extensions() -> list[Extension]:

@@ -255,6 +255,7 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
         fut = c.writer.submit_call(lambda s: s.register_host(body.host_id, nics, meta), block=True)
         await asyncio.wrap_future(fut)
         await run_in_threadpool(c.refresh_known_nics)
+        c.arrivals.registered(body.host_id, time.time_ns())  # its first window is waited for
         c.metrics.registrations.inc()
         ids = [f"{body.host_id}/{n['ifname']}" for n in nics]
         return m.RegisterOut(host_id=body.host_id, nics=ids, known_nics=len(c.known_nics()))

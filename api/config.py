@@ -29,12 +29,17 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     ingest_concurrency: int = 16  # bodies read/decoded at once (memory bound: 16 x 64 MiB)
     loop_interval_s: float = 1.0
+    # The clock solve runs as soon as every live agent has uploaded a window generation
+    # (api/arrivals.py), or this long after the window ended (a dead or late agent).
+    solve_max_wait_ns: int = 1_000_000_000
+    # An agent that registered counts as starting (its first window is waited for) this long.
+    agent_starting_ns: int = 10_000_000_000
     retention_interval_s: float = 60.0
     # The loops look at windows that started within this span before the newest one.
     loop_lookback_ns: int = 2_000_000_000
     background_loss: float = 1e-6  # per-link loss triangulation treats as normal
-    # A window goes to triangulation once it ended this long ago: every agent's upload
-    # (sent ~0.7 s after the window's end) is in by then, and each window is judged once.
+    # A window goes to triangulation (once: it is judged once) when every agent expected to
+    # send it has (api/arrivals.py), or when it ended this long ago ...
     triangulate_settle_ns: int = 1_500_000_000
     # ... unless a host that sent the previous window has not sent this one yet (a late
     # upload): then up to this long after the window's end.

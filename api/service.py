@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from fleetlens.api.arrivals import WindowArrivals
 from fleetlens.api.config import Settings
 from fleetlens.api.metrics import Metrics, StateCollector, WriterCounters
 from fleetlens.api.placeholders import (
@@ -59,7 +60,7 @@ class State:
     verdict_updated: dict[str, int] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
     max_start_ns: int | None = None
-    triangulated_ns: int | None = None  # start of the newest window triangulation has seen
+    triangulated_ns: int | None = None  # start of the newest window triangulation is past
     live_from_ns: dict[str, int] = field(default_factory=dict)  # host -> first window it sent
     # host -> when its one-way delays are in fleet time: its agent applies a synced model
     clock_trusted_ns: dict[str, int] = field(default_factory=dict)
@@ -94,6 +95,8 @@ class Collector:
         self._known = pa.array([], pa.string())
         self._known_set: frozenset[str] = frozenset()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a window generation is in: solve now, not at the tick
+        self.arrivals = WindowArrivals(settings.solve_max_wait_ns, settings.agent_starting_ns)
         self._loop_thread: threading.Thread | None = None
         self._load_state()
 
@@ -108,6 +111,7 @@ class Collector:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._loop_thread:
             self._loop_thread.join(10)
         self.writer.stop()
@@ -193,11 +197,21 @@ class Collector:
             newest = pc.max(batch.windows["start_ns"]).as_py()
             self.state.max_start_ns = max(self.state.max_start_ns or newest, newest)
             m.owd.observe(batch.windows)
+            starts = pc.unique(batch.windows["start_ns"]).to_pylist()
+            dur = batch.windows["duration_ns"][0].as_py() or 1_000_000_000
+            if self.arrivals.stored(batch.host_id, starts, dur, time.time_ns()):
+                self._wake.set()
 
     # ---- background loops ----------------------------------------------------------------
     def _loop(self) -> None:
         last_retention = 0.0
-        while not self._stop.wait(self.settings.loop_interval_s):
+        while not self._stop.is_set():
+            # A round when a window generation is complete (the clock solve waits on nothing
+            # else), and at least every loop interval (triangulation, late or dead agents).
+            self._wake.wait(self.settings.loop_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.run_round(time.time_ns())
             except Exception:  # e.g. the writer failed to store a round: try again next time
@@ -207,15 +221,18 @@ class Collector:
                 last_retention = time.monotonic()
                 self.run_retention(time.time_ns())
 
-    def newest_windows(self) -> pa.Table:
-        if self.state.max_start_ns is None:
+    def newest_windows(self, now_ns: int | None = None) -> pa.Table:
+        """The look-back up to the newest window generation every live agent has uploaded."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        hi = self.arrivals.solve_upto(now_ns, self.state.max_start_ns)
+        if hi is None:
             return WINDOW_SCHEMA.empty_table()
-        lo = self.state.max_start_ns - self.settings.loop_lookback_ns
-        return self.store.read_windows("start_ns >= ?", [lo])
+        lo = hi - self.settings.loop_lookback_ns
+        return self.store.read_windows("start_ns >= ? AND start_ns <= ?", [lo, hi])
 
     def run_round(self, now_ns: int) -> None:
         """One round: clock solve, triangulation, decisions; outputs stored in one transaction."""
-        windows = self.newest_windows()
+        windows = self.newest_windows(now_ns)
         clocks = self._timed(
             "clocks", self.engines.solve_clocks, windows, self.topology, dict(self.state.clocks)
         )
@@ -253,19 +270,20 @@ class Collector:
         # Its own backlog from the store, not the sync loop's look-back: a round slower than
         # the look-back (a big fleet) must delay windows, never skip them.
         lo = self.state.triangulated_ns
-        if lo is None:  # first round: start at the newest windows, not the whole history
+        if lo is None:  # first round: start at the newest windows, not the whole history ...
             if self.state.max_start_ns is None:
                 return list(self.state.verdicts.values())
-            lo = self.state.max_start_ns - self.settings.loop_lookback_ns
-        todo = self.store.read_windows(
-            "start_ns > ? AND start_ns + duration_ns <= ?",
-            [lo, now_ns - self.settings.triangulate_settle_ns],
-        )
+            # ... and stay there: a start that slid with the newest window would pass over
+            # each window before it settles, round after round.
+            lo = self.state.triangulated_ns = (
+                self.state.max_start_ns - self.settings.loop_lookback_ns
+            )
+        todo = self.store.read_windows("start_ns > ?", [lo])
         self._note_live_hosts(todo)
         verdicts: list[Verdict] | None = list(self.state.verdicts.values())
         for start in sorted(set(todo["start_ns"].to_pylist())):
             window = todo.filter(pc.equal(todo["start_ns"], start))
-            if not self._all_senders_in(window, now_ns):
+            if not self._settled(window, now_ns) or not self._all_senders_in(window, now_ns):
                 break  # a late upload: judge this window (and the next ones) next round
             one = self._judgeable(window)
             if not one.num_rows:  # nobody to judge yet: not evidence of health either
@@ -278,6 +296,18 @@ class Collector:
                 return None
             self.state.triangulated_ns = start
         return verdicts
+
+    def _settled(self, window: pa.Table, now_ns: int) -> bool:
+        """Every agent expected to send this window has, in a steady fleet (the round its last
+        upload wakes judges it); else it ended, and its first rows came, a settle time ago.
+        Without a judged window before, "expected" only knows the hosts whose rows are in
+        (a restarted collector, a replay of past windows: one batch can hold two windows)."""
+        start = window["start_ns"][0].as_py()
+        if self.state.last_senders and self.arrivals.complete(start, now_ns):
+            return True
+        since = start + window["duration_ns"][0].as_py()
+        since = max(since, self.arrivals.first_arrival(start) or since)
+        return now_ns - since >= self.settings.triangulate_settle_ns
 
     def _all_senders_in(self, window: pa.Table, now_ns: int) -> bool:
         """Every host that sent rows for the previous window has sent this one's, or it

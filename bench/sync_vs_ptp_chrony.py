@@ -182,6 +182,8 @@ class Recorder:
 
         self.sync = HuygensSync(min_edges=1 if len(FABRIC_HOSTS) == 2 else 3)
         self.samples: list[tuple[float, float]] = []  # (monotonic s, error ns)
+        # (monotonic s, this window's network-solve value before tracking, span pooled)
+        self.detail: list[tuple[float, float, float]] = []
         self.first_synced: float | None = None
         self.lock = threading.Lock()
 
@@ -193,8 +195,13 @@ class Recorder:
         if a and b and a.synced and b.synced and self.sync.generation != gen_before:
             t = self.sync.report.t_ref_ns  # fleet time both models are evaluated at
             err = _offset_at(b, t) - _offset_at(a, t)
+            rep = self.sync.report
+            idx = [rep.hosts.index(h) for h in ("h00", "h01")]
+            raw = float(rep.offsets.x[idx[1]] - rep.offsets.x[idx[0]])
+            span = float(np.max(rep.span)) if rep.span is not None and rep.span.size else 1.0
             with self.lock:
                 self.samples.append((time.monotonic(), err))
+                self.detail.append((time.monotonic(), raw, span))
                 if self.first_synced is None:
                     self.first_synced = time.monotonic()
         return out
@@ -279,6 +286,9 @@ def run_fleetlens(lab, procs: Procs, tmp: Path, seconds: float, settle: float) -
     with rec.lock:
         errs = np.array([e for t, e in rec.samples if t - t_start >= settle])
         first = rec.first_synced
+        detail = np.array([(t - t_start, *d) for t, *d in rec.detail]).reshape(-1, 3)
+    # Per solved window: seconds since start, the solve's value before tracking, the span.
+    np.savetxt(run_dir / "detail.txt", detail, fmt="%.3f")
     conv = f"first synced model {first - t_start:.1f} s after start" if first else "never synced"
     note = conv if errs.size else f"{conv}; see {run_dir}/agent-h00.log"
     return Result(errs, note)

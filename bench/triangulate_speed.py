@@ -3,6 +3,7 @@
     .venv/bin/python bench/triangulate_speed.py                      # reference leaf-spine
     .venv/bin/python bench/triangulate_speed.py --topo fattree:k=32  # 8192 hosts
     .venv/bin/python bench/triangulate_speed.py --against 1dc2cf8    # also an older engine
+    .venv/bin/python bench/triangulate_speed.py --shuffle            # rows in a new order
 
 Simulates a few 1 s windows (paths known, one lossy fabric link), then times the engine on
 each (CPU time of this process pinned to one core; the first window also builds the per-flow
@@ -13,13 +14,23 @@ state) and, on the same windows, two baselines:
 - with ``--against REV``: the engine as it was at git revision REV (its ``triangulate/``
   files extracted into a temporary package), so a speed-up is measured in one command.
 
-Peak memory is the tracemalloc peak during the engine call (numpy buffers included).
+``--shuffle`` hands every window's rows over in a fresh random order (and other chunks), as a
+collector reading its store may: the simulator itself sends each flow pair's rows together,
+in the same pair order every window.
+
+Time and memory are measured in separate calls: handing each window to the engine twice
+would change its state, so instead every engine gets a twin (same class, same topology) that
+sees the same windows under tracemalloc; the timed engine runs with no tracing at all
+(tracemalloc hooks every allocation and slowed the engine by 30-40 %). Peak memory is the
+twin's tracemalloc peak during its call (numpy buffers included, Arrow buffers not).
+``--no-memory`` skips the twins.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import subprocess
 import sys
@@ -29,6 +40,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fleetlens.fixtures.sim.config import SimConfig
@@ -58,15 +70,26 @@ def old_engine(rev: str, tmp: str):
     return importlib.import_module("tri_at_rev.engine").Triangulator
 
 
-def timed(fn, *args) -> tuple[object, float, float]:
-    """(result, CPU seconds, tracemalloc peak MiB)."""
-    tracemalloc.start()
+def timed(fn, *args) -> tuple[object, float]:
+    """(result, CPU seconds), no tracing."""
     c = time.process_time()
     out = fn(*args)
-    cpu = time.process_time() - c
+    return out, time.process_time() - c
+
+
+def traced_peak(fn, *args) -> float:
+    """tracemalloc peak MiB of one call (its CPU time is not used: tracing slows it)."""
+    tracemalloc.start()
+    fn(*args)
     peak = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
-    return out, cpu, peak
+    return peak
+
+
+def shuffled(t, rng: np.random.Generator):
+    """The same rows in a random order, in 64 Ki-row chunks."""
+    t = t.take(rng.permutation(t.num_rows))
+    return pa.Table.from_batches(t.to_batches(max_chunksize=1 << 16), t.schema)
 
 
 def vote(pm: PathModel, t) -> set[int]:
@@ -81,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topo", default=REFERENCE)
     ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("--against", default="", help="git revision of an engine to compare")
+    ap.add_argument("--shuffle", action="store_true", help="rows in a random order per window")
+    ap.add_argument("--no-memory", action="store_true", help="skip the traced twin engines")
     args = ap.parse_args(argv)
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     topo = from_spec(args.topo)
@@ -90,29 +115,35 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.topo}: {len(topo.nics)} NICs, {len(topo.links)} links, {sim.n_flows} flows "
           f"(simulator setup {time.time() - t0:.0f} s)")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        engines = {"engine": Triangulator(topo)}
+        classes = {"engine": Triangulator}
         if args.against:
-            engines[f"engine@{args.against}"] = old_engine(args.against, tmp)(topo)
+            classes[f"engine@{args.against}"] = old_engine(args.against, tmp)
+        engines = {name: cls(topo) for name, cls in classes.items()}
+        twins = {} if args.no_memory else {name: cls(topo) for name, cls in classes.items()}
         pm = PathModel(topo)
         cpu: dict[str, list[float]] = {name: [] for name in [*engines, "007"]}
         peak: dict[str, list[float]] = {name: [] for name in engines}
         for w in sim.stream(args.windows):
             t = w.windows.select(WINDOW_SCHEMA.names)
+            if args.shuffle:
+                t = shuffled(t, np.random.default_rng(w.index))
             line = [f"window {w.index}: {t.num_rows} rows"]
             for name, tri in engines.items():
-                verdicts, c, p = timed(tri, t, topo, {})
+                verdicts, c = timed(tri, t, topo, {})
                 cpu[name].append(c)
+                p = traced_peak(twins[name], t, topo, {}) if twins else math.nan
                 peak[name].append(p)
                 bad = sorted(v.subject for v in verdicts if v.state != "healthy")
-                line.append(f"{name} {c:.2f} s CPU, peak {p:.0f} MiB, reported {bad}")
-            _, c, _ = timed(vote, pm, t)
+                line.append(f"{name} {c:.3f} s CPU, peak {p:.0f} MiB, reported {bad}")
+            _, c = timed(vote, pm, t)
             cpu["007"].append(c)
             line.append(f"007 (decode + vote) {c:.2f} s")
             print("; ".join(line), flush=True)
     steady = {name: float(np.median(v[1:] or v)) for name, v in cpu.items()}
     ours = steady["engine"]
-    print(f"engine per window (steady, one core): {ours * 1e3:.0f} ms; first window "
-          f"{cpu['engine'][0]:.2f} s; peak memory steady {max(peak['engine'][1:] or [0]):.0f} "
+    p_steady = max(peak["engine"][1:] or [math.nan])
+    print(f"engine per window (steady, one core, no tracing): {ours * 1e3:.0f} ms; first window "
+          f"{cpu['engine'][0]:.2f} s; peak memory (traced twin) steady {p_steady:.0f} "
           f"MiB, first window {peak['engine'][0]:.0f} MiB")  # fmt: skip
     for name, s in steady.items():
         if name != "engine":

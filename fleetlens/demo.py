@@ -54,7 +54,8 @@ class Summary:
     lab: str
     collector: str
     clocks: list[ClockRow] = field(default_factory=list)
-    sync_p99_ns: float | None = None
+    sync_p99_ns: float | None = None  # over every host and read during the warm-up
+    sync_samples: int = 0  # clock reads (all hosts each) behind sync_p99_ns
     sync_converged_s: float | None = None
     fault: dict[str, object] = field(default_factory=dict)
     baseline_clean_s: float | None = None
@@ -112,7 +113,7 @@ class Demo:
         s = Summary(self.lab.name, self.stack.url)
         truth = self._start_agents()
         self._sync(s, truth)
-        self._baseline(s)
+        self._baseline(s, truth)
         self._localize(s)
         self._linkpass(s)
         self.say("[bold]healing every fault[/]")
@@ -162,19 +163,13 @@ class Demo:
                     break
                 time.sleep(0.5)
         s.clocks = self._clock_rows(truth)
-        errs = [abs(r.error_ns) for r in s.clocks if r.error_ns is not None and r.synced]
-        s.sync_p99_ns = (
-            round(float(np.percentile(errs, 99)), 1) if len(errs) == len(s.clocks) else None
-        )
         if s.sync_converged_s is None:
             s.notes.append(
                 f"clock sync did not reach p99 <= {SYNC_BOUND_NS:.0f} ns "
                 f"within {self.a.sync_timeout} s"
             )
-        self.say(
-            f"  clock error p99 vs truth: {s.sync_p99_ns} ns"
-            + (f" after {s.sync_converged_s} s" if s.sync_converged_s else "")
-        )
+        else:
+            self.say(f"  converged after {s.sync_converged_s} s")
 
     def _clock_rows(self, truth: dict[str, tuple[float, float]]) -> list[ClockRow]:
         served = {c["host_id"]: c for c in self._get("/v1/clocks")}  # type: ignore[union-attr]
@@ -194,14 +189,20 @@ class Demo:
             for h, (off, drift) in truth.items()
         ]  # fmt: skip
 
-    def _baseline(self, s: Summary) -> None:
+    def _baseline(self, s: Summary, truth: dict[str, tuple[float, float]]) -> None:
         """Wait until nothing is faulty, and at least ``--warmup`` seconds after sync: the
         collector takes one-way delays as evidence only once both hosts' agents apply a synced
-        clock model, and each flow needs a few such windows for its delay baseline."""
+        clock model, and each flow needs a few such windows for its delay baseline.
+
+        The clock error is scored meanwhile, every host at every read, as the sync issue's
+        bound is meant (steady state after convergence): one read right at convergence is
+        the first models, and its p99 over 8 hosts is their single worst moment."""
         self.say("[bold]waiting for a clean baseline[/] (start-up verdicts to clear) …")
         t0, deadline = time.monotonic(), time.monotonic() + self.a.baseline_timeout
+        errs: list[float] = []
         with self._status("baseline") as status:
             while time.monotonic() < deadline:
+                errs += self._steady_errors(s, truth)
                 bad = self._faulty("/v1/links") + self._faulty("/v1/nics")
                 if not bad and time.monotonic() - t0 >= self.a.warmup:
                     s.baseline_clean_s = round(time.monotonic() - t0, 1)
@@ -210,6 +211,23 @@ class Demo:
                 time.sleep(0.5)
             else:
                 s.notes.append(f"verdicts still not clean after {self.a.baseline_timeout} s")
+        if errs:
+            s.sync_p99_ns = round(float(np.percentile(errs, 99)), 1)
+        self.say(
+            f"  clock error p99 vs truth: {s.sync_p99_ns} ns over {s.sync_samples} reads "
+            "of every host during the warm-up"
+        )
+
+    def _steady_errors(self, s: Summary, truth: dict[str, tuple[float, float]]) -> list[float]:
+        """|error| of every host in one read, once sync converged and every host is synced."""
+        if s.sync_converged_s is None:
+            return []
+        rows = self._clock_rows(truth)
+        if not all(r.synced and r.error_ns is not None for r in rows):
+            return []
+        s.clocks = rows
+        s.sync_samples += 1
+        return [abs(r.error_ns) for r in rows]  # type: ignore[arg-type]
 
     def _faulty(self, path: str) -> list[str]:
         rows = self._get(f"{path}?state=faulty&limit=1000")
@@ -380,7 +398,10 @@ def render(s: Summary, console: Console) -> None:
     res = Table(title="FleetLens demo")
     res.add_column("check")
     res.add_column("result")
-    res.add_row("clock error p99", f"{s.sync_p99_ns} ns (bound {SYNC_BOUND_NS:.0f} ns)")
+    res.add_row(
+        "clock error p99",
+        f"{s.sync_p99_ns} ns over {s.sync_samples} reads (bound {SYNC_BOUND_NS:.0f} ns)",
+    )
     unit = "% loss" if s.fault.get("kind") == "loss" else " µs delay"
     res.add_row("fault", f"{s.fault.get('value')}{unit} on {s.fault.get('link')}")
     res.add_row("time to localize", f"{s.localized_s} s")

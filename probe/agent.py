@@ -5,6 +5,17 @@ releases the GIL while it waits); a control thread refreshes the plan and clock 
 the LinkPass decision file and watches NIC link state; the uploader ships window batches; the
 metrics server answers Prometheus. The control thread never touches the engine: it queues
 changes that the main thread applies between rounds.
+
+Start-up is on the clock (the collector cannot sync a host before its first window), so the
+agent probes first and loads the rest afterwards: only NIC discovery (rtnetlink, stdlib), the
+stdlib HTTP client, numpy and the fast path are imported before the first probe; the uploader
+(pyarrow compute, msgpack), the metrics server (prometheus_client) and path discovery (scapy)
+start on a thread while the first window fills. Windows completed before the uploader is up
+wait for it.
+
+NICs: rescanned (one rtnetlink dump) every control interval; when one appears or goes away the
+control thread re-registers the host's NICs and the main thread rebuilds the data path with
+them (a short pause in probing, like a plan change), and their flows are traced.
 """
 
 from __future__ import annotations
@@ -15,16 +26,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetlens.probe.client import CollectorClient, CollectorError
 from fleetlens.probe.datapath import DataPath
-from fleetlens.probe.metrics import AgentMetrics
 from fleetlens.probe.nics import LocalNic, discover, hardware_timestamping, link_states
 from fleetlens.probe.pathfind import PathFinder, Trace
-from fleetlens.probe.upload import Uploader
 from fleetlens.probe.windows import WindowBuilder
 
+from fleetlens.ids import nic_id
 from fleetlens.records import TS_HARDWARE, TS_SOFTWARE, ClockModel, Decision, HostPlan
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from fleetlens.probe.metrics import AgentMetrics
+    from fleetlens.probe.upload import Uploader
 
 log = logging.getLogger("fleetlens.agent")
 
@@ -64,6 +80,7 @@ class _Changes:
     up: set[str] | None = None
     plan: HostPlan | None = None
     paths: dict[int, list[str]] = field(default_factory=dict)
+    nics: list[LocalNic] | None = None  # NICs appeared or went away: rebuild with these
 
 
 class Agent:
@@ -72,8 +89,11 @@ class Agent:
         self.stop = threading.Event()
         self.client = CollectorClient(cfg.collector, cfg.token)
         self.changes: queue.SimpleQueue[_Changes] = queue.SimpleQueue()
-        self.metrics = AgentMetrics(cfg.host_id)
+        self.metrics: AgentMetrics | None = None  # both made after the first probe
         self.uploader: Uploader | None = None
+        self._unsent: list[pa.Table] = []  # windows completed before the uploader was up
+        self._late = threading.Thread(target=self._late_start, name="late-start", daemon=True)
+        self.failed = False  # the late start failed: the agent stops with exit code 1
         self.path: DataPath | None = None
         self.clock = ClockModel.identity(cfg.host_id)
         self.rounds_skipped = 0
@@ -81,15 +101,40 @@ class Agent:
 
     # ---- start-up -----------------------------------------------------------------------
     def _nics(self) -> list[LocalNic]:
-        nics = discover(self.cfg.nics)
-        if not nics:
-            raise SystemExit(
-                f"fleetlens agent: no interface matches {self.cfg.nics!r} with an IPv4 address"
-            )
+        """The NICs to probe from; waits for one to appear (e.g. started before the network)."""
+        while True:
+            nics = self._discover()
+            if nics:
+                return self._with_ts_source(nics, [])
+            if nics is not None:
+                log.warning("no interface matches %r with an IPv4 address: waiting for one",
+                            self.cfg.nics)  # fmt: skip
+            if self.stop.wait(self.cfg.control_interval_s):
+                raise SystemExit(0)
+
+    def _discover(self) -> list[LocalNic] | None:
+        try:
+            return discover(self.cfg.nics)
+        except OSError as e:  # rtnetlink refused: try again later rather than stop probing
+            log.error("NIC discovery failed: %s", e)
+            return None
+
+    @staticmethod
+    def _with_ts_source(nics: list[LocalNic], known: list[LocalNic]) -> list[LocalNic]:
+        """Timestamp source per NIC: probed once for NICs not seen before."""
+        old = {(n.ifname, n.ip): n.ts_source for n in known}
         for n in nics:
+            if (n.ifname, n.ip) in old:
+                n.ts_source = old[n.ifname, n.ip]
+                continue
             n.ts_source = TS_HARDWARE if hardware_timestamping(n.ifname) else TS_SOFTWARE
             log.info("NIC %s %s: %s timestamps", n.ifname, n.ip, n.ts_source)
         return nics
+
+    def _register(self, nics: list[LocalNic]) -> None:
+        src = TS_HARDWARE if all(n.ts_source == TS_HARDWARE for n in nics) else TS_SOFTWARE
+        body = [{"ifname": n.ifname, "ip": n.ip} for n in nics]
+        self.client.register(self.cfg.host_id, body, src, self.cfg.metrics_port)
 
     def _until_ok(self, what: str, call):  # type: ignore[no-untyped-def]
         """Retry a collector call until it works or we are stopped (collector not up yet)."""
@@ -105,12 +150,7 @@ class Agent:
 
     def _setup(self) -> tuple[list[LocalNic], HostPlan]:
         nics = self._nics()
-        src = TS_HARDWARE if all(n.ts_source == TS_HARDWARE for n in nics) else TS_SOFTWARE
-        body = [{"ifname": n.ifname, "ip": n.ip} for n in nics]
-        self._until_ok(
-            "register",
-            lambda: self.client.register(self.cfg.host_id, body, src, self.cfg.metrics_port),
-        )
+        self._until_ok("register", lambda: self._register(nics))
         plan = self._until_ok("plan", lambda: self.client.plan(self.cfg.host_id))
         return nics, plan
 
@@ -123,7 +163,9 @@ class Agent:
         self._set_clock(plan.clock)
         self.path.apply({n for n, nic in self.path.nics.items() if nic.up})
         self.builder = WindowBuilder(self.path.flows, plan.window_ns, self.cfg.purity_ns)
-        self.metrics.set_nics(self.path.nics)
+        self._window_end: int | None = None  # fleet time the current window ends at
+        if self.metrics is not None:
+            self.metrics.set_nics(self.path.nics)
 
     def _set_clock(self, clock: ClockModel) -> None:
         self.clock = clock
@@ -133,18 +175,9 @@ class Agent:
     def run(self) -> int:
         nics, plan = self._setup()
         self._build(plan, nics)
-        state = self.cfg.state_dir / self.cfg.host_id
-        self.uploader = Uploader(
-            self.cfg.collector, self.cfg.host_id, self.cfg.token, state / "spill",
-            self.cfg.mem_batches, self.cfg.spill_max_bytes,
-        )  # fmt: skip
-        self.uploader.start()
         control = threading.Thread(target=self._control_loop, name="control", daemon=True)
         control.start()
-        if self.cfg.path_refresh_s > 0:
-            threading.Thread(target=self._path_loop, name="paths", daemon=True).start()
-        if self.cfg.metrics_port:
-            self.metrics.serve(self.cfg.metrics_addr, self.cfg.metrics_port, self._snapshot)
+        self._late.start()
         log.info("probing %d flows to %d peers", len(self.path.flows), len(self.path.entries))  # type: ignore[union-attr]
         try:
             self._rounds()
@@ -152,8 +185,43 @@ class Agent:
             self.stop.set()
             self.relearn.set()
             control.join(timeout=10)  # before the client it uses is closed
+            self._late.join(timeout=30)  # the uploader, to hand it the last windows
             self._shutdown()
-        return 0
+        return 1 if self.failed else 0
+
+    def _late_start(self) -> None:
+        """What the first probe need not wait for: uploader, metrics server, path discovery."""
+        self._start_metrics()
+        try:
+            from fleetlens.probe.upload import Uploader
+
+            state = self.cfg.state_dir / self.cfg.host_id
+            uploader = Uploader(
+                self.cfg.collector, self.cfg.host_id, self.cfg.token, state / "spill",
+                self.cfg.mem_batches, self.cfg.spill_max_bytes,
+            )  # fmt: skip
+            uploader.start()
+            self.uploader = uploader
+        except Exception:
+            log.exception("cannot start the uploader: stopping")
+            self.failed = True
+            self.stop.set()
+            return
+        if self.cfg.path_refresh_s > 0:
+            threading.Thread(target=self._path_loop, name="paths", daemon=True).start()
+
+    def _start_metrics(self) -> None:
+        """Metrics are best effort: probing matters more (e.g. when the port is taken)."""
+        try:
+            from fleetlens.probe.metrics import AgentMetrics
+
+            metrics = AgentMetrics(self.cfg.host_id)
+            metrics.set_nics(self.path.nics)  # type: ignore[union-attr]
+            self.metrics = metrics
+            if self.cfg.metrics_port:
+                metrics.serve(self.cfg.metrics_addr, self.cfg.metrics_port, self._snapshot)
+        except Exception as e:
+            log.error("no /metrics on %s:%d: %s", self.cfg.metrics_addr, self.cfg.metrics_port, e)
 
     def _rounds(self) -> None:
         assert self.path is not None
@@ -173,9 +241,23 @@ class Agent:
                 rnd += missed
                 deadline += missed * period
                 self.rounds_skipped += missed
-            if rnd % 10 == 0:
+            self._note_window_end()
+            # Every 10th round, and every round while an ended window waits for its last
+            # acks: it is uploaded within a round of its last pair being answered.
+            if rnd % 10 == 0 or self.builder.ended():
                 self._collect(self.cfg.ack_timeout_ns + 200_000_000)
             self._apply_changes()
+
+    def _note_window_end(self) -> None:
+        """When fleet time passes a window's end, note how many pairs had been sent by then."""
+        eng = self.path.engine  # type: ignore[union-attr]
+        now = eng.fleet_time(eng.raw_now())
+        w = self.builder.window_ns
+        if self._window_end is None:
+            self._window_end = (now // w + 1) * w
+        elif now >= self._window_end:
+            self.builder.mark_end(self._window_end // w - 1, eng.counters()["pairs_sent"])
+            self._window_end = (now // w + 1) * w
 
     def _collect(self, grace_ns: int) -> None:
         eng = self.path.engine  # type: ignore[union-attr]
@@ -183,8 +265,13 @@ class Agent:
         self.builder.add(eng.take_samples(), self.clock, raw_now)
         table = self.builder.pop_complete(self.clock.to_fleet(raw_now), grace_ns)
         if table is not None and table.num_rows:
-            self.metrics.observe_windows(table)
-            self.uploader.submit(table)  # type: ignore[union-attr]
+            self._unsent.append(table)
+        if self._unsent and self.uploader is not None:
+            for t in self._unsent:
+                if self.metrics is not None:
+                    self.metrics.observe_windows(t)
+                self.uploader.submit(t)
+            self._unsent.clear()
 
     def _apply_changes(self) -> None:
         while True:
@@ -192,18 +279,19 @@ class Agent:
                 ch = self.changes.get_nowait()
             except queue.Empty:
                 return
-            if ch.plan is not None:
-                self._rebuild(ch.plan)
+            if ch.plan is not None or ch.nics is not None:
+                self._rebuild(ch.plan, ch.nics)
             if ch.clock is not None:
                 self._set_clock(ch.clock)
             if ch.up is not None:
                 self.path.apply(ch.up)  # type: ignore[union-attr]
             self.builder.paths.update(ch.paths)
 
-    def _rebuild(self, plan: HostPlan) -> None:
-        log.info("plan changed (%d entries): rebuilding the data path", len(plan.entries))
+    def _rebuild(self, plan: HostPlan | None, nics: list[LocalNic] | None = None) -> None:
+        plan = plan or self.path.plan  # type: ignore[union-attr]
+        log.info("plan or NICs changed (%d entries): rebuilding the data path", len(plan.entries))
         self._drain()
-        nics = list(self.path.nics.values())  # type: ignore[union-attr]
+        nics = nics if nics is not None else list(self.path.nics.values())  # type: ignore[union-attr]
         self.path.close()  # type: ignore[union-attr]
         self._build(plan, nics)
 
@@ -219,6 +307,8 @@ class Agent:
             counters = self.path.engine.counters()
             log.info("data path totals: %s", " ".join(f"{k}={v}" for k, v in counters.items() if v))
             self.path.close()
+        if self._unsent:
+            log.error("%d window batches lost: the uploader never started", len(self._unsent))
         if self.uploader is not None:
             if not self.uploader.flush(timeout_s=5.0):
                 log.warning("collector did not take everything; the rest is spilled for next time")
@@ -228,8 +318,21 @@ class Agent:
     # ---- control thread -----------------------------------------------------------------
     def _control_loop(self) -> None:
         up_before: set[str] | None = None
+        nics = list(self.path.nics.values())  # type: ignore[union-attr]
+        registered = _nic_key(nics)
         while not self.stop.wait(self.cfg.control_interval_s):
             ch = _Changes()
+            found = self._discover()
+            if found is not None and _nic_key(found) != _nic_key(nics):
+                self._log_nic_change(nics, found)
+                nics = ch.nics = self._with_ts_source(found, nics)
+                self.relearn.set()  # new flows: trace them
+            if registered != _nic_key(nics):  # the collector learns the NICs (retried)
+                try:
+                    self._register(nics)
+                    registered = _nic_key(nics)
+                except CollectorError as e:
+                    log.warning("re-registering the NICs failed (%s); retrying", e)
             try:
                 plan = self.client.plan(self.cfg.host_id)
                 ch.clock = plan.clock
@@ -239,11 +342,7 @@ class Agent:
             except CollectorError as e:
                 log.debug("control refresh skipped: %s", e)
             states = link_states()
-            up = {
-                nid
-                for nid, nic in (self.path.nics.items() if self.path else [])
-                if states.get(nic.ifname)
-            }
+            up = {nic_id(self.cfg.host_id, n.ifname) for n in nics if states.get(n.ifname)}
             if up != up_before:
                 if up_before is not None:
                     log.warning("NICs up: %s", ", ".join(sorted(up)) or "none")
@@ -251,6 +350,13 @@ class Agent:
                 ch.up = up
                 up_before = up
             self.changes.put(ch)
+
+    @staticmethod
+    def _log_nic_change(old: list[LocalNic], new: list[LocalNic]) -> None:
+        before, after = _nic_key(old), _nic_key(new)
+        added = ", ".join(f"{i} {a}" for i, a in sorted(after - before)) or "none"
+        gone = ", ".join(f"{i} {a}" for i, a in sorted(before - after)) or "none"
+        log.warning("NICs changed: added %s; gone %s", added, gone)
 
     def _path_loop(self) -> None:
         """Learn every flow's path now, then every ``path_refresh_s`` (routes change rarely)."""
@@ -303,3 +409,7 @@ class Agent:
             "depth": self.uploader.depth if self.uploader else (0, 0),
             "rounds_skipped": self.rounds_skipped,
         }
+
+
+def _nic_key(nics: list[LocalNic]) -> frozenset[tuple[str, str]]:
+    return frozenset((n.ifname, n.ip) for n in nics)

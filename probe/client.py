@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-import httpx
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from fleetlens.probe.rest import HttpClient, HttpError
 
 from fleetlens.records import ClockModel, Decision, DrainEntry, HostPlan, PlanEntry
 
@@ -14,16 +18,25 @@ class CollectorError(RuntimeError):
 class CollectorClient:
     def __init__(self, url: str, token: str | None, timeout_s: float = 5.0) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self._http = HttpClient(url, headers, timeout_s)
 
-    def _call(self, method: str, path: str, **kw: object) -> dict:  # type: ignore[type-arg]
+    def _call(self, method: str, path: str, json_body: object = None) -> dict:  # type: ignore[type-arg]
+        body, headers = None, {}
+        if json_body is not None:
+            body, headers = json.dumps(json_body).encode(), {"content-type": "application/json"}
         try:
-            r = self._http.request(method, path, **kw)  # type: ignore[arg-type]
-        except httpx.HTTPError as e:
-            raise CollectorError(f"{method} {path}: {e}") from e
+            r = self._http.request(method, path, body, headers)
+        except HttpError as e:
+            raise CollectorError(str(e)) from e
         if r.status_code != 200:
             raise CollectorError(f"{method} {path}: {r.status_code} {r.text[:300]}")
-        return r.json()
+        try:
+            out = json.loads(r.content)
+        except ValueError as e:
+            raise CollectorError(f"{method} {path}: the answer is not JSON ({e})") from e
+        if not isinstance(out, dict):
+            raise CollectorError(f"{method} {path}: expected a JSON object, got {r.text[:100]}")
+        return out
 
     def register(
         self, host_id: str, nics: list[dict], ts_source: str, metrics_port: int | None
@@ -36,10 +49,15 @@ class CollectorClient:
         }
         if metrics_port:
             body["metrics_port"] = metrics_port
-        self._call("POST", "/v1/register", json=body)
+        self._call("POST", "/v1/register", body)
 
     def plan(self, host_id: str) -> HostPlan:
         d = self._call("GET", f"/v1/plan/{host_id}")
+        with _malformed("plan"):
+            return self._plan(host_id, d)
+
+    @staticmethod
+    def _plan(host_id: str, d: dict) -> HostPlan:  # type: ignore[type-arg]
         c = d["clock"]
         clock = ClockModel(
             host_id,
@@ -59,10 +77,11 @@ class CollectorClient:
 
     def decision(self, host_id: str) -> Decision:
         d = self._call("GET", f"/v1/decisions/{host_id}")
-        drain = [
-            DrainEntry(e["nic_id"], e["reason"], int(e["since_ns"])) for e in d.get("drain", [])
-        ]
-        return Decision(host_id, int(d.get("generated_ns") or 0), drain)
+        with _malformed("decision"):
+            drain = [
+                DrainEntry(e["nic_id"], e["reason"], int(e["since_ns"])) for e in d.get("drain", [])
+            ]
+            return Decision(host_id, int(d.get("generated_ns") or 0), drain)
 
     def interfaces(self) -> dict[str, str]:
         """Switch interface address -> link arriving there (empty: no inventory)."""
@@ -70,3 +89,12 @@ class CollectorClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+@contextmanager
+def _malformed(what: str) -> Iterator[None]:
+    """A malformed answer is a failed call (retried later), never an exception in a thread."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CollectorError(f"malformed {what} from the collector: {e!r}") from e

@@ -27,7 +27,7 @@ class DataPath:
         local = {nic_id(self.host, n.ifname): n for n in nics}
         missing = sorted({e.src_nic for e in plan.entries} - set(local))
         if missing:
-            log.error("plan names NICs this host does not have: %s (skipped)", ", ".join(missing))
+            log.warning("plan names NICs this host does not have (now): %s", ", ".join(missing))
         self.entries: list[PlanEntry] = [e for e in plan.entries if e.src_nic in local]
         self.engine = Engine(key, secrets.randbits(63))
         self.sockets: list[socket.socket] = []

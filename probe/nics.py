@@ -15,7 +15,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from pyroute2 import IPRoute
+from fleetlens.probe import netlink
 
 from fleetlens.records import TS_HARDWARE, TS_SOFTWARE
 
@@ -39,29 +39,20 @@ class LocalNic:
 
 def discover(pattern: str = "eth*") -> list[LocalNic]:
     """Interfaces matching ``pattern`` that have an IPv4 address, in name order."""
-    with IPRoute() as ipr:
-        names = {ln["index"]: ln.get_attr("IFLA_IFNAME") for ln in ipr.get_links()}
-        state = {ln["index"]: _carrier(ln["flags"]) for ln in ipr.get_links()}
-        addrs = {a["index"]: a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=socket.AF_INET)}
+    addrs = netlink.ipv4_addresses()
     return sorted(
         (
-            LocalNic(names[i], addrs[i], state[i])
-            for i in names
-            if i in addrs and fnmatch.fnmatch(names[i], pattern)
+            LocalNic(ln.name, addrs[ln.index], ln.carrier)
+            for ln in netlink.links()
+            if ln.index in addrs and fnmatch.fnmatch(ln.name, pattern)
         ),
         key=lambda n: n.ifname,
     )
 
 
-def _carrier(flags: int) -> bool:
-    # IFF_UP and IFF_LOWER_UP: admin up with carrier (operstate is UNKNOWN on some devices)
-    return bool(flags & 0x1) and bool(flags & 0x10000)
-
-
 def link_states() -> dict[str, bool]:
     """Interface name -> admin up with carrier, for every interface of this namespace."""
-    with IPRoute() as ipr:
-        return {ln.get_attr("IFLA_IFNAME"): _carrier(ln["flags"]) for ln in ipr.get_links()}
+    return {ln.name: ln.carrier for ln in netlink.links()}
 
 
 def hardware_timestamping(ifname: str) -> bool:

@@ -17,8 +17,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pyarrow as pa
+from fleetlens.probe.rest import HttpClient, HttpError
 
 from fleetlens.batch import CT_ARROW, encode_batch
 
@@ -69,7 +69,7 @@ class Uploader:
         self._lock = threading.Condition()
         self._seq = 0
         self._stop = threading.Event()
-        self._client = httpx.Client(timeout=timeout_s)
+        self._client = HttpClient(url, timeout_s=timeout_s)
         spill_dir.mkdir(parents=True, exist_ok=True)
         self._recover_spilled()
         self._thread = threading.Thread(target=self._run, name="uploader", daemon=True)
@@ -151,13 +151,15 @@ class Uploader:
         """Send one batch; None when it is done with (stored or refused), else seconds to wait."""
         body = p.body if p.body is not None else p.path.read_bytes()  # type: ignore[union-attr]
         try:
-            r = self._client.post(self.url, content=body, headers=self._headers)
-        except httpx.HTTPError as e:
+            r = self._client.request("POST", "/v1/ingest", body, self._headers)
+        except HttpError as e:
             log.warning("collector unreachable (%s); %d batches waiting", e, len(self._queue))
             return 0.0
         if r.status_code == 429 or r.status_code >= 500:
             return float(r.headers.get("retry-after", "0") or 0)
         if r.status_code == 200:
+            if not self.stats.uploaded_batches:  # a start-up stage (the lab test times it)
+                log.info("first batch stored by the collector (%d windows)", p.windows)
             self.stats.uploaded_batches += 1
             self.stats.uploaded_windows += p.windows
         else:  # 4xx: a retry cannot fix it; say why and move on

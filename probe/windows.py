@@ -1,8 +1,15 @@
 """Turn the fast path's per-pair samples into per-flow window records (vectorized).
 
 A pair belongs to the window of its send time in fleet time (the first TX stamp through the
-host's clock model). A window is complete once its last pairs have either been acked or timed
-out: ``end + ack timeout + slack``. Per flow and window:
+host's clock model). A window is complete once every pair sent in it has been acked or timed
+out. The engine numbers pairs 0, 1, 2, ... in send order and reports each exactly once, so the
+agent notes the engine's ``pairs_sent`` counter when fleet time crosses a window's end
+(:meth:`WindowBuilder.mark_end`) and the window is complete as soon as every pair below that
+number has been reported (:class:`PairLedger`) — on a healthy fabric a few ms after its end,
+which is what lets the collector solve clocks right after each window. A pair that is never
+answered holds its window until the ack timeout; ``end + grace`` stays as the upper bound. A
+window is closed once: a pair reported after it closed (only possible when a new clock model
+moved fleet time back across the boundary) counts in the next open window. Per flow and window:
 
 - ``sent``/``received``: probe packets sent, and those the receiver's ack says arrived;
 - ``pure``: pairs with all four stamps whose receive gap equals the send gap within
@@ -47,6 +54,25 @@ class FlowTable:
         return len(self.sport)
 
 
+class PairLedger:
+    """Which pair numbers the engine has reported: all below ``done_below``, plus a few above
+    it (answered out of order while an older pair still waits for its ack or timeout)."""
+
+    def __init__(self) -> None:
+        self.done_below = 0
+        self._ahead = np.empty(0, np.int64)
+
+    def add(self, pairs: np.ndarray) -> None:
+        # The engine's numbers are uint32 and wrap (after ~4e9 pairs): unwrap them relative
+        # to done_below; all outstanding pairs are within 2^31 of it.
+        off = (pairs.astype(np.int64) - self.done_below + (1 << 31)) % (1 << 32) - (1 << 31)
+        merged = np.union1d(self._ahead, off[off >= 0] + self.done_below)
+        gap = merged - np.arange(merged.size) != self.done_below  # False while contiguous
+        k = int(np.argmax(gap)) if gap.any() else merged.size
+        self.done_below += k
+        self._ahead = merged[k:]
+
+
 class WindowBuilder:
     def __init__(
         self, flows: FlowTable, window_ns: int, purity_ns: int = DEFAULT_PURITY_NS
@@ -56,27 +82,47 @@ class WindowBuilder:
         self.purity_ns = purity_ns
         self._pending: list[dict[str, np.ndarray]] = []
         self.paths: dict[int, list[str]] = {}  # flow id -> discovered path
+        self.ledger = PairLedger()
+        self._ends: list[tuple[int, int]] = []  # (window index, pairs sent when it ended)
+        self._closed = -(1 << 62)  # every window up to this index has been popped
 
     def add(self, samples: dict[str, np.ndarray], clock: ClockModel, now_raw_ns: int) -> None:
         """Stamp the samples with their window, using the clock model current at this moment."""
         if samples["flow"].size == 0:
             return
+        self.ledger.add(samples["pair"])
         flags = samples["flags"]
         tx0_f = clock.to_fleet(samples["tx0"])
         tx1_f = clock.to_fleet(samples["tx1"])
         ref = np.where(
             flags & FLAG_TX0, tx0_f, np.where(flags & FLAG_TX1, tx1_f, clock.to_fleet(now_raw_ns))
         )
-        self._pending.append(
-            {**samples, "tx0_fleet": tx0_f, "tx1_fleet": tx1_f, "window": ref // self.window_ns}
-        )
+        window = np.maximum(ref // self.window_ns, self._closed + 1)
+        self._pending.append({**samples, "tx0_fleet": tx0_f, "tx1_fleet": tx1_f, "window": window})
+
+    def mark_end(self, window: int, pairs_sent: int) -> None:
+        """Fleet time has just passed the end of ``window``; the engine had sent ``pairs_sent``
+        pairs by then (every later pair belongs to a later window)."""
+        self._ends.append((window, pairs_sent))
+
+    def ended(self) -> bool:
+        """Whether an ended window is still waiting to be popped."""
+        return bool(self._ends)
 
     def pop_complete(self, now_fleet_ns: int, grace_ns: int) -> pa.Table | None:
-        """Windows ending before ``now - grace`` as one table in WINDOW_SCHEMA (None if none)."""
-        if not self._pending:
+        """Windows whose pairs were all reported, or that ended before ``now - grace``, as one
+        table in WINDOW_SCHEMA (None if none)."""
+        last = (now_fleet_ns - grace_ns) // self.window_ns - 1  # ended at least grace ago
+        while self._ends and self._ends[0][1] <= self.ledger.done_below:
+            last = max(last, self._ends.pop(0)[0])
+        self._ends = [e for e in self._ends if e[0] > last]
+        self._closed = max(self._closed, last)
+        # Called every round while a window waits for its last acks: concatenate only when
+        # something is due.
+        if not self._pending or min(int(p["window"].min()) for p in self._pending) > last:
             return None
         s = {k: np.concatenate([p[k] for p in self._pending]) for k in self._pending[0]}
-        done = (s["window"] + 1) * self.window_ns <= now_fleet_ns - grace_ns
+        done = s["window"] <= last
         keep = {k: v[~done] for k, v in s.items()}
         self._pending = [keep] if keep["flow"].size else []
         if not done.any():

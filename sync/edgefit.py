@@ -62,15 +62,19 @@ def fit_edges(
     y: np.ndarray,
     n_edges: int,
     b_prior: np.ndarray,
+    bracket: np.ndarray | float = SLOPE_BRACKET,
 ) -> EdgeFits:
     """Fit every edge. ``upper`` marks lo→hi points (y = owd); the others are hi→lo points
-    already sign-flipped (y = −owd). ``t`` is in ns on a common time axis."""
+    already sign-flipped (y = −owd). ``t`` is in ns on a common time axis. ``bracket``: the
+    slope searched within ``b_prior ± bracket`` (per edge); an optimum at its edge keeps
+    ``b_prior`` (not ``slope_ok``)."""
     tu, yu, nu = _padded(edge[upper], t[upper], y[upper], n_edges, np.inf)
     tl, yl, nl = _padded(edge[~upper], t[~upper], y[~upper], n_edges, -np.inf)
     usable = (nu > 0) & (nl > 0)
-    b = _bisect(tu, yu, tl, yl, b_prior)
+    bracket = np.broadcast_to(np.asarray(bracket, np.float64), b_prior.shape)
+    b = _bisect(tu, yu, tl, yl, b_prior, bracket)
     span = _span(edge, t, n_edges)
-    at_edge = np.abs(b - b_prior) > 0.999 * SLOPE_BRACKET
+    at_edge = np.abs(b - b_prior) > 0.999 * bracket
     slope_ok = usable & (span >= MIN_SPAN_NS) & ~at_edge
     b = np.where(slope_ok, b, b_prior)
     f, g = _f(tu, yu, b), _g(tl, yl, b)
@@ -104,8 +108,8 @@ def _g(tl, yl, b):
     return (yl - b[:, None] * tl).max(axis=1)
 
 
-def _bisect(tu, yu, tl, yl, b_prior):
-    lo, hi = b_prior - SLOPE_BRACKET, b_prior + SLOPE_BRACKET
+def _bisect(tu, yu, tl, yl, b_prior, bracket):
+    lo, hi = b_prior - bracket, b_prior + bracket
     rows = np.arange(tu.shape[0])
     for _ in range(BISECTIONS):
         b = 0.5 * (lo + hi)

@@ -11,13 +11,24 @@ points up to ``k`` s apart instead of half a second.
 
 When: pooling assumes the clock difference is a straight line over ``k`` windows. Real
 oscillators wander (temperature, ageing) and a stepped clock breaks the line, so the span is
-chosen per edge by prediction: each candidate span (``POOL_SIZES``) keeps its last line, and
-when a new window arrives the single-window estimate is compared with each line's
-extrapolation. A running mean of the squared prediction errors (weight ``SCORE_WEIGHT``,
-each window's contribution capped at ``SCORE_CAP_NS``²) scores the spans: with stable clocks
-the long spans predict best (less noise); with wandering drift their lag shows up as
-prediction error and shorter spans win. A pooled fit whose points overlap (a step inside the
-span) is never used. Only the max-margin geometry changes: each pooled direction is reduced to
+chosen by prediction: each candidate span (``POOL_SIZES``) keeps, per edge, its last
+intercept, and when a new window arrives the single-window estimate is compared with each
+span's intercept carried to this window by one common slope (the longest usable span's). A
+running mean of the squared prediction errors (weight ``SCORE_WEIGHT``, each window's
+contribution capped at ``SCORE_CAP_NS``²) scores the spans: with stable clocks the long spans
+predict best (less noise); with wandering drift their bend shows up as prediction error and
+shorter spans win. The span is chosen for the whole fleet, by the median score over the edges,
+and used on every edge where it is allowed (see ``_pick``: per-edge scores are too noisy to
+choose by). A pooled fit whose points overlap (a step inside the span) is never used.
+
+Measured (1024-host simulator, software stamps, 20 ppb/√s wander plus drift steps, 12 s):
+choosing per edge, each span carried by its own slope, picked 8-window spans on 2/3 of the
+edges (a single window's slope, off by ~100 ppb, made its own prediction look bad) and the
+network edge p99 rose from 45 to 65–72 ns; per edge with a common slope the choice was a coin
+toss (edge p99 up to 124 ns); the fleet-wide choice keeps single windows there (the Kalman
+tracker does the averaging over windows).
+
+Only the max-margin geometry changes: each pooled direction is reduced to
 its hull first, so the fit's cost grows with the hull size, not with ``k``.
 
 Cost: the collector keeps the last ``max(POOL_SIZES) − 1`` windows' hull points (about 32 B
@@ -43,7 +54,8 @@ SCORE_WEIGHT = 0.2
 SCORE_CAP_NS = 1_000.0
 MIN_SCORED = 3  # predictions a span needs before it may be chosen over a single window
 STALE_NS = 5_000_000_000  # an edge unseen this long starts its spans' scores over
-SURPRISE_K = 4.0  # a prediction error beyond this many of the span's rms restarts its score
+SURPRISE_K = 4.0  # a prediction error beyond this many of the span's rms is a surprise
+SURPRISE_RUN = 3  # surprises in a row that restart a span's score
 
 
 @dataclass
@@ -54,11 +66,14 @@ class _EdgeTrack:
     ok: np.ndarray  # per span: the line was usable
     score: np.ndarray | None = None  # per span: running mean squared prediction error
     scored: np.ndarray | None = None  # per span: predictions scored so far
+    pending: np.ndarray | None = None  # per span: surprises in a row so far
 
     def __post_init__(self) -> None:
         if self.score is None:
             self.score = np.zeros(self.a.size)
             self.scored = np.zeros(self.a.size, np.int64)
+        if self.pending is None:
+            self.pending = np.zeros(self.a.size, np.int64)
 
 
 @dataclass
@@ -81,6 +96,8 @@ class HullPool:
         self.sizes = sizes
         self.history: deque[tuple[int | None, HullPoints]] = deque(maxlen=max(sizes) - 1)
         self.tracks: dict[str, _EdgeTrack] = {}
+        self.noise = np.zeros(0)  # per edge of the last choice: the chosen span's noise, ns
+        self.best = 0  # the fleet's best-ranked span at the last choice (index)
 
     def pooled(self, pts: HullPoints, gen: int | None) -> Pooled:
         """The stored windows' points whose NICs occur in the current window; a window's age
@@ -104,25 +121,35 @@ class HullPool:
             self.history.append((gen, pts))
 
     def choose(
-        self, keys: list[str], t_ref: int, fits: list[EdgeFits]
+        self, keys: list[str], t_ref: int, fits: list[EdgeFits], slope: np.ndarray
     ) -> tuple[EdgeFits, np.ndarray]:
         """Score every span on this window, then pick one fit per edge; returns the chosen
-        fits and the span index per edge. ``fits[0]`` is the single-window fit."""
+        fits and the span index per edge. ``fits[0]`` is the single-window fit; ``slope``
+        (per edge, ns/ns; the current network drift difference) carries the spans' last
+        intercepts to this window where no span longer than one window is usable now."""
         one = fits[0]
         ok = np.array([f.usable & ~f.soft for f in fits])  # (spans, edges)
         a = np.array([f.a for f in fits])
         b = np.array([f.b for f in fits])
-        choice = np.zeros(len(keys), np.int64)
+        # The carrying slope: the longest usable span's (a single window's slope is off by
+        # ~100 ppb with software stamps, 100 ns over the 1 s carried: that noise, common to
+        # all spans, would drown the differences between them).
+        longest = ok.shape[0] - 1 - np.argmax(ok[::-1], axis=0)
+        carry = np.where(ok.any(axis=0), b[longest, np.arange(len(keys))], slope)
+        tracks = []
         for e, key in enumerate(keys):
             tr = self.tracks.get(key)
             if tr is not None and t_ref - tr.t_ref > STALE_NS:  # the edge was gone: start over
                 tr = None
             if tr is not None and ok[0, e]:
-                _score(tr, one.a[e], t_ref)
-            choice[e] = _pick(tr, ok[:, e])
+                _score(tr, one.a[e], t_ref, float(carry[e]))
+            tracks.append(tr)
+        choice, self.best = _pick(tracks, ok, np.array([f.usable for f in fits]), self.best)
+        self.noise = _noise(tracks, choice)
+        for e, (key, tr) in enumerate(zip(keys, tracks, strict=True)):
             self.tracks[key] = _EdgeTrack(
                 t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(),
-                *((tr.score, tr.scored) if tr is not None else ()),
+                *((tr.score, tr.scored, tr.pending) if tr is not None else ()),
             )  # fmt: skip
         return _select(fits, choice), choice
 
@@ -132,27 +159,96 @@ class HullPool:
             self.tracks.pop(k, None)
 
 
-def _score(tr: _EdgeTrack, measured: float, t_ref: int) -> None:
-    pred = tr.a + tr.b * float(t_ref - tr.t_ref)
+def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float) -> None:
+    # Every span's intercept is carried by the same slope: what is scored is how good each
+    # span's value at the end of its span was, the quantity the solve uses. (Each span's own
+    # slope would charge a single window for its slope noise, ~100 ppb = 100 ns over 1 s,
+    # which its in-window value does not have: long spans then won where they bend.)
+    pred = tr.a + slope * float(t_ref - tr.t_ref)
     err2 = np.minimum((measured - pred) ** 2, SCORE_CAP_NS**2)
     upd = tr.ok
-    # A surprise (the clocks bent: a drift jump or a step) takes a span out at once; it must
-    # predict MIN_SCORED windows again before it is used.
+    # SURPRISE_RUN surprises in a row (the clocks bent: a drift jump) take a span out; it
+    # must predict MIN_SCORED windows again before it is used. Fewer are more often the
+    # single-window reference being wild (two-host lab under load: windows 6-8 µs off, and
+    # bursts of them, which took the 32-window span out and left 8- or 1-window fits in use,
+    # 100-400 ns off, where the 32-window one stayed within ~20 ns): they are not scored at
+    # all. A clock step is handled apart (``forget``).
     surprise = upd & (tr.scored >= MIN_SCORED) & (err2 > SURPRISE_K**2 * tr.score)
-    tr.scored = np.where(surprise, 0, tr.scored)
+    eligible = upd & (tr.scored >= MIN_SCORED)
+    if eligible.sum() >= 2 and surprise[eligible].all():
+        # Every span, the previous single window included, misses it: this window's single
+        # fit is the wild one, not the spans (a bend leaves the previous window's line close
+        # and the long spans off). Nothing is scored or counted.
+        return
+    again = tr.pending >= SURPRISE_RUN
+    tr.pending = np.where(again, 0, tr.pending)
+    upd = upd & (tr.pending == 0)
+    tr.scored = np.where(again, 0, tr.scored)
     tr.score = np.where(upd, (1 - SCORE_WEIGHT) * tr.score + SCORE_WEIGHT * err2, tr.score)
     tr.score = np.where(upd & (tr.scored == 0), err2, tr.score)
     tr.scored = tr.scored + upd
 
 
-def _pick(tr: _EdgeTrack | None, ok: np.ndarray) -> int:
-    if tr is None:
-        return 0
-    allowed = ok & (tr.scored >= MIN_SCORED)
-    allowed[0] = ok[0] or not ok.any()
-    if not allowed.any():
-        return int(np.argmax(ok))
-    return int(np.argmin(np.where(allowed, tr.score, np.inf)))
+def _pick(
+    tracks: list[_EdgeTrack | None], ok: np.ndarray, usable: np.ndarray, prev_best: int
+) -> tuple[np.ndarray, int]:
+    """Spans ranked for the whole fleet by their median score over the edges; each edge
+    uses the best-ranked span allowed there (scored ``MIN_SCORED`` times since its last
+    surprise, its fit usable now), the single window if none is. Per-edge scores are too
+    noisy to choose by (an EWMA of ~9 squared errors scatters by about half its value, more
+    than what separates the spans), while the clocks' wander that decides the best span is a
+    property of the oscillators, alike across the fleet; a bent edge (a drift step) is caught
+    per edge by its surprise reset."""
+    n_sp, n_e = ok.shape
+    score = np.full((n_sp, n_e), np.inf)
+    scored = np.zeros((n_sp, n_e), np.int64)
+    have = np.array([tr is not None for tr in tracks], bool)
+    if have.any():
+        idx = np.flatnonzero(have)
+        score[:, idx] = np.array([tracks[i].score for i in idx]).T
+        scored[:, idx] = np.array([tracks[i].scored for i in idx]).T
+    allowed = ok & (scored >= MIN_SCORED)
+    allowed[0] = True
+    med = np.array([np.median(score[k, allowed[k]]) if allowed[k].any() else np.inf
+                    for k in range(n_sp)])  # fmt: skip
+    # Per edge, the allowed span with the best fleet-wide median (the fleet's best span where
+    # it is allowed, else the next best, e.g. a shorter span while a long one re-qualifies).
+    rank = np.where(allowed & ok, med[:, None], np.inf)
+    fallback = np.where(ok[0], 0, np.argmax(ok, axis=0))  # no single-window fit: any usable
+    choice = np.where(np.isfinite(rank).any(axis=0), np.argmin(rank, axis=0), fallback)
+    # Where the fleet pools, an edge whose pooled spans are all re-qualifying still pools (its
+    # shortest usable span) rather than fall back to one window: single windows under load
+    # were off by 6-36 µs (two lab hosts, one or two pure pairs), a pooled hull ignores them.
+    # With no hard pooled fit (one point below a floor makes 32 windows' hulls overlap), the
+    # longest soft-margin pooled fit (ν-SVM, a fifth of the points may violate) still beats
+    # one window there.
+    # The fleet's preference; while every pooled span is re-qualifying (no median), the last
+    # one holds (a burst of wild windows takes all spans out at once on a two-host lab).
+    best = int(np.argmin(med)) if np.isfinite(med[1:]).any() else prev_best
+    if best > 0 and n_sp > 1:
+        pooled_ok = ok[1:].any(axis=0)
+        shortest = 1 + np.argmax(ok[1:], axis=0)
+        choice = np.where((choice == 0) & pooled_ok, shortest, choice)
+        soft = usable[1:].any(axis=0) & ~pooled_ok
+        longest = n_sp - 1 - np.argmax(usable[::-1][:-1], axis=0)
+        choice = np.where((choice == 0) & soft, longest, choice)
+    return choice, best
+
+
+def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray) -> np.ndarray:
+    """Each edge's offset noise with the chosen span, from its prediction score: the score
+    is the mean square of (span's carried value − next single window), about σ_span² + σ_1²,
+    so √(score/2) is σ_1 for the single window and an upper bound for longer spans (0 where
+    not yet scored). The network solve cannot see it on a pairwise-only edge (no residual):
+    the tracker needs it, or a switch from a smooth 32-window span to a single window (σ 150
+    ns in the lab under load) reads as a clock change against a noise estimate learnt on the
+    smooth span."""
+    out = np.zeros(choice.size)
+    for e, tr in enumerate(tracks):
+        k = int(choice[e])
+        if tr is not None and tr.scored[k] >= MIN_SCORED:
+            out[e] = np.sqrt(tr.score[k] / 2.0)
+    return out
 
 
 def _select(fits: list[EdgeFits], choice: np.ndarray) -> EdgeFits:

@@ -16,13 +16,17 @@ Steps per window:
 3. Max-margin fit per NIC pair (:mod:`.edgefit`). Edges are NIC pairs, not host pairs, so a
    fault on one NIC's link shows up as disagreement between that host's NICs.
    With software stamps, each edge is also fitted over the pooled hulls of the last 8 and
-   32 windows (:mod:`.pooling`) and the span that best predicted the next window is used.
+   32 windows (:mod:`.pooling`) and the span that best predicted the next window across the
+   fleet is used where it is allowed; its prediction score also floors the measurement noise
+   the tracker is given (a pairwise-only edge has no residual to show it).
 4. Hosts with most of their edges overlapping (a clock step or broken stamps inside the
    window) are left out of this window: they are reported unsynchronized, not guessed.
    Soft-margin edges otherwise count with weight ``SOFT_WEIGHT``.
 5. Network effect (:mod:`.network`): robust weighted least squares for offsets, then drifts.
-6. Drift tracking and step detection (:mod:`.tracking`); models out, ``synced`` only for hosts
-   measured in this window. ``error_bound_ns`` is 3σ of the tracked offset.
+6. Drift tracking, drift-change and step detection (:mod:`.tracking`); a host with
+   ``MIN_EDGES`` agreeing edges is trusted (a surprise is followed at once), others must
+   repeat a surprise. Models out, ``synced`` only for hosts measured in this window.
+   ``error_bound_ns`` is 3σ of the tracked offset.
 
 Window length: the probe plan's 1 s window (100 rounds at 10 ms) gives each NIC pair ~100 pure
 points per direction, enough for the minimum delays to be within tens of ns of the floor with
@@ -40,7 +44,7 @@ import pyarrow as pa
 from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
-from .edgefit import EdgeFits, fit_edges
+from .edgefit import SLOPE_BRACKET, EdgeFits, fit_edges
 from .network import MIN_EDGES, NetSolution, solve_network
 from .pooling import POOL_SIZES, HullPool, hull_reduce
 from .purity import HullPoints, complete_generations, hull_points
@@ -51,10 +55,16 @@ MAX_BACKLOG = 3  # window generations folded in per call when the caller fell be
 STALE_CALLS = 5  # calls in a row without a new window: models no longer count as synced
 MAX_PASSES = 5
 SOFT_WEIGHT = 0.1
+POOL_BRACKET_K = 3.0  # pooled fits: slope within this many tracked drift σ (see _pool_fits)
+POOL_BRACKET_PPB = 2.0
 SLOPE_BASE_S = 0.5
 SHORT_WINDOW_K = 3.0
 SHORT_SPAN_S = 0.6  # a host whose points span less than this is in a partial window
 UNSTABLE_FRACTION = 0.5
+# A window's extra offset σ per ns of margin excess (:func:`_margin_excess`): the excess
+# bounds the error; with both directions' excesses alike-distributed the error's σ is ~0.7×
+# their mean, and a window whose floors sit µs high is weighed ~(µs/σ)² less.
+EVIDENCE_K = 0.7
 # Residual-scale floors: below these, edges are never called outliers (noise, not faults).
 FLOOR_NS = {"software": 20.0, TS_HARDWARE: 5.0}
 # Drift: within-window wander (≈ 20 ppb/√s) dominates stamp noise in both modes.
@@ -80,6 +90,8 @@ class SolveReport:
     passes: int = 0
     edge_keys: list[str] = field(default_factory=list)  # "lo_nic|hi_nic" per edge
     span: np.ndarray | None = None  # windows pooled for each edge's fit (:mod:`.pooling`)
+    edge_noise: np.ndarray | None = None  # per edge: the chosen span's offset noise (ns)
+    edge_excess: np.ndarray | None = None  # per edge: margin above the pooled floor (ns)
     ts_kind: str = "software"
 
     @property
@@ -155,6 +167,7 @@ class HuygensSync:
         src_h = nic_h[pts.src]
         geo = _EdgeGeometry(pts, nic_h)
         theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
+        tracked = (drift.copy(), self._drift_sd.copy(), known.copy())
         net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.min_edges)
         lat_out, lat_in = self._latency(pts)
         npass, mapped = 0, known.copy()
@@ -185,22 +198,35 @@ class HuygensSync:
         # drift steps cost more than they gave (128-host sim, steps on: p99 34 ns pooled vs
         # 16 ns single-window), so only software-stamped windows are pooled.
         pool_ok = kind != TS_HARDWARE and len(self.pool.sizes) > 1
+        self._excess = None
         if pool_ok and self.pool.history and mapped[off.solved].all():
-            fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits)
+            fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits, tracked)
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
         elif pool_ok:
-            self.pool.choose(geo.keys, t_ref, [fits] * len(self.pool.sizes))  # start the tracks
+            slope = (drift[geo.hi] - drift[geo.lo]) * 1e-9
+            self.pool.choose(geo.keys, t_ref, [fits] * len(self.pool.sizes), slope)  # start
         rep = SolveReport(
             t_ref, hosts, geo.lo, geo.hi, geo.nics, pairwise, fits, off, dft,
             [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
         )  # fmt: skip
         rep.edge_keys, rep.span = geo.keys, np.array(self.pool.sizes)[span]
+        if pool_ok and self.pool.noise.size == geo.n:
+            rep.edge_noise = self.pool.noise
+        rep.edge_excess = self._excess
         rep.ts_kind = kind
         return rep
 
-    def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1):
-        """Fits over the last k windows' hulls for every span k, one chosen per edge."""
+    def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1, tracked):
+        """Fits over the last k windows' hulls for every span k, one chosen per edge.
+
+        The pooled fits' slope is searched only within ``POOL_BRACKET_K`` tracked drift
+        standard errors of the tracker's drift difference (at least ``POOL_BRACKET_PPB``):
+        over 32 windows the free max-margin slope tilted by 2-20 ppb on two lab hosts on one
+        clock (the line rests on 2-4 extreme points), 60-700 ns at the newest window, while
+        the tracker, averaging offsets over many windows, knew the drift better. A slope at
+        the bracket's edge keeps the tracked one (the fit is then the min-of-mins intercept
+        at that slope)."""
         pool = self.pool.pooled(pts, gen)
         n_nic = len(pts.nics)
         lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
@@ -213,12 +239,23 @@ class HuygensSync:
         upper = pool.src < pool.dst
         y = np.where(upper, owd, -owd)
         b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
+        d_tr, sd_tr, k_tr = tracked
+        both = k_tr[geo.lo] & k_tr[geo.hi]
+        b_tr = np.where(both, (d_tr[geo.hi] - d_tr[geo.lo]) * 1e-9, b_prior)
+        sd = np.hypot(sd_tr[geo.lo], sd_tr[geo.hi])
+        bracket = np.where(
+            both, np.clip(POOL_BRACKET_K * sd, POOL_BRACKET_PPB, SLOPE_BRACKET * 1e9) * 1e-9,
+            SLOPE_BRACKET,
+        )  # fmt: skip
         fits = [fits1]
-        for k in self.pool.sizes[1:]:
+        for k in self.pool.sizes:
             m = known & (pool.age < k)
             e, up, tt, yy = hull_reduce(edge[m], upper[m], t[m], y[m], geo.n)
-            fits.append(fit_edges(e, up, tt, yy, geo.n, b_prior))
-        return self.pool.choose(geo.keys, t_ref, fits)
+            fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket))
+        held = fits.pop(1)  # this window alone, its slope held near the tracked one
+        chosen, span = self.pool.choose(geo.keys, t_ref, fits, b_prior)
+        self._excess = _margin_excess([*fits, held], chosen, span, held)
+        return chosen, span
 
     def _latency(self, pts: HullPoints) -> tuple[np.ndarray, np.ndarray]:
         lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
@@ -230,6 +267,7 @@ class HuygensSync:
         theta = np.zeros(len(hosts))
         drift = np.zeros(len(hosts))
         known = np.zeros(len(hosts), bool)
+        sd = np.full(len(hosts), np.inf)  # tracked drift standard error (ppb)
         # First guess of the reference time in fleet time: the median sender's view.
         t_ref = raw_mid
         for _ in range(2):
@@ -237,7 +275,9 @@ class HuygensSync:
                 p = self.tracker.predict(h, t_ref)
                 if p is not None and p[2][0, 0] < 1e12:
                     theta[i], drift[i], known[i] = p[0], p[1], True
+                    sd[i] = float(np.sqrt(max(p[2][1, 1], 0.0)))
             t_ref = int(np.median(pts.t_raw - np.rint(theta[src_h]).astype(np.int64)))
+        self._drift_sd = sd
         return theta, drift, known, t_ref
 
     def _publish(self, rep: SolveReport) -> list[ClockModel]:
@@ -246,15 +286,20 @@ class HuygensSync:
         on = off.weight > 0
         deg = np.bincount(rep.edge_lo[on], minlength=len(rep.hosts))
         deg += np.bincount(rep.edge_hi[on], minlength=len(rep.hosts))
-        # Hardware stamps are not delayed by the scheduler: a host whose value is agreed on by
-        # MIN_EDGES+ edges through the network solve is measured, not an outlier, even when it
-        # jumped (a temperature drift step): follow it at once instead of gating it out.
-        trusted = (deg >= MIN_EDGES) & (rep.ts_kind == TS_HARDWARE)
+        # A host whose value is agreed on by MIN_EDGES+ edges through the (robust) network
+        # solve is measured, not an outlier, even when it jumped (a temperature drift step):
+        # follow it at once instead of gating it out. (First hardware stamps only; software
+        # stamps too since the 1024-host simulator showed gated stepped hosts at 200-260 ns
+        # for a window. Scheduler delays do not move a host's hull floors on all its edges,
+        # and a pairwise-only host, as in the two-host lab, is never trusted.)
+        trusted = deg >= MIN_EDGES
         # How far apart in time each host's points are (its longest used edge): a partial
         # window (agents just started) pins neither slope nor floors as well as a full one.
         span = np.zeros(len(rep.hosts))
         np.maximum.at(span, rep.edge_lo[on], rep.fits.span[on] * 1e-9)
         np.maximum.at(span, rep.edge_hi[on], rep.fits.span[on] * 1e-9)
+        floor = _host_noise(rep, on)
+        evidence = EVIDENCE_K * _host_excess(rep, on)
         for i, h in enumerate(rep.hosts):
             if not off.solved[i]:
                 continue
@@ -264,7 +309,7 @@ class HuygensSync:
             d = float(dft.x[i]) if d_ok else None  # None: slope unknown this window
             # A window's slope rests on hull points about half the span apart: its error is at
             # least ~2 offset errors over that, whatever the (maybe single) edge says.
-            s_th = float(np.hypot(off.sigma[i], off.scale))
+            s_th = max(float(np.hypot(off.sigma[i], off.scale)), float(floor[i]))
             short = span[i] < SHORT_SPAN_S
             if short or not d_ok:  # e.g. the first, partial window: its few points sit well
                 s_th *= SHORT_WINDOW_K  # above the floors (lab: 2-3x the stated σ)
@@ -272,8 +317,9 @@ class HuygensSync:
             base = max(span[i] / 2, SLOPE_BASE_S) if not short else max(span[i] / 2, 0.05)
             s_d = max(float(dft.sigma[i]), 2.0 * s_th / base) if d_ok else DRIFT_UNKNOWN_PPB
             if self.tracker.update(
-                h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, trust=bool(trusted[i])
-            ):
+                h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, bool(trusted[i]),
+                float(evidence[i]),
+            ):  # fmt: skip
                 steps.append(h)
         rep.steps = steps
         return [self.tracker.model(h, rep.t_ref_ns, bool(off.solved[i])) for i, h in
@@ -354,6 +400,51 @@ def _edge_weights(fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.
     unstable = (n_all > 0) & (n_soft > UNSTABLE_FRACTION * n_all)
     w0 = np.where((unstable[geo.lo] | unstable[geo.hi]) & ~lenient, 0.0, w0)
     return w0, unstable
+
+
+def _host_noise(rep: SolveReport, on: np.ndarray) -> np.ndarray:
+    """Per host, the offset noise its used edges' spans showed (:func:`.pooling._noise`),
+    combined as independent edges (1/σ² = Σ 1/σ_e²); 0 where unknown."""
+    n = len(rep.hosts)
+    if rep.edge_noise is None:
+        return np.zeros(n)
+    known = on & (rep.edge_noise > 0)
+    inv = np.where(known, 1.0 / np.maximum(rep.edge_noise, 1e-9) ** 2, 0.0)
+    tot = np.bincount(rep.edge_lo, inv, n) + np.bincount(rep.edge_hi, inv, n)
+    return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
+
+
+def _margin_excess(
+    fits: list[EdgeFits], chosen: EdgeFits, span: np.ndarray, held: EdgeFits
+) -> np.ndarray:
+    """Per edge, the chosen fit's offset uncertainty from its own evidence (ns, ≥ 0).
+
+    Margin: half the sum of the two directions' lowest delays above the line. The smallest
+    margin any fit found is near the true floors, so the chosen fit's excess over it is how
+    far its floors sit above them, and at the same slope its offset error is at most that.
+    Slope: a single window's free slope rests on its few pure points; with one or two of
+    them it tilts freely and its offset at the window's middle swings by µs at an ordinary
+    margin (lab under load: a window 3 µs off with a margin 180 ns above the floor). Where
+    the chosen fit is a single window, its offset's distance from the same window's fit with
+    the slope held near the tracked drift counts too."""
+    m = np.array([np.where(f.usable & ~f.soft & (f.margin > 0), f.margin, np.inf) for f in fits])
+    ref = m.min(axis=0)
+    ok = chosen.usable & ~chosen.soft & np.isfinite(ref)
+    excess = np.where(ok, np.maximum(chosen.margin - ref, 0.0), 0.0)
+    tilt = (span == 0) & held.usable & ~held.soft
+    swing = np.where(tilt, np.abs(chosen.a - held.a), 0.0)
+    return np.hypot(excess, swing)
+
+
+def _host_excess(rep: SolveReport, on: np.ndarray) -> np.ndarray:
+    """Per host, its used edges' margin excesses combined as independent edges (1/σ² =
+    Σ 1/σ_e²): one well-supported edge makes the host's window good; 0 where unknown."""
+    n = len(rep.hosts)
+    if rep.edge_excess is None or rep.edge_excess.size != rep.edge_lo.size:
+        return np.zeros(n)
+    inv = np.where(on, 1.0 / np.maximum(rep.edge_excess, 1e-3) ** 2, 0.0)
+    tot = np.bincount(rep.edge_lo, inv, n) + np.bincount(rep.edge_hi, inv, n)
+    return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
 
 
 def _host_list(pts: HullPoints, topology, prev, tracker) -> list[str]:

@@ -13,6 +13,13 @@ subjects to report (links, switches, NICs, hosts), each with what implicated it.
   they are always reported on the NIC with the round-trip sum.
 - Host: every NIC of the host is bad, or every NIC bad in the same direction (a stalled agent),
   or a clock event. Its NICs and access links are then folded into it.
+- Unidentifiable: a lossy link whose lost packets come mostly from flows whose path was never
+  reported (spread over the ECMP candidates) shares that evidence equally with its ECMP
+  siblings (the other uplinks of its leaf, the other downlinks into it): no method can tell
+  which one it is from end-to-end counts. Every sibling with the same evidence is reported,
+  each with confidence 1/N (the uniform prior) — an honest "one of these N" instead of a
+  confident arbitrary pick. The drain decisions are the same whichever sibling it is (all
+  NICs of that leaf), and a single reported path resolves it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ from fleetlens.topology import Topology
 
 from .delay import DelayFit
 from .loss import LossFit
+from .verdicts import strength_for
+
+_SPREAD_SHARE = 0.5  # share of a link's lost packets on uncertain paths -> maybe unidentifiable
+_SAME_EVIDENCE = 0.2  # siblings whose lost packets differ by less than this share: the same
 
 
 @dataclass
@@ -60,6 +71,7 @@ class Attributor:
         self.host_nics = {h: [nic_no[n.id] for n in ns] for h, ns in topo.nics_by_host.items()}
         self.host_names = list(topo.hosts)
         self.nic_host_name = [n.host for n in topo.nics]
+        self.siblings = _ecmp_siblings(topo, idx)
 
     def attribute(
         self,
@@ -90,6 +102,7 @@ class Attributor:
         held = silent if blamed is None else silent | blamed
         out += self._endpoints(bad & ~used, rate, dly, strength, held, delay, used)
         out += self._one_sided_hosts(bad & ~used, rate, dly, strength, used)
+        out += self._unidentifiable(bad & ~used & (dly == 0), rate, strength, loss, used)
         for lk in np.flatnonzero(bad & ~used).tolist():
             out.append(Finding(self.link_ids[lk], "link", rate[lk], dly[lk], strength[lk], [lk]))
         return out
@@ -115,6 +128,27 @@ class Attributor:
                 Finding(sw, "switch", float(r_ref), float(d_ref),
                         float(strength[links].max()), chosen.tolist(), note)
             )  # fmt: skip
+        return out
+
+    def _unidentifiable(self, bad, rate, strength, loss: LossFit, used) -> list[Finding]:
+        """Loss on a link whose evidence its ECMP siblings share equally (paths unknown): all
+        of them, each with confidence 1/N (see the module doc)."""
+        out: list[Finding] = []
+        if loss.spread is None:
+            return out
+        for lk in np.flatnonzero(bad).tolist():
+            o = loss.lost[lk]
+            if used[lk] or o <= 0 or loss.spread[lk] < _SPREAD_SHARE * o:
+                continue
+            sib = self.siblings[lk]
+            same = sib[np.abs(loss.lost[sib] - o) <= _SAME_EVIDENCE * o]
+            if same.size < 2:
+                continue
+            used[same] = True
+            s = min(float(strength[lk]), strength_for(1.0 / same.size))
+            note = f"one of {same.size} ECMP-equivalent links (paths never reported)"
+            out += [Finding(self.link_ids[m], "link", float(rate[lk]), 0.0, s, [m], note)
+                    for m in same.tolist()]  # fmt: skip
         return out
 
     def _one_sided_hosts(self, bad, rate, dly, strength, used) -> list[Finding]:
@@ -168,3 +202,24 @@ class Attributor:
                             "every NIC bad")
                 )  # fmt: skip
         return out + list(nic_find.values())
+
+
+def _ecmp_siblings(topo: Topology, idx: dict[str, int]) -> list[np.ndarray]:
+    """Per link (itself included): the switch-to-switch links leaving the same switch towards
+    the same tier, or entering the same switch from the same tier — the links an unknown ECMP
+    path spreads a flow's evidence over equally."""
+    tier = {s.id: s.tier for s in topo.switches}
+    group: dict[tuple, list[int]] = {}
+    keys: list[tuple] = []
+    for lk in topo.links:
+        ks = ()
+        if lk.a in tier and lk.b in tier:
+            ks = (("out", lk.a, tier[lk.b]), ("in", lk.b, tier[lk.a]))
+            for k in ks:
+                group.setdefault(k, []).append(idx[lk.id])
+        keys.append(ks)
+    out = []
+    for i, ks in enumerate(keys):
+        members = {i}.union(*(group[k] for k in ks)) if ks else {i}
+        out.append(np.array(sorted(members), np.int64))
+    return out

@@ -17,6 +17,7 @@ class TriangulateConfig:
     max_links_per_fit: int = 64  # greedy stops after this many links per fit
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link
+    delay_quantile: float = 0.25  # a link's statistic: this quantile of its flows' excess
     delay_z: float = 6.0  # excess must also be this many healthy std devs above normal
     delay_min_flows: int = 4  # flows a link needs in a window for a delay statistic
     delay_ewma: float = 0.1  # weight of a clean window in a link's healthy delay level

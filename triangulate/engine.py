@@ -30,6 +30,7 @@ import pyarrow as pa
 from fleetlens.records import Verdict
 from fleetlens.topology import Topology
 
+from . import _fast
 from .attribution import Attributor, Finding
 from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
@@ -120,15 +121,16 @@ class Triangulator:
         return out
 
     def _link_sums(self, f: Frame) -> np.ndarray:
-        """Packets per link, ``A^T sent``; updated from the rows whose count changed."""
+        """Packets per link, ``A^T sent``; updated from the rows whose count changed (when
+        under 1/8 of them did: one pass, ``Incidence.link_sums_diff``)."""
         last = self._sums
         if last and last[0] == f.token:
-            diff = f.sent - last[1]
-            ch = np.flatnonzero(diff)
-            if ch.size == 0:
-                return last[2]
-            if ch.size * 8 < f.n:
-                S = last[2] + f.inc.take(ch).link_sums(diff[ch])
+            got = f.inc.link_sums_diff(f.sent, last[1], -(-f.n // 8) - 1)
+            if got is not None:
+                changed, dS = got
+                if changed == 0:
+                    return last[2]
+                S = last[2] + dS
                 self._sums = (f.token, f.sent, S)
                 return S
         S = f.inc.link_sums(f.sent)
@@ -142,19 +144,20 @@ class Triangulator:
         gamma = math.exp(-dt / cfg.loss_decay_s)
         acc = self.acc
         sent, lost = acc.cols["sent"], acc.cols["lost"]
-        sent *= gamma
-        lost *= gamma
         if acc.aligned(f.key):  # the usual case: the same flows as before, in the same order
-            sent += f.sent
-            lost += f.lost
+            # decay, add this window, floor the lost counts: one pass (``_fast.decay_add``)
+            keep_all = _fast.decay_add(sent, lost, f.sent, f.lost, gamma, _LOST_FLOOR, 0.05)
         else:
+            _fast.decay(sent, lost, gamma)
             at = acc.locate(f.key)
             sent, lost = acc.cols["sent"], acc.cols["lost"]
             sent[at] += f.sent
             lost[at] += f.lost
-        lost[lost < _LOST_FLOOR] = 0.0  # long gone; keeps the lossy set small
+            lost[lost < _LOST_FLOOR] = 0.0  # long gone; keeps the lossy set small
+            keep_all = bool(np.all(sent >= 0.05))
         n_before = len(acc)
-        acc.drop(sent >= 0.05)
+        if not keep_all:
+            acc.drop(sent >= 0.05)
         sent, lost = acc.cols["sent"], acc.cols["lost"]
         aligned = acc.aligned(f.key)
         inc = f.inc if aligned else self._acc_incidence()
@@ -192,7 +195,7 @@ class Triangulator:
         """The rows delay tomography runs on: all, or a fixed hash-sample of a big window."""
         last = self._sample
         if last and last[0] == f.token:
-            rows, ent = last[1], last[2]
+            rows, ent, fixed = last[1], last[2], last[3]
         else:
             rows = None
             step = 1
@@ -202,13 +205,17 @@ class Triangulator:
                 h = (f.key * 0x9E3779B1) >> 7
                 rows = np.flatnonzero(h % step == 0)
             ent = f.inc.entries(rows)
-            self._sample = (f.token, rows, ent)
+            # the per-flow columns that stay the same while the layout does (the token)
+            fixed = (f.key, f.src, f.dst, f.sport, f.known) if rows is None else (
+                f.key[rows], f.src[rows], f.dst[rows], f.sport[rows], f.known[rows])  # fmt: skip
+            self._sample = (f.token, rows, ent, fixed)
+        key, src, dst, sport, known = fixed
         if rows is None:
-            return FlowBatch(f.key, f.src, f.dst, f.sport, f.sent, f.lost, f.owd_min, f.known,
+            return FlowBatch(key, src, dst, sport, f.sent, f.lost, f.owd_min, known,
                              *ent, f.start_ns, f.end_ns, f.dropped)  # fmt: skip
         return FlowBatch(
-            f.key[rows], f.src[rows], f.dst[rows], f.sport[rows], f.sent[rows], f.lost[rows],
-            f.owd_min[rows], f.known[rows], *ent, f.start_ns, f.end_ns, f.dropped,
+            key, src, dst, sport, f.sent[rows], f.lost[rows], f.owd_min[rows], known,
+            *ent, f.start_ns, f.end_ns, f.dropped,
         )  # fmt: skip
 
     def _blamed(self) -> np.ndarray:

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _fast
+from .store import unique
+
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+_MAP_MAX = 1 << 20  # routes up to which RouteTable.known looks hashes up in a U64Map
 
 
 class RouteTable:
@@ -35,6 +39,7 @@ class RouteTable:
         # known-path routes by row hash: sorted hashes, their route ids, padded rows by id
         self._hash = np.empty(0, np.uint64)
         self._hash_id = np.empty(0, np.int64)
+        self._hash_map: _fast.U64Map | None = None  # hash -> id of the first sorted match
         self._pad_blocks: list[tuple[int, np.ndarray]] = []
         self._pads: np.ndarray | None = None
         self.add(b"empty", np.empty(0, np.int64), np.empty(0))  # route 0: no fabric links
@@ -62,11 +67,16 @@ class RouteTable:
         if mid.shape[0] == 0:
             return np.empty(0, np.int64)
         h = _row_hash(mid)
-        at = np.searchsorted(self._hash, h)
-        hit = at < self._hash.size
-        hit[hit] = self._hash[at[hit]] == h[hit]
-        ids = np.full(h.size, -1, np.int64)
-        ids[hit] = self._hash_id[at[hit]]
+        if self._hash.size <= _MAP_MAX:  # one probe per path (a leaf-spine: few routes)
+            if self._hash_map is None:
+                self._hash_map = _fast.U64Map(self._hash, self._hash_id)
+            ids = self._hash_map.get(h)  # the id of the first sorted match, -1 for none
+        else:  # a fat-tree has about a route per flow: a map would cost more than it saves
+            at = np.searchsorted(self._hash, h)
+            found = at < self._hash.size
+            found[found] = self._hash[at[found]] == h[found]
+            ids = np.where(found, self._hash_id[np.minimum(at, self._hash.size - 1)], -1)
+        hit = ids >= 0
         miss = ~hit
         if hit.any():  # a hash match must also be the same links (collisions are possible)
             rows = np.flatnonzero(hit)
@@ -85,6 +95,7 @@ class RouteTable:
             order = np.argsort(hs, kind="stable")
             self._hash = hs[order]
             self._hash_id = np.concatenate([self._hash_id, new])[order]
+            self._hash_map = None
         return ids
 
     def _pad_matrix(self, width: int) -> np.ndarray:
@@ -117,11 +128,10 @@ class RouteTable:
         if self._by_link is None:
             ptr, link, _ = self.csr()
             owner = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
-            order = np.argsort(link, kind="stable")
-            lptr = np.searchsorted(link[order], np.arange(self.n_links + 1))
+            order, lptr = _fast.group_rows(_c(link, np.int64), self.n_links)
             self._by_link = (lptr, owner[order])
         lptr, routes = self._by_link
-        return np.unique(_ranges(routes, lptr[links], lptr[links + 1]))
+        return unique(_ranges(routes, lptr[links], lptr[links + 1]))
 
 
 class Incidence:
@@ -148,9 +158,27 @@ class Incidence:
         return Incidence(self.up[rows], self.dn[rows], self.route[rows], self.routes, self.n_links)
 
     def link_sums(self, x: np.ndarray) -> np.ndarray:
+        """``A^T x``: the three bincounts (up, down, route) in one Cython pass, summed in
+        the same order as numpy's."""
         n = self.n_links
-        s = np.bincount(self.up, x, n + 1)[:n] + np.bincount(self.dn, x, n + 1)[:n]
-        return s + self.routes.link_sum(np.bincount(self.route, x, len(self.routes)))
+        up, dn, rt = _fast.link_sums(
+            _c(self.up, np.int64), _c(self.dn, np.int64), _c(self.route, np.int64),
+            _c(x, np.float64), n, len(self.routes),
+        )  # fmt: skip
+        return (up[:n] + dn[:n]) + self.routes.link_sum(rt)
+
+    def link_sums_diff(self, new: np.ndarray, old: np.ndarray, max_changed: int):
+        """(rows changed, ``A^T (new - old)`` over them), the same sums as
+        ``take(changed).link_sums((new - old)[changed])``; None when more than
+        ``max_changed`` rows changed."""
+        n = self.n_links
+        changed, up, dn, rt = _fast.link_sums_diff(
+            _c(self.up, np.int64), _c(self.dn, np.int64), _c(self.route, np.int64),
+            _c(new, np.float64), _c(old, np.float64), n, len(self.routes), max_changed,
+        )  # fmt: skip
+        if up is None:
+            return None
+        return changed, (up[:n] + dn[:n]) + self.routes.link_sum(rt)
 
     def entries(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(row, link, weight) entries; rows numbered by position in ``rows`` when given."""
@@ -182,15 +210,14 @@ class Incidence:
             _ranges(dn_o, dn_p[links], dn_p[links + 1]),
             _ranges(rt_o, rt_p[routes], rt_p[routes + 1]),
         ]
-        return np.unique(np.concatenate(parts))
+        return unique(np.concatenate(parts))
 
     def _index(self) -> tuple:
         if self._inverse is None:
             out = []
             for col, size in ((self.up, self.n_links + 1), (self.dn, self.n_links + 1),
                               (self.route, len(self.routes))):  # fmt: skip
-                order = np.argsort(col, kind="stable")
-                out += [order, np.searchsorted(col[order], np.arange(size + 1))]
+                out += _fast.group_rows(_c(col, np.int64), size)  # a counting sort
             self._inverse = tuple(out)
         return self._inverse
 
@@ -205,7 +232,17 @@ def _ranges(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndar
     return values[idx]
 
 
+def _c(a: np.ndarray, dtype: type) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype)
+
+
 def _row_hash(mid: np.ndarray) -> np.ndarray:
+    """Per row ``h = (h ^ (x + 2)) * MIX`` over its columns (``_fast.route_hash``)."""
+    return _fast.route_hash(_c(mid, np.int64))
+
+
+def _reference_row_hash(mid: np.ndarray) -> np.ndarray:
+    """The numpy definition of :func:`_row_hash` (tests compare the two)."""
     h = np.zeros(mid.shape[0], np.uint64)
     with np.errstate(over="ignore"):
         for j in range(mid.shape[1]):
@@ -216,7 +253,7 @@ def _row_hash(mid: np.ndarray) -> np.ndarray:
 def _unique_rows(mid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first row of each distinct row, inverse) for a small-int matrix, via a 64-bit hash
     checked for collisions (falls back to an exact row sort if two rows ever share one)."""
-    _, first, inv = np.unique(_row_hash(mid), return_index=True, return_inverse=True)
+    _, first, inv = unique(_row_hash(mid), first=True, inverse=True)
     if not np.array_equal(mid[first[inv]], mid):
         _, first, inv = np.unique(mid, axis=0, return_index=True, return_inverse=True)
     return first, inv.reshape(-1)

@@ -42,6 +42,9 @@ class LossFit:
     llr: np.ndarray  # their log-likelihood ratios (others held fixed)
     sent: np.ndarray  # per link (all links): weighted packets crossing it
     lost: np.ndarray  # per link: weighted lost packets of its flows
+    # per link: the part of ``lost`` from flows whose path was uncertain (ECMP-spread weight
+    # < 1): evidence that its ECMP siblings received in equal measure (see attribution)
+    spread: np.ndarray | None = None
 
     def rate_of(self, n_links: int) -> np.ndarray:
         out = np.zeros(n_links)
@@ -73,6 +76,11 @@ class _Fit:
     @cached_property
     def O(self) -> np.ndarray:  # noqa: E743 - per-link weighted packets lost
         return np.bincount(self.link, self.w * self.lost[self.row], self.n)
+
+    @cached_property
+    def spread(self) -> np.ndarray:  # per-link weighted lost packets on uncertain paths
+        unsure = self.w < 1.0 - 1e-9
+        return np.bincount(self.link[unsure], (self.w * self.lost[self.row])[unsure], self.n)
 
     def on_links(self, mask: np.ndarray) -> _Fit:
         """The same fit over only the entries of links where ``mask`` is set (their link sums
@@ -176,7 +184,7 @@ def fit_loss(
     sub = f.restrict(chosen)
     llr = sub.drop_llr(chosen, rate) if chosen.size else np.empty(0)
     keep = llr >= threshold
-    return LossFit(chosen[keep], rate[keep], llr[keep], f.S, f.O)
+    return LossFit(chosen[keep], rate[keep], llr[keep], f.S, f.O, f.spread)
 
 
 def _local(inc: Incidence, rows: np.ndarray, sent, lost, S, n_links, p0) -> _Fit:
@@ -245,4 +253,4 @@ def fit_incidence(
     else:
         llr = np.empty(0)
     keep = llr >= threshold
-    return LossFit(chosen[keep], rate[keep], llr[keep], S, O)
+    return LossFit(chosen[keep], rate[keep], llr[keep], S, O, f.spread)

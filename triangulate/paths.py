@@ -31,8 +31,9 @@ import pyarrow.compute as pc
 from fleetlens.ids import is_nic_id
 from fleetlens.topology import Topology
 
+from . import _fast
 from .incidence import Incidence, RouteTable
-from .store import FlowStore
+from .store import FlowStore, unique
 
 SPORT_SPAN = 1 << 16
 _RECHECK = 64
@@ -102,15 +103,14 @@ class Frame:
 class _Layout:
     """The decoded flow columns of the last window, reused while they repeat."""
 
-    raw: np.ndarray  # flow key per table row (-1: unusable row)
-    rows: np.ndarray | None  # table row of each flow, in key order (None: the table is)
-    key: np.ndarray
+    index: _fast.FlowIndex  # flow key -> position in ``key``
+    key: np.ndarray  # flow keys, sorted
     src: np.ndarray
     dst: np.ndarray
     sport: np.ndarray
     known: np.ndarray
     inc: Incidence
-    dropped: dict[str, int]
+    pending: bool = False  # unknown flows still lack their candidate routes
     token: object = field(default_factory=object)
 
 
@@ -124,8 +124,9 @@ class PathModel:
         self.nic_index = {n: i for i, n in enumerate(self.nic_ids)}
         self.link_index = {lk: i for i, lk in enumerate(self.link_ids)}
         self.n_nics, self.n_links = len(self.nic_ids), len(self.link_ids)
+        self._nic_str = _fast.StrIndex(self.nic_ids)
         self._nic_set = pa.array(self.nic_ids, pa.string())
-        self._link_set = pa.array(self.link_ids, pa.string())
+        self._link_str = _fast.StrIndex(self.link_ids)
         self.nic_up = np.full(self.n_nics, -1, np.int64)
         self.nic_down = np.full(self.n_nics, -1, np.int64)
         for i, lk in enumerate(topo.links):
@@ -148,6 +149,7 @@ class PathModel:
         self.version = 0  # bumped whenever a remembered path is added or changes
         self._layout: _Layout | None = None
         self._decoded: dict[str, tuple[pa.ChunkedArray, np.ndarray]] = {}
+        self._work: dict[str, np.ndarray] = {}  # see _scratch
         self._tick = 0
 
     # ---- keys -----------------------------------------------------------------------------
@@ -161,13 +163,22 @@ class PathModel:
 
     # ---- decoding -------------------------------------------------------------------------
     def _nics(self, col: pa.ChunkedArray, which: str) -> np.ndarray:
-        """NIC number per row (-1: unknown); a column equal to the last window's (a cheap
-        buffer compare) is not decoded again."""
+        """NIC number per row (-1: unknown or null); a column equal to the last window's (a
+        cheap buffer compare) is not decoded again."""
         last = self._decoded.get(which)
-        if last is not None and last[0].equals(col):
+        if last is not None and _same_strings(last[0], col):
             return last[1]
-        idx = pc.index_in(col, value_set=self._nic_set)
-        out = np.asarray(idx.fill_null(-1).to_numpy(), np.int64)
+        out = np.empty(len(col), np.int64)
+        at, ours = 0, True
+        for chunk in _strings(col).chunks:
+            part = out[at : at + len(chunk)]
+            if ours:  # rows of a flow pair come together: mostly the same id as the row before
+                off, data, ok = _string_buffers(chunk)
+                ours = 2 * self._nic_str.lookup(off, data, ok, part) >= len(chunk)
+            else:  # rows in random order: Arrow's hashing does better than ours there
+                idx = pc.index_in(chunk, value_set=self._nic_set).fill_null(-1)
+                part[:] = idx.to_numpy(zero_copy_only=False)
+            at += len(chunk)
         self._decoded[which] = (col, out)
         return out
 
@@ -178,36 +189,26 @@ class PathModel:
     def frame(self, table: pa.Table) -> Frame:
         """Decode a WINDOW_SCHEMA table; drop (and count) rows it cannot use."""
         src, dst = self._nics(table["src_nic"], "src"), self._nics(table["dst_nic"], "dst")
-        sport = _ints(table["sport"], -1)
+        batches = table.select(_COUNTS).to_batches()  # the columns chunked alike, zero-copy
         lay = self._layout
-        base, pair_bad = self._pair_base(src, dst)
-        raw = base + sport
-        if pair_bad or (sport.size and (sport.min() < 0 or sport.max() >= SPORT_SPAN)):
-            bad = (src < 0) | (dst < 0) | (src == dst) | (sport < 0) | (sport >= SPORT_SPAN)
-            raw[bad] = -1
-        if lay is None or not np.array_equal(lay.raw, raw):
-            lay = self._layout = self._arrange(raw, lay)
-        dropped = dict(lay.dropped)
-        sent, recv = _ints(table["sent"], 0), _ints(table["received"], 0)
-        owd = np.asarray(
-            table["owd_min_ns"].combine_chunks().to_numpy(zero_copy_only=False), np.float64
-        )
-        if lay.rows is not None:
-            sent, recv, owd = sent[lay.rows], recv[lay.rows], owd[lay.rows]
-        dropped["bad_counts"] = 0
-        if sent.size and (sent.min() <= 0 or recv.min() < 0 or bool(np.any(recv > sent))):
-            bad = (sent <= 0) | (recv < 0) | (recv > sent)
-            dropped["bad_counts"] = int(bad.sum())
-        lost = (sent - recv).astype(np.float64)
-        sent = sent.astype(np.float64)
-        self._remember(table, lay, dropped)
-        start, end = _span(table, None if lay.key.size == table.num_rows else lay.rows)
+        got = self._decode(lay, batches, src, dst) if lay is not None else None
+        if got is None:  # new or vanished flows: a new layout (sorts the keys once)
+            lay = self._layout = self._arrange(self._keys(batches, src, dst), lay)
+            got = self._decode(lay, batches, src, dst)
+            assert got is not None  # the layout is made of exactly these keys
+        pos, dropped, sent, lost, owd, span = got
+        rows = _Rows(pos, lay.key.size)
+        self._remember(table, lay, pos, rows, dropped)
+        if lay.pending:
+            self._fill_candidates(lay)
+        if lay.key.size != table.num_rows:  # rows dropped: the span of the kept ones
+            span = _span_of_rows(table, rows.get())
         f = Frame(
             lay.key, lay.src, lay.dst, lay.sport, sent, lost, owd, lay.known, lay.inc,
-            start, end, dropped, (lay.token, self.version),
+            *span, dropped, (lay.token, self.version),
         )  # fmt: skip
         if dropped["bad_counts"]:  # rare: a one-off frame without those rows
-            keep = np.flatnonzero(~bad)
+            keep = np.flatnonzero((sent > 0) & (lost >= 0) & (lost <= sent))
             f = Frame(
                 f.key[keep], f.src[keep], f.dst[keep], f.sport[keep], f.sent[keep],
                 f.lost[keep], f.owd_min[keep], f.known[keep], f.inc.take(keep),
@@ -215,52 +216,80 @@ class PathModel:
             )  # fmt: skip
         return f
 
-    def _pair_base(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, bool]:
-        """``(src * n_nics + dst) * SPORT_SPAN`` per row and whether any pair is unusable;
-        reused while the decoded NIC columns are the same arrays as last window's."""
-        got = getattr(self, "_base", None)
-        if got is not None and got[0] is src and got[1] is dst:
-            return got[2], got[3]
-        base = src * self.n_nics
-        base += dst
-        base *= SPORT_SPAN
-        pair_bad = bool(src.size) and bool(src.min() < 0 or dst.min() < 0 or np.any(src == dst))
-        self._base = (src, dst, base, pair_bad)
-        return base, pair_bad
+    def _scratch(self, name: str, size: int) -> np.ndarray:
+        """An int64 work array of ``size`` kept across windows (only used inside ``frame``):
+        new arrays of millions of entries are fresh pages, a page fault every 4 KiB."""
+        got = self._work.get(name)
+        if got is None or got.size < size:
+            got = self._work[name] = np.empty(size, np.int64)
+        return got[:size]
+
+    def _keys(self, batches: list[pa.RecordBatch], src, dst) -> np.ndarray:
+        """Flow key per table row, -1 where the row is unusable."""
+        raw = np.empty(src.size, np.int64)
+        at = 0
+        for b in batches:
+            sport, ok = _numbers(b.column(0))
+            sl = slice(at, at + b.num_rows)
+            _fast.compose_keys(src[sl], dst[sl], sport, ok, self.n_nics, raw[sl])
+            at += b.num_rows
+        return raw
+
+    def _decode(self, lay: _Layout, batches: list[pa.RecordBatch], src, dst):
+        """Every batch in one fused pass (``_fast.decode_batch``): (layout position per table
+        row, dropped counts, sent, lost, owd_min per flow, span of all rows) when the window's
+        usable keys are exactly the layout's (in any row order); else None."""
+        n_flows = lay.key.size
+        pos = self._scratch("pos", src.size)
+        seen = self._scratch("seen", (n_flows + 63) // 64).view(np.uint64)
+        seen.fill(0)
+        out = np.empty(n_flows), np.empty(n_flows), np.empty(n_flows)
+        most = max((b.num_rows for b in batches), default=0)
+        work = self._scratch("batch", 6 * (most + 1)).reshape(6, most + 1)
+        bad_key = dup = filled = bad_counts = at = 0
+        lo = hi = None
+        for b in batches:
+            cols = _batch_columns(b)
+            sl = slice(at, at + b.num_rows)
+            got = _fast.decode_batch(lay.index, src[sl], dst[sl], *cols, self.n_nics, at,
+                                     pos, seen, *out, work)  # fmt: skip
+            if got[1]:  # a flow the layout does not have
+                return None
+            bad_key, dup = bad_key + got[0], dup + got[2]
+            filled, bad_counts = filled + got[3], bad_counts + got[4]
+            lo = got[5] if got[7] and (lo is None or got[5] < lo) else lo
+            hi = got[6] if got[8] and (hi is None or got[6] > hi) else hi
+            at += b.num_rows
+        if filled != n_flows:  # a layout flow is not in this window
+            return None
+        dropped = {"unknown_nic_or_bad_key": bad_key, "bad_counts": bad_counts, "bad_path": 0}
+        if dup:  # the same flow twice in one window: its first row counts
+            dropped["duplicate_flow"] = dup
+        return pos, dropped, *out, (int(lo or 0), int(hi or 0))
 
     def _arrange(self, raw: np.ndarray, lay: _Layout | None) -> _Layout:
-        """Flows in key order; the same flows in another row order keep the layout (only the
-        row map changes), anything else builds a new one."""
-        n = raw.size
-        if n < 2 or bool(np.all(raw[1:] > raw[:-1])):  # already in key order, no duplicates
-            order, key = np.arange(n), raw
-        else:
-            order = np.argsort(raw, kind="stable")  # cheap: agents send nearly sorted runs
-            key = raw[order]
-        first = int(np.searchsorted(key, 0))
-        dropped = {"unknown_nic_or_bad_key": first, "bad_counts": 0, "bad_path": 0}
-        rows, key = order[first:], key[first:]
-        dup = key[1:] == key[:-1]
-        if dup.any():  # the same flow twice in one window: keep its first row
-            keep = np.concatenate([[True], ~dup])
-            dropped["duplicate_flow"] = int(dup.sum())
-            rows, key = rows[keep], key[keep]
-        if rows.size == n and bool(np.all(rows == np.arange(n))):
-            rows = None
+        """The flows in key order (unusable rows and repeats left out); the same key set as
+        the last layout keeps it (remembered routes, incidence, inverse indexes)."""
+        key = unique(raw[raw >= 0])
         if lay is not None and np.array_equal(lay.key, key):
-            lay.raw, lay.rows, lay.dropped = raw, rows, dropped
             return lay
         pair = key // SPORT_SPAN
         s, d, sp = pair // self.n_nics, pair % self.n_nics, key % SPORT_SPAN
-        route, acc, known = self._recall(key, s, d)
+        # unknown flows get their ECMP candidates after this window's paths are read (in
+        # ``_fill_candidates``): on a first window with paths nearly every flow is learned,
+        # and the candidate sets of a fat-tree's leaf pairs took a minute to build
+        route, acc, known = self._recall(key, s, d, candidates=False)
         inc = Incidence(
             np.where(acc, self._up[s], self.n_links), np.where(acc, self._dn[d], self.n_links),
             route, self.routes, self.n_links,
         )  # fmt: skip
-        return _Layout(raw, rows, key, s, d, sp, known, inc, dropped)
+        return _Layout(_fast.FlowIndex(key), key, s, d, sp, known, inc, pending=True)
 
-    def _recall(self, key, src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(route, access-links-implied, known) per flow: remembered or ECMP candidates."""
+    def _recall(
+        self, key, src, dst, candidates: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(route, access-links-implied, known) per flow: remembered or ECMP candidates
+        (``candidates=False``: route 0, no links, until ``_fill_candidates``)."""
         at = self.paths.find(key)
         known = at >= 0
         route = np.empty(key.size, np.int64)
@@ -269,80 +298,112 @@ class PathModel:
         acc[known] = self.paths.cols["acc"][at[known]]
         unk = np.flatnonzero(~known)
         if unk.size:
-            route[unk] = self._candidate_routes(src[unk], dst[unk])
+            route[unk] = self._candidate_routes(src[unk], dst[unk]) if candidates else 0
         return route, acc, known
 
-    def _remember(self, table: pa.Table, lay: _Layout, dropped: dict[str, int]) -> None:
+    def _fill_candidates(self, lay: _Layout) -> None:
+        """ECMP candidate routes for the layout's flows still without a path."""
+        lay.pending = False
+        unk = np.flatnonzero(~lay.known)
+        if unk.size:
+            s, d = lay.src[unk], lay.dst[unk]
+            route = self._candidate_routes(s, d)
+            lay.inc.set_rows(unk, self._up[s], self._dn[d], route)
+
+    def _remember(
+        self, table: pa.Table, lay: _Layout, pos: np.ndarray, rows: _Rows, dropped
+    ) -> None:
         """Store the paths the records carry (only rows whose every link is in the topology).
 
         Decoded: the rows of flows whose path is unknown, and a rotating 1/_RECHECK slice of
         the table (a zero-copy slice: a re-learned path is picked up within _RECHECK windows).
+        ``pos``: layout position per table row; ``rows``: table row per layout flow.
         """
         self._tick += 1
         col = table["path"]
         n = table.num_rows
         if col.null_count == n or lay.key.size == 0:
             return
-        unknown = np.flatnonzero(~lay.known)
+        unknown = self._unknown(lay)
         if unknown.size * 4 > lay.key.size:  # mostly unknown (a first window): every row
-            pos = np.full(n, -1, np.int64)
-            pos[np.arange(n) if lay.rows is None else lay.rows] = np.arange(lay.key.size)
-            parts, where, mask = [col], [pos[pos >= 0]], [pos >= 0]
+            first = np.zeros(n, bool)
+            first[rows.get()] = True
+            parts, where, mask = [col], [pos[first]], [first]
             unknown = unknown[:0]
         else:
             step = -(-n // _RECHECK)
             lo = (self._tick % _RECHECK) * step
             sl = slice(lo, min(lo + step, n))
-            k = lay.raw[sl]
-            pos = np.searchsorted(lay.key, k)
-            ok = (k >= 0) & (pos < lay.key.size)
-            ok[ok] = lay.key[np.minimum(pos[ok], lay.key.size - 1)] == k[ok]
-            parts, where, mask = [col.slice(sl.start, sl.stop - sl.start)], [pos[ok]], [ok]
-            trows = unknown if lay.rows is None else lay.rows[unknown]
+            at = pos[sl]
+            ok = at >= 0
+            parts, where, mask = [col.slice(sl.start, sl.stop - sl.start)], [at[ok]], [ok]
+            trows = rows.get()[unknown] if unknown.size else unknown
             outside = (trows < sl.start) | (trows >= sl.stop)
             unknown, trows = unknown[outside], trows[outside]
         if unknown.size:
             parts.append(col.take(pa.array(trows)))
             where.append(unknown)
             mask.append(np.ones(unknown.size, bool))
-        sub = pa.chunked_array([c for p in parts for c in p.chunks], col.type).combine_chunks()
+        # each chunk decoded where it lies (no combine / filter copies of the list column)
+        mats = [self._path_matrix(c) for p in parts for c in p.chunks]
+        if not mats:
+            return
         keep = np.concatenate(mask)
-        pos = np.concatenate(where)
-        has = np.asarray(sub.is_valid().to_numpy(zero_copy_only=False), bool)
+        at = np.concatenate(where)
+        has = np.concatenate([m[3] for m in mats])
         use = keep & has
         if not use.any():
             return
-        pos, sub = pos[has[keep]], sub.filter(pa.array(use))
-        lens = np.diff(np.asarray(sub.offsets.to_numpy(), np.int64))
-        flat = sub.flatten()
-        links = np.asarray(pc.index_in(flat, value_set=self._link_set).fill_null(-1)
-                           .to_numpy(), np.int64)  # fmt: skip
-        owner = np.repeat(np.arange(lens.size), lens)
-        bad = np.bincount(owner[links < 0], minlength=lens.size) > 0
-        bad |= (lens == 0) | (lens > self.max_hops)
+        at = at[has[keep]]
+        lens, pad, bad = (np.concatenate([m[i] for m in mats]) for i in range(3))
+        if not use.all():
+            lens, pad, bad = lens[use], pad[use], bad[use]
         dropped["bad_path"] = int(bad.sum())
         good = ~bad
         if not good.any():
             return
-        width = self.max_hops
-        pad = np.full((lens.size, width), -1, np.int64)
-        col_in_row = np.arange(links.size) - np.repeat(np.cumsum(lens) - lens, lens)
-        fits = col_in_row < width
-        pad[owner[fits], col_in_row[fits]] = links[fits]
-        self._store(lay, pos[good], pad[good], lens[good])
+        if not good.all():
+            at, pad, lens = at[good], pad[good], lens[good]
+        self._store(lay, at, pad, lens)
+
+    def _path_matrix(self, arr: pa.Array) -> tuple[np.ndarray, ...]:
+        """(links per path, link numbers padded with -1 to max_hops, bad, valid) of a
+        list<string> array (a null path: not valid)."""
+        if not pa.types.is_list(arr.type) or not pa.types.is_string(arr.type.value_type):
+            arr = arr.cast(pa.list_(pa.string()))
+        off = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset : arr.offset + len(arr) + 1]
+        s_off, data, s_ok = _string_buffers(arr.values)
+        ok = _valid(arr)
+        lens, pad, bad = _fast.path_matrix(
+            off, ok, s_off, data, s_ok, self._link_str, self.max_hops
+        )
+        valid = np.ones(len(arr), bool) if ok is None else ok.view(bool)
+        return lens, pad, bad, valid
+
+    def _unknown(self, lay: _Layout) -> np.ndarray:
+        """Layout flows without a known path; cached while no path is learned (``known``
+        only changes in ``_store``, which bumps ``version``)."""
+        got = getattr(self, "_unknown_cache", None)
+        if got is None or got[0] is not lay.token or got[1] != self.version:
+            got = self._unknown_cache = (lay.token, self.version, np.flatnonzero(~lay.known))
+        return got[2]
 
     def _store(self, lay: _Layout, pos, pad, lens) -> None:
         s, d = lay.src[pos], lay.dst[pos]
-        last = pad[np.arange(lens.size), np.maximum(lens - 1, 0)]
-        acc = (lens >= 2) & (pad[:, 0] == self.nic_up[s]) & (last == self.nic_down[d])
-        mid = pad.copy()
-        inner = np.flatnonzero(acc)
-        mid[inner, :-1] = pad[inner, 1:]
-        mid[inner, -1] = -1
-        mid[inner, lens[inner] - 2] = -1  # drop the last (access) link
+        mid, acc = _fast.strip_access(pad, lens, self.nic_up[s], self.nic_down[d])
         route = self.routes.known(mid)
-        k = lay.key[pos]
-        at = self.paths.locate(k)
+        if self.paths.aligned(lay.key):  # the usual case: layout positions are store rows
+            at = pos
+        else:  # in key order (stable: a repeated flow's last row still wins), so an empty
+            # store fills without sorting and lookups walk the sorted keys in order
+            order, _ = _fast.group_rows(pos, lay.key.size)
+            pos, acc, route, s, d = pos[order], acc[order], route[order], s[order], d[order]
+            n_before = len(self.paths)
+            at = self.paths.locate(lay.key[pos])
+            grown = len(self.paths) == lay.key.size > n_before  # it holds the layout's flows:
+            if grown and not self.paths.aligned(lay.key):  # key order, so that the next
+                self.paths.sort()  # windows index it by layout position
+                at = self.paths.find(lay.key[pos])
         old_r, old_a = self.paths.cols["route"][at], self.paths.cols["acc"][at]
         changed = (old_r != route) | (old_a != acc) | ~lay.known[pos]
         if not changed.any():
@@ -374,7 +435,7 @@ class PathModel:
         """Access links with weight 1, fabric links weighted by their share of ECMP paths."""
         n_leaf = len(self.leaf_names)
         pair = self.nic_leaf[src] * n_leaf + self.nic_leaf[dst]
-        uniq, inv = np.unique(pair, return_inverse=True)
+        uniq, inv = unique(pair, inverse=True)
         ids = np.array([self._leaf_pair(int(p)) for p in uniq.tolist()], np.int64)
         return ids[inv.reshape(-1)]
 
@@ -389,24 +450,104 @@ class PathModel:
         return self._cand[pair]
 
 
-def _span(table: pa.Table, rows: np.ndarray | None) -> tuple[int, int]:
-    """(first start, last end) over the kept rows."""
-    if rows is None:  # every row kept: Arrow's kernels, no conversion
-        if table.num_rows == 0:
-            return 0, 0
-        start = pc.min(table["start_ns"]).as_py()
-        end = pc.max(pc.add(table["start_ns"], table["duration_ns"])).as_py()
-        return int(start or 0), int(end or 0)
-    starts = _ints(table["start_ns"], 0)[rows]
-    ends = starts + _ints(table["duration_ns"], 0)[rows]
-    if starts.size == 0:
-        return 0, 0
-    return int(starts.min()), int(ends.max())
+_COUNTS = ["sport", "sent", "received", "owd_min_ns", "start_ns", "duration_ns"]
 
 
-def _ints(col: pa.ChunkedArray, fill: int) -> np.ndarray:
-    arr = col.combine_chunks()
-    return np.asarray(arr.fill_null(fill).to_numpy(zero_copy_only=False), np.int64)
+def _span_of_rows(table: pa.Table, rows: np.ndarray) -> tuple[int, int]:
+    """(first start, last end) over the kept rows, nulls read as 0 (when rows were dropped:
+    the engine's semantics since its first version)."""
+    start, start_ok = _numbers(table["start_ns"], np.int64)
+    dur, dur_ok = _numbers(table["duration_ns"], np.int64)
+    return _fast.span(start, start_ok, dur, dur_ok, rows)[:2]
+
+
+class _Rows:
+    """Table row of each layout flow, computed only when asked (first windows, unknown
+    paths, dropped rows): the steady-state decode keeps a seen-bit per flow instead."""
+
+    def __init__(self, pos: np.ndarray, n_flows: int) -> None:
+        self.pos, self.n_flows = pos, n_flows
+        self._rows: np.ndarray | None = None
+
+    def get(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = _fast.first_rows(self.pos, self.n_flows)
+        return self._rows
+
+
+def _batch_columns(b: pa.RecordBatch) -> list:
+    """(values, validity) of the _COUNTS columns of a batch, as ``decode_batch`` reads them
+    (the three integer columns of one integer type)."""
+    ints = [_numbers(b.column(i)) for i in range(3)]
+    if len({v.dtype for v, _ in ints}) > 1:
+        ints = [(v.astype(np.int64), ok) for v, ok in ints]
+    rest = [_numbers(b.column(3), np.float64)]
+    rest += [_numbers(b.column(i), np.int64) for i in (4, 5)]
+    return [x for pair in ints + rest for x in pair]
+
+
+def _numbers(col: pa.ChunkedArray, dtype: type | None = None):
+    """(values, validity as uint8 or None) of a numeric column, without copying when it is
+    one chunk; integers stay int32/int64 (``dtype`` forces one), anything else is cast."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    want = {np.int64: pa.int64(), np.float64: pa.float64()}.get(dtype)
+    if want is None and arr.type not in (pa.int32(), pa.int64()):
+        want = pa.int64()
+    if want is not None and arr.type != want:
+        arr = arr.cast(want, safe=False)
+    np_type = np.dtype(arr.type.to_pandas_dtype())
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.zeros(len(arr), np_type), _valid(arr)
+    vals = np.frombuffer(buf, np_type)[arr.offset : arr.offset + len(arr)]
+    return vals, _valid(arr)
+
+
+def _valid(arr: pa.Array) -> np.ndarray | None:
+    """Validity as uint8 per row, None when there are no nulls."""
+    if arr.null_count == 0:
+        return None
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool).view(np.uint8)
+
+
+def _same_strings(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+    """``a.equals(b)``, by comparing the used part of each chunk's offset and byte buffers
+    whole when both are string columns chunked alike without nulls or slicing (half the time
+    of Arrow's compare: the NIC-id columns are ~100 MB a window). Buffers equal there means
+    equal values; any difference or other layout is left to ``equals``."""
+    if a.type != b.type or len(a) != len(b):
+        return False
+    if a.num_chunks != b.num_chunks or not pa.types.is_string(a.type):
+        return a.equals(b)
+    for x, y in zip(a.chunks, b.chunks, strict=True):
+        if len(x) != len(y) or x.offset or y.offset or x.null_count or y.null_count:
+            return a.equals(b)
+        n_off = 4 * (len(x) + 1)
+        bx, by = x.buffers(), y.buffers()
+        if not bx[1].slice(0, n_off).equals(by[1].slice(0, n_off)):
+            return a.equals(b)
+        end = int(np.frombuffer(bx[1], np.int32, 1, n_off - 4)[0])
+        if end and not bx[2].slice(0, end).equals(by[2].slice(0, end)):
+            return a.equals(b)
+    return True
+
+
+def _strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return col
+    return col.cast(pa.string())
+
+
+def _string_buffers(arr: pa.Array):
+    """(offsets, bytes, validity) of a string array, as the views ``_fast`` reads."""
+    off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    bufs = arr.buffers()
+    off = np.frombuffer(bufs[1], off_type)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size else _ZERO
+    return off, data, _valid(arr)
+
+
+_ZERO = np.zeros(1, np.uint8)
 
 
 def _depth(topo: Topology) -> int:

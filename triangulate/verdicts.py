@@ -59,6 +59,11 @@ def confidence(strength: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x > -50 else 0.0
 
 
+def strength_for(conf: float) -> float:
+    """The strength whose :func:`confidence` is ``conf`` (inverse, for capped findings)."""
+    return math.log(conf / (1.0 - conf)) - _PRIOR_LOGIT
+
+
 class VerdictTracker:
     def __init__(self, cfg: TriangulateConfig) -> None:
         self.cfg = cfg

@@ -22,6 +22,7 @@ from fleetlens.api.config import Settings
 from fleetlens.api.service import Collector
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetlens.batch import Batch
 from fleetlens.records import WINDOW_SCHEMA
 from fleetlens.topology import Topology
 
@@ -172,3 +173,27 @@ class InProcessServer:
     def client(self, token: str | None = READ) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+def send_clean_window(
+    c: Collector, topo: Topology, host: str, start: int, with_hull: bool = False
+) -> None:
+    """One window of clean probes from every NIC of ``host`` to every NIC of other hosts,
+    written through the collector's writer as an agent's upload would be. ``with_hull`` adds
+    a one-point hull per row so the clock solve has something to fit."""
+    pairs = [(s.id, d.id) for s in topo.nics_by_host[host] for d in topo.nics if d.host != host]
+    n = len(pairs)
+    hull_t, hull_owd = ([5], [20_000]) if with_hull else ([], [])
+    t = pa.table(
+        {
+            "src_nic": [p[0] for p in pairs], "dst_nic": [p[1] for p in pairs],
+            "sport": [40000] * n, "start_ns": [start] * n, "duration_ns": [WINDOW_NS] * n,
+            "sent": [100] * n, "received": [100] * n, "pure": [90] * n,
+            "owd_min_ns": [20_000.0] * n, "owd_p50_ns": [21_000.0] * n,
+            "owd_p99_ns": [25_000.0] * n, "owd_max_ns": [30_000.0] * n,
+            "hull_t_ns": [hull_t] * n, "hull_owd_ns": [hull_owd] * n,
+            "ts_source": ["software"] * n, "path": [None] * n,
+        },
+        schema=WINDOW_SCHEMA,
+    )  # fmt: skip
+    c.writer.submit_batch(Batch(f"{host}-{start}", host, t)).result(timeout=30)

@@ -3,17 +3,16 @@ Triangulator; rounds driven by hand with a chosen clock)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
+from collector_helpers import send_clean_window
 from fleetlens.api.config import Settings
 from fleetlens.api.service import Collector
 
-from fleetlens.batch import Batch
-from fleetlens.records import WINDOW_SCHEMA
-from fleetlens.topology import Topology, leaf_spine
+from fleetlens.topology import leaf_spine
 
 T0 = 1_800_000_000_000_000_000
 SEC = 1_000_000_000
@@ -32,25 +31,6 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
         c.stop()
 
 
-def _send(c: Collector, topo: Topology, host: str, start: int) -> None:
-    """One window of clean probes from every NIC of ``host`` to every NIC of other hosts."""
-    pairs = [(s.id, d.id) for s in topo.nics_by_host[host] for d in topo.nics if d.host != host]
-    n = len(pairs)
-    t = pa.table(
-        {
-            "src_nic": [p[0] for p in pairs], "dst_nic": [p[1] for p in pairs],
-            "sport": [40000] * n, "start_ns": [start] * n, "duration_ns": [SEC] * n,
-            "sent": [100] * n, "received": [100] * n, "pure": [90] * n,
-            "owd_min_ns": [20_000.0] * n, "owd_p50_ns": [21_000.0] * n,
-            "owd_p99_ns": [25_000.0] * n, "owd_max_ns": [30_000.0] * n,
-            "hull_t_ns": [[]] * n, "hull_owd_ns": [[]] * n, "ts_source": ["software"] * n,
-            "path": [None] * n,
-        },
-        schema=WINDOW_SCHEMA,
-    )  # fmt: skip
-    c.writer.submit_batch(Batch(f"{host}-{start}", host, t)).result(timeout=30)
-
-
 def _round(c: Collector, start: int, after_end_s: float) -> int | None:
     c.run_round(start + SEC + int(after_end_s * SEC))
     return c.state.triangulated_ns
@@ -61,21 +41,61 @@ def test_a_late_upload_is_waited_for_and_a_dead_agent_only_once(collector: Colle
     assert topo is not None
     hosts = topo.hosts
     for h in hosts:
-        _send(c, topo, h, T0)
+        send_clean_window(c, topo, h, T0)
     assert _round(c, T0, 2) == T0
     # Window 1: one host's upload is late; the window waits for it.
     for h in hosts[1:]:
-        _send(c, topo, h, T0 + SEC)
+        send_clean_window(c, topo, h, T0 + SEC)
     assert _round(c, T0 + SEC, 2) == T0
-    _send(c, topo, hosts[0], T0 + SEC)
+    send_clean_window(c, topo, hosts[0], T0 + SEC)
     assert _round(c, T0 + SEC, 2) == T0 + SEC
     # Window 2: a host died. Waited for until the maximum, then judged without it ...
     for h in hosts[1:]:
-        _send(c, topo, h, T0 + 2 * SEC)
+        send_clean_window(c, topo, h, T0 + 2 * SEC)
     assert _round(c, T0 + 2 * SEC, 2) == T0 + SEC
     wait_s = c.settings.triangulate_max_wait_ns / SEC
     assert _round(c, T0 + 2 * SEC, wait_s + 0.1) == T0 + 2 * SEC
     # ... and the next window is not held back for it again.
     for h in hosts[1:]:
-        _send(c, topo, h, T0 + 3 * SEC)
+        send_clean_window(c, topo, h, T0 + 3 * SEC)
     assert _round(c, T0 + 3 * SEC, 2) == T0 + 3 * SEC
+
+
+def test_a_window_is_judged_in_the_round_its_last_upload_starts(collector: Collector) -> None:
+    """Agents upload right after a window ends and the upload that completes a generation
+    wakes the loop: the round that runs then judges that window (a fixed settle time after
+    the window's end made every such round judge nothing), but not one still arriving."""
+    c, topo = collector, collector.topology
+    assert topo is not None
+    for h in topo.hosts:
+        c.arrivals.registered(h, T0 - SEC)
+    # The first windows wait for the settle time (nothing judged yet says who is expected),
+    # and the rounds that pass over them meanwhile must not lose them.
+    for w in range(3):
+        for h in topo.hosts:
+            send_clean_window(c, topo, h, T0 + w * SEC)
+        judged = _round(c, T0 + w * SEC, 0.1)
+    assert judged == T0 + 2 * SEC
+    for h in topo.hosts[1:]:
+        send_clean_window(c, topo, h, T0 + 3 * SEC)
+    assert _round(c, T0 + 3 * SEC, 0.1) == T0 + 2 * SEC
+
+
+def test_a_replayed_batch_is_not_judged_before_the_other_hosts_rows_come(
+    collector: Collector,
+) -> None:
+    """One host's batch holds two past windows (a spill replayed after a restart): that is
+    no sign the other hosts are in, however long ago the windows ended."""
+    c, topo = collector, collector.topology
+    assert topo is not None
+    now = time.time_ns()
+    start = (now // SEC - 4) * SEC
+    for w in (start, start + SEC):
+        send_clean_window(c, topo, topo.hosts[0], w)
+    c.run_round(time.time_ns())
+    assert c.state.triangulated_ns is not None and c.state.triangulated_ns < start
+    for h in topo.hosts[1:]:
+        for w in (start, start + SEC):
+            send_clean_window(c, topo, h, w)
+    c.run_round(now + c.settings.triangulate_settle_ns + SEC)
+    assert c.state.triangulated_ns == start + SEC

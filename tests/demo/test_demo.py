@@ -42,6 +42,7 @@ def test_every_host_synced_within_the_lab_bound(summary: dict) -> None:  # type:
     assert len(clocks) == 8
     assert all(c["synced"] and c["error_ns"] is not None for c in clocks)
     assert max(abs(c["error_ns"]) for c in clocks) <= 2 * SYNC_BOUND_NS
+    assert summary["sync_samples"] >= 5  # the p99 is over the warm-up, not one read
     assert summary["sync_p99_ns"] <= SYNC_BOUND_NS
 
 

@@ -1,6 +1,6 @@
 """Real agents on the lab fabric (8 hosts × 2 NICs), real collector, real faults.
 
-One scenario feeds every test of this module: 4 s clean, 5 s with 20 % loss on
+One scenario feeds every test of this module: 5 s clean, 5 s with 20 % loss on
 ``leaf0->spine1`` and a delay on ``leaf3->spine0``, 3 s healed; then the agents stop (draining
 their acks and uploads), the collector stops, and the tests read its DuckDB file. Which flows
 cross a faulted link is the kernel's own answer (``lab path``), never a formula of ours.
@@ -68,7 +68,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             extra = ["--clock-offset-ns", str(OFFSETS_NS[host])] if host in OFFSETS_NS else []
             stack.start_agent(host, *extra)
         _wait_for_windows(stack.url)
-        time.sleep(4)
+        # 5 s clean: windows now reach the collector ms after they end (not 0.7 s), and on a
+        # busy box the agents' first traceroutes need ~4 s, so 4 s left no window with paths.
+        time.sleep(5)
         t_fault = time.time_ns()
         faults.add_loss(lab, LOSS_LINK, 20)
         (delay,) = faults.add_delay(lab, DELAY_LINK, 300)

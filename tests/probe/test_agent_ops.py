@@ -85,7 +85,10 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ops]:
         time.sleep(2)
         t_down = time.time_ns()
         faults.add_down(lab, DOWN_LINK)
-        time.sleep(3)
+        # 4 s: the test needs a whole window (starts on whole seconds) that begins 1.5 s into
+        # the outage and ends before it; 3 s left a 0.5 s slot that missed every start half
+        # of the time.
+        time.sleep(4)
         t_up = time.time_ns()
         faults.heal(lab, DOWN_LINK)
         time.sleep(3)

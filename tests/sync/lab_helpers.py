@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +61,11 @@ class Recorder:
     sync: HuygensSync = field(default_factory=HuygensSync)
     samples: list[Sample] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    first_rows_s: float | None = None  # time.monotonic() of the first call that had windows
 
     def __call__(self, windows, topology, prev):  # type: ignore[no-untyped-def]
+        if self.first_rows_s is None and windows.num_rows:
+            self.first_rows_s = time.monotonic()
         before = self.sync.generation
         out = self.sync(windows, topology, prev)
         if self.sync.generation != before and self.sync.report.offsets is not None:
@@ -185,3 +189,29 @@ def rx_packets(ns: str) -> int:
     if not rows:
         raise RuntimeError(f"no interfaces read in namespace {ns}")
     return sum(int(line.split(":", 1)[1].split()[1]) for line in rows)
+
+
+# Agent log lines that mark its start-up stages (the first is its first line: imports done).
+_STAGES = {"first probe": " probing ", "first upload": "first batch stored by the collector"}
+
+
+def agent_stages(tmp: Path, hosts: list[str], spawn_wall_s: float) -> dict[str, float]:
+    """Seconds from spawning the agents until the slowest one reached each start-up stage
+    (read off the agents' log timestamps; inf for a stage some agent never reached)."""
+    out: dict[str, float] = {}
+    for h in hosts:
+        lines = (tmp / f"agent-{h}.log").read_text(errors="replace").splitlines()
+        stamps = {"running": _log_time(lines[0]) if lines else None}
+        for name, marker in _STAGES.items():
+            stamps[name] = next((_log_time(x) for x in lines if marker in x), None)
+        for name, t in stamps.items():
+            dt = (t - spawn_wall_s) if t is not None else float("inf")
+            out[name] = max(out.get(name, -1.0), dt)
+    return out
+
+
+def _log_time(line: str) -> float | None:
+    try:  # "%(asctime)s ...": local time, ms resolution
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None

@@ -70,6 +70,7 @@ def run_sync(
     seconds: float,
     seed: int = 1,
     calibrated: bool = False,
+    pool_sizes: tuple[int, ...] | None = None,
     **cfg: object,
 ) -> Run:
     """Stream the simulator through one ``HuygensSync``; ``cfg`` are ``SimConfig`` fields.
@@ -83,7 +84,8 @@ def run_sync(
     cfg.setdefault("clock", "identity")
     cfg.setdefault("symmetric_paths", True)
     sim = Simulator(topo, SimConfig(**cfg), seed=seed)
-    sync = HuygensSync(nic_latency=nic_latencies(sim) if calibrated else None)
+    opts = {} if pool_sizes is None else {"pool_sizes": pool_sizes}
+    sync = HuygensSync(nic_latency=nic_latencies(sim) if calibrated else None, **opts)
     hosts = list(topo.hosts)
     run = Run(hosts)
     models: dict[str, ClockModel] = {}
@@ -130,3 +132,24 @@ def _edge_errors(run: Run, rep, hosts: list[str], truth: dict) -> None:
 def p99(a) -> float:
     a = np.concatenate(a) if isinstance(a, list) else a
     return float(np.percentile(a, 99)) if a.size else float("nan")
+
+
+# Window-mean drift change that marks a drift step (not wander): the simulator's 20 ppb/√s
+# random walk moves consecutive window means by ~16 ppb (σ), so 80 ppb is 5σ.
+STEP_PPB = 80.0
+
+
+def drift_transients(run: Run, ppb: float = STEP_PPB) -> np.ndarray:
+    """(windows − 1, hosts) bool: the host's drift jumped into or out of the window (its mean
+    drift differs from the previous or the next window's by more than ``ppb``). A drift step
+    inside a window bends that host's clock there, which no single line per window follows;
+    the last window is left out (its next window is unknown)."""
+    d = np.array(run.truth_drift)
+    jump = np.abs(np.diff(d, axis=0)) > ppb  # (W − 1, H): between w and w + 1
+    out = jump.copy()
+    out[1:] |= jump[:-1]
+    return out
+
+
+def per_window_p99(parts: list[np.ndarray]) -> list[float]:
+    return [float(np.percentile(p, 99)) if p.size else float("nan") for p in parts]

@@ -1,0 +1,101 @@
+"""When a window generation is ready for the clock solve: every live agent's upload is in.
+
+The collector used to solve on a fixed 1 s tick, so a window waited up to a whole tick after
+its last upload (and a tick could fall between two agents' uploads and solve half a window).
+Agents now upload a window a few ms after it ends (``probe/windows.py``), so the collector
+solves as soon as the uploads of a window generation (windows with the same ``start_ns``) are
+in from every host expected to send it:
+
+- every host that sent the previous generation (a steady fleet), and
+- every host whose agent registered and has sent no earlier window since (an agent starting
+  up), for up to ``starting_ns`` after its registration (one that never uploads is not
+  waited for forever).
+  Waiting for one that only starts probing in a later window costs little: that window
+  completes about when this one times out, and both are solved then; not waiting for one that
+  did probe in this window would solve it without that host's first data and cost a whole
+  window (measured on the lab: agents register while the first window runs). The simulator
+  replays past windows after registering its hosts, so registration times say nothing about
+  which window a host sends first.
+
+With nobody to expect (a collector that just restarted: no registrations, no previous window)
+a generation is never complete early: it waits for the time-out, as a single upload says
+nothing about the others still coming.
+
+A generation nobody completes (an agent died, an upload is late) is ready ``max_wait_ns``
+after it ended anyway: the regular loop tick picks it up, as before. The solve is handed
+windows up to the newest ready generation only, so it never solves a half-uploaded one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+KEEP_GENERATIONS = 16  # generations remembered (the solve looks back 2 s of 1 s windows)
+
+
+class WindowArrivals:
+    def __init__(self, max_wait_ns: int, starting_ns: int) -> None:
+        self.max_wait_ns = max_wait_ns
+        self.starting_ns = starting_ns
+        self._lock = threading.Lock()
+        self._senders: dict[int, set[str]] = {}  # window start_ns -> hosts that sent rows
+        self._duration: dict[int, int] = {}  # window start_ns -> duration_ns
+        self._first_at: dict[int, int] = {}  # window start_ns -> when its first rows came
+        self._registered: dict[str, int] = {}  # host -> when its agent last registered
+        self._first_sent: dict[str, int] = {}  # host -> first window it sent since registering
+        self._signalled = -(1 << 62)  # newest generation already reported complete
+
+    def registered(self, host: str, now_ns: int) -> None:
+        with self._lock:
+            self._registered[host] = now_ns
+            self._first_sent.pop(host, None)
+
+    def stored(self, host: str, starts: list[int], duration_ns: int, now_ns: int) -> bool:
+        """Note a stored batch; True when it completed a generation newer than any before."""
+        with self._lock:
+            self._first_sent.setdefault(host, min(starts))
+            for s in starts:
+                self._senders.setdefault(s, set()).add(host)
+                self._duration[s] = duration_ns
+                self._first_at.setdefault(s, now_ns)
+            for old in sorted(self._senders)[:-KEEP_GENERATIONS]:
+                del self._senders[old], self._duration[old], self._first_at[old]
+            newest = max(starts)
+            if newest > self._signalled and self._complete(newest, now_ns):
+                self._signalled = newest
+                return True
+            return False
+
+    def solve_upto(self, now_ns: int, newest_start: int | None) -> int | None:
+        """The newest window start the clock solve may see now (None: nothing stored)."""
+        with self._lock:
+            gens = sorted(self._senders)
+            ready = [g for g in gens if self._ready(g, now_ns)]
+        if ready:
+            return ready[-1]
+        if gens:  # tracked generations all still arriving: only what came before them
+            return gens[0] - 1
+        return newest_start  # nothing tracked (e.g. history from before a restart)
+
+    def complete(self, g: int, now_ns: int) -> bool:
+        """Every host expected to send generation ``g`` has sent it (False when untracked)."""
+        with self._lock:
+            return g in self._senders and self._complete(g, now_ns)
+
+    def first_arrival(self, g: int) -> int | None:
+        """When the first rows of generation ``g`` were stored (None when untracked)."""
+        with self._lock:
+            return self._first_at.get(g)
+
+    def _ready(self, g: int, now_ns: int) -> bool:
+        return g + self._duration[g] + self.max_wait_ns <= now_ns or self._complete(g, now_ns)
+
+    def _complete(self, g: int, now_ns: int) -> bool:
+        earlier = [s for s in self._senders if s < g]
+        expected = set(self._senders[max(earlier)]) if earlier else set()
+        expected |= {  # starting: registered lately, nothing older than g sent since
+            h
+            for h, t in self._registered.items()
+            if now_ns - t < self.starting_ns and self._first_sent.get(h, g) >= g
+        }
+        return bool(expected) and expected <= self._senders[g]
