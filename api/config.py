@@ -39,7 +39,8 @@ class Settings:
     loop_lookback_ns: int = 2_000_000_000
     background_loss: float = 1e-6  # per-link loss triangulation treats as normal
     # A window goes to triangulation (once: it is judged once) when every agent expected to
-    # send it has (api/arrivals.py), or when it ended this long ago ...
+    # send it has (api/arrivals.py) and an earlier window was judged, or when both its end
+    # and its first rows are this long ago ...
     triangulate_settle_ns: int = 1_500_000_000
     # ... unless a host that sent the previous window has not sent this one yet (a late
     # upload): then up to this long after the window's end.

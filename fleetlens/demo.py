@@ -199,10 +199,11 @@ class Demo:
         the first models, and its p99 over 8 hosts is their single worst moment."""
         self.say("[bold]waiting for a clean baseline[/] (start-up verdicts to clear) …")
         t0, deadline = time.monotonic(), time.monotonic() + self.a.baseline_timeout
-        errs: list[float] = []
+        reads: list[list[ClockRow]] = []
         with self._status("baseline") as status:
             while time.monotonic() < deadline:
-                errs += self._steady_errors(s, truth)
+                if s.sync_converged_s is not None and (rows := self._synced_read(truth)):
+                    reads.append(rows)
                 bad = self._faulty("/v1/links") + self._faulty("/v1/nics")
                 if not bad and time.monotonic() - t0 >= self.a.warmup:
                     s.baseline_clean_s = round(time.monotonic() - t0, 1)
@@ -211,23 +212,19 @@ class Demo:
                 time.sleep(0.5)
             else:
                 s.notes.append(f"verdicts still not clean after {self.a.baseline_timeout} s")
-        if errs:
+        if reads:
+            errs = [abs(r.error_ns) for rows in reads for r in rows]  # type: ignore[arg-type]
+            s.clocks, s.sync_samples = reads[-1], len(reads)
             s.sync_p99_ns = round(float(np.percentile(errs, 99)), 1)
         self.say(
             f"  clock error p99 vs truth: {s.sync_p99_ns} ns over {s.sync_samples} reads "
             "of every host during the warm-up"
         )
 
-    def _steady_errors(self, s: Summary, truth: dict[str, tuple[float, float]]) -> list[float]:
-        """|error| of every host in one read, once sync converged and every host is synced."""
-        if s.sync_converged_s is None:
-            return []
+    def _synced_read(self, truth: dict[str, tuple[float, float]]) -> list[ClockRow] | None:
+        """One read of every host's clock error, or None while any host is not synced."""
         rows = self._clock_rows(truth)
-        if not all(r.synced and r.error_ns is not None for r in rows):
-            return []
-        s.clocks = rows
-        s.sync_samples += 1
-        return [abs(r.error_ns) for r in rows]  # type: ignore[arg-type]
+        return rows if all(r.synced and r.error_ns is not None for r in rows) else None
 
     def _faulty(self, path: str) -> list[str]:
         rows = self._get(f"{path}?state=faulty&limit=1000")
