@@ -130,7 +130,7 @@ cdef enum:
     NSLOTS = 65536          # outstanding pairs: > peers x rounds in one ack timeout
     TSRING = 2048           # TX-timestamp keys remembered per socket
     RXTAB = 16384           # receiver-side pairing table
-    HIST = 8192             # receiver-side per-flow history of answered pairs
+    HIST = 8192             # receiver-side per-flow history of answered pairs (4-way sets)
     WAITQ = 16384
     MAX_EVENTS = 256
 
@@ -194,6 +194,7 @@ cdef struct Hist:
     uint32_t ip
     uint16_t port
     uint64_t session
+    uint64_t used        # ack count at the last use: the set's least recent entry is evicted
     uint8_t rec[2][RECORD_LEN]   # the flow's last two answered pairs, as sent
 
 
@@ -201,6 +202,19 @@ cdef struct Waiting:
     uint32_t index
     uint64_t generation   # which occupant of the slot: pair ids repeat across senders
     int64_t due
+
+
+cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
+    """splitmix64's finalizer: every input bit moves every output bit, so a table index taken
+    from the low bits still depends on the sender's address (a plain XOR of shifted fields
+    left the IP out of the low bits, and two hosts' port ranges then shared history slots)."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
+    return x ^ (x >> 31)
+
+
+cdef inline uint64_t flow_key(uint64_t session, uint32_t ip, uint16_t port) noexcept nogil:
+    return mix64(session ^ mix64((<uint64_t>ip << 16) | port))
 
 
 cdef inline int64_t mono_ns() noexcept nogil:
@@ -238,6 +252,7 @@ cdef class Engine:
     # receiver
     cdef RxEntry* rxtab
     cdef Hist* hist
+    cdef uint64_t hist_clock
     cdef Waiting* waitq
     cdef uint32_t wq_head, wq_tail
     cdef uint64_t generations
@@ -618,8 +633,7 @@ cdef class Engine:
         cdef uint32_t ip = src.sin_addr.s_addr
         cdef uint16_t port = src.sin_port
         cdef int which = p[3] - KIND_PROBE0
-        cdef uint64_t h = (session * 0x9E3779B97F4A7C15ULL) ^ (<uint64_t>pair * 0xC2B2AE3D27D4EB4FULL) \
-            ^ (<uint64_t>ip << 16) ^ port
+        cdef uint64_t h = mix64(flow_key(session, ip, port) ^ pair)
         cdef uint32_t idx = self._rx_slot(h, ip, port, session, pair)
         cdef RxEntry* r = &self.rxtab[idx]
         cdef bint same = r.state != 0 and r.session == session and r.pair == pair \
@@ -657,7 +671,7 @@ cdef class Engine:
 
         Evicting an entry still waiting for its second probe would answer that pair twice
         (half each), so waiting entries are the last resort."""
-        cdef uint32_t base = <uint32_t>((h ^ (h >> 29)) % (RXTAB // 4)) * 4
+        cdef uint32_t base = <uint32_t>(h % (RXTAB // 4)) * 4
         cdef uint32_t i, pick = base
         cdef RxEntry* r
         for i in range(base, base + 4):
@@ -689,8 +703,7 @@ cdef class Engine:
         cdef uint8_t* p
         cdef uint8_t* rec
         cdef uint8_t flags = 0
-        cdef uint64_t h = (r.session * 0x9E3779B97F4A7C15ULL) ^ (<uint64_t>r.ip << 16) ^ r.port
-        cdef Hist* hi = &self.hist[(h ^ (h >> 31)) % HIST]
+        cdef Hist* hi = self._history(r.session, r.ip, r.port)
         if self.nacks and (self.ack_sock != r.sock or self.nacks == BATCH):
             self._flush_acks()
         self.ack_sock = r.sock
@@ -708,9 +721,6 @@ cdef class Engine:
         put_u64(rec + 16, <uint64_t>r.rx[1])
         put_u64(rec + 24, <uint64_t>r.rxf[0])
         put_u64(rec + 32, <uint64_t>r.rxf[1])
-        if hi.ip != r.ip or hi.port != r.port or hi.session != r.session:
-            memset(hi, 0, sizeof(Hist))  # a new flow in this slot: no history to repeat
-            hi.ip, hi.port, hi.session = r.ip, r.port, r.session
         memcpy(rec + RECORD_LEN, hi.rec[0], RECORD_LEN)
         memcpy(rec + 2 * RECORD_LEN, hi.rec[1], RECORD_LEN)
         memcpy(hi.rec[1], hi.rec[0], RECORD_LEN)
@@ -728,6 +738,26 @@ cdef class Engine:
         self.ackmsg[self.nacks].msg_hdr.msg_iovlen = 1
         self.nacks += 1
         r.state = 2
+
+    cdef Hist* _history(self, uint64_t session, uint32_t ip, uint16_t port) noexcept nogil:
+        """The flow's history entry: its own in a 4-way set, else the set's least recently
+        used, emptied (a new flow has no history to repeat). Two flows sharing one entry would
+        empty it for each other at every ack, and no lost ack of theirs would be repaired."""
+        cdef uint32_t base = <uint32_t>(flow_key(session, ip, port) % (HIST // 4)) * 4
+        cdef uint32_t i, pick = base
+        cdef Hist* hi
+        self.hist_clock += 1
+        for i in range(base, base + 4):
+            hi = &self.hist[i]
+            if hi.used and hi.session == session and hi.ip == ip and hi.port == port:
+                hi.used = self.hist_clock
+                return hi
+            if hi.used < self.hist[pick].used:
+                pick = i
+        hi = &self.hist[pick]
+        memset(hi, 0, sizeof(Hist))
+        hi.ip, hi.port, hi.session, hi.used = ip, port, session, self.hist_clock
+        return hi
 
     cdef void _flush_acks(self) noexcept nogil:
         cdef int sent

@@ -60,6 +60,32 @@ def test_python_codec_and_fast_path_accept_each_others_packets(
     assert ack.records[1] == wire.Record() == ack.records[2]  # no history yet on a new flow
 
 
+def test_each_flow_keeps_its_own_ack_history(pair_of_hosts: tuple[Host, Host]) -> None:
+    """Senders that differ only in their address, interleaved: each ack repeats that flow's own
+    previous pairs. A history index blind to the address made such flows empty each other's
+    entry at every ack, and their lost acks on a lossy reverse path read as lost probes."""
+    _, b = pair_of_hosts
+    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(8)]
+    try:
+        for i, s in enumerate(senders):
+            # one session and source port, eight hosts differing in the last octet's high bits
+            s.bind((f"127.0.1.{1 + 16 * i}", 47844))
+            s.settimeout(2)
+        for pair in range(3):
+            for i, s in enumerate(senders):
+                for kind in (wire.KIND_PROBE0, wire.KIND_PROBE1):
+                    pkt = wire.Packet(kind, 99, 10 * pair + i, 1)
+                    s.sendto(wire.encode(pkt, KEY), (b.ip, DPORT))
+            b.engine.serve_until(time.monotonic_ns() + 20_000_000)
+        acks = [[wire.decode(s.recv(512), KEY) for _ in range(3)] for s in senders]
+    finally:
+        for s in senders:
+            s.close()
+    for i, flow in enumerate(acks):
+        last = flow[-1]
+        assert [r.pair for r in last.records] == [20 + i, 10 + i, i], f"sender {i}"
+
+
 def test_fast_path_accepts_acks_made_by_the_python_codec() -> None:
     a = make_host("127.0.0.4", 43000, 1)
     peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
