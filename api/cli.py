@@ -94,6 +94,10 @@ def main(argv: list[str]) -> int:
     from fleetlens.api.app import create_app
     from fleetlens.api.service import Collector
 
+    from fleetlens.heap import keep_freed_memory
+
+    keep_freed_memory()  # per-window arrays reused, not faulted in again (fleetlens/heap.py)
+
     collector = Collector(settings)
     app = create_app(collector)
     uvicorn.run(app, host=host.strip("[]"), port=int(port), log_level=a.log_level, access_log=False)

@@ -18,6 +18,9 @@ state) and, on the same windows, two baselines:
 collector reading its store may: the simulator itself sends each flow pair's rows together,
 in the same pair order every window.
 
+The process keeps freed memory in its heap, as the collector does (``fleetlens/heap.py``):
+``--fresh-pages`` leaves glibc's defaults, where every window's big arrays are faulted in anew.
+
 Time and memory are measured in separate calls: handing each window to the engine twice
 would change its state, so instead every engine gets a twin (same class, same topology) that
 sees the same windows under tracemalloc; the timed engine runs with no tracing at all
@@ -32,6 +35,7 @@ import argparse
 import importlib
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,6 +53,7 @@ from fleetlens.triangulate.engine import Triangulator
 from fleetlens.triangulate.paths import PathModel
 from triangulate_baselines import vote_007
 
+from fleetlens.heap import keep_freed_memory
 from fleetlens.records import WINDOW_SCHEMA
 from fleetlens.topology import from_spec
 
@@ -62,9 +67,15 @@ def old_engine(rev: str, tmp: str):
     pkg.mkdir()
     names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:triangulate"], cwd=REPO,
                            check=True, capture_output=True, text=True).stdout.split()  # fmt: skip
-    for name in (n for n in names if n.endswith(".py")):
+    for name in (n for n in names if n.endswith((".py", ".pyx"))):
         src = subprocess.run(["git", "show", f"{rev}:triangulate/{name}"], cwd=REPO,
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
+        if name.endswith(".pyx"):  # reuse this checkout's build when the source is the same
+            if src != (REPO / "triangulate" / name).read_text():
+                raise SystemExit(f"--against {rev}: its {name} differs from this checkout's")
+            built = Path(importlib.import_module(f"fleetlens.triangulate.{name[:-4]}").__file__)
+            shutil.copy(built, pkg / built.name)
+            continue
         (pkg / name).write_text(src)
     sys.path.insert(0, tmp)
     return importlib.import_module("tri_at_rev.engine").Triangulator
@@ -106,8 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", default="", help="git revision of an engine to compare")
     ap.add_argument("--shuffle", action="store_true", help="rows in a random order per window")
     ap.add_argument("--no-memory", action="store_true", help="skip the traced twin engines")
+    ap.add_argument(
+        "--fresh-pages", action="store_true",
+        help="leave glibc's default thresholds (big arrays are mmapped and faulted in anew)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    if not args.fresh_pages:
+        keep_freed_memory()  # as the collector does
     topo = from_spec(args.topo)
     link = next(lk.id for lk in topo.links if lk.tier == "fabric")
     t0 = time.time()
