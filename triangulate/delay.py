@@ -35,7 +35,7 @@ import numpy as np
 
 from .config import TriangulateConfig
 from .paths import SPORT_SPAN, FlowBatch
-from .quantile import bins_of, group_quantile, group_quantile_bins
+from .quantile import bins_of, group_quantile_bins
 from .store import FlowStore
 
 _SIGMA0_NS = 500.0  # healthy spread assumed before a link has history
@@ -64,6 +64,7 @@ class DelayModel:
         # windows a link was seen clean: a link is judged only after one (its first window
         # with a baseline has no healthy level yet, and a sampled access link is noisy then)
         self.seen = np.zeros(n_links, np.int64)
+        self._judged: tuple = ()  # see _judged_entries
 
     def observe(self, b: FlowBatch) -> DelayFit:
         at = self.flows.locate(b.key)
@@ -88,9 +89,9 @@ class DelayModel:
         fabric link behind its leaf only the flows hashed across it (ECMP leaves others on
         other spines), so a low quantile — not the median — keeps fabric faults out of it."""
         one = np.ones(b.n)
-        q = _NIC_SHIFT_Q
-        med_in, n_in = group_quantile(b.dst, d, one, self.n_nics, q)
-        med_out, n_out = group_quantile(b.src, d, one, self.n_nics, q)
+        q, bins = _NIC_SHIFT_Q, bins_of(d)
+        med_in, n_in = group_quantile_bins(b.dst, bins, one, self.n_nics, q)
+        med_out, n_out = group_quantile_bins(b.src, bins, one, self.n_nics, q)
         enough = (n_in >= self.cfg.delay_min_flows) & (n_out >= self.cfg.delay_min_flows)
         return med_in, med_out, enough
 
@@ -152,8 +153,7 @@ class DelayModel:
         chosen: dict[int, float] = {}
         z_of: dict[int, float] = {}
         med0, wt0 = None, None
-        use = self._judged_entries(b)
-        e_link, e_row, e_w = b.ent_link[use], b.ent_row[use], b.ent_w[use]
+        e_link, e_row, e_w = self._judged_entries(b)
         for _ in range(16):
             med, wt = group_quantile_bins(
                 e_link, row_bins[e_row], e_w, self.n_links, cfg.delay_quantile
@@ -185,14 +185,22 @@ class DelayModel:
             d,
         )
 
-    def _judged_entries(self, b: FlowBatch) -> np.ndarray:
-        """Entries a link's statistic is taken over: its flows with a known path when it has
-        enough of them. A flow whose path is unknown is spread over the ECMP candidates, and
-        only the share of those flows that really crossed a delayed link is late — too few for
-        a low quantile (with two spines, half): mixing them in hides the fault."""
+    def _judged_entries(self, b: FlowBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(link, row, weight) of the entries a link's statistic is taken over: its flows with
+        a known path when it has enough of them. A flow whose path is unknown is spread over
+        the ECMP candidates, and only the share of those flows that really crossed a delayed
+        link is late — too few for a low quantile (with two spines, half): mixing them in
+        hides the fault. Kept while the batch's entries are the same arrays (the engine reuses
+        them until the flows or their paths change)."""
+        got = self._judged
+        if got and got[0] is b.ent_link and got[1] is b.ent_w and got[2] is b.ent_row:
+            return got[3]
         sure = b.ent_w >= 1.0 - 1e-9
         n_sure = np.bincount(b.ent_link[sure], minlength=self.n_links)
-        return sure | (n_sure < self.cfg.delay_min_flows)[b.ent_link]
+        use = sure | (n_sure < self.cfg.delay_min_flows)[b.ent_link]
+        out = b.ent_link[use], b.ent_row[use], b.ent_w[use]
+        self._judged = (b.ent_link, b.ent_w, b.ent_row, out)
+        return out
 
     def _sigma(self, med: np.ndarray, wt: np.ndarray) -> np.ndarray:
         """Healthy spread per link: its own learned spread, but at least the robust spread of

@@ -34,6 +34,8 @@ import numpy as np
 
 from .incidence import Incidence
 
+_EM_TOL = 1e-4  # relative change of every rate at which EM has converged
+
 
 @dataclass
 class LossFit:
@@ -105,11 +107,16 @@ class _Fit:
         on = pos[self.link] >= 0
         r, li, w = self.row[on], pos[self.link[on]], self.w[on]
         s = np.bincount(li, w * self.sent[r], links.size)
-        rate = rate.copy()
+        lost_w = w * self.lost[r]
         for _ in range(iters):
             m = self.p0 + np.bincount(r, w * rate[li], self.sent.size)
-            share = np.bincount(li, w * self.lost[r] / m[r], links.size)
-            rate = np.minimum(rate * share / np.maximum(s, 1e-12), 1.0)
+            share = np.bincount(li, lost_w / m[r], links.size)
+            new = np.minimum(rate * share / np.maximum(s, 1e-12), 1.0)
+            # one link, or links sharing no flows: exact after one step; stop once settled
+            done = np.all(np.abs(new - rate) <= _EM_TOL * np.maximum(new, self.p0))
+            rate = new
+            if done:
+                break
         return rate
 
     def drop_llr(self, links: np.ndarray, rate: np.ndarray) -> np.ndarray:
