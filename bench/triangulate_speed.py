@@ -14,6 +14,9 @@ state) and, on the same windows, two baselines:
 - with ``--against REV``: the engine as it was at git revision REV (its ``triangulate/``
   files extracted into a temporary package), so a speed-up is measured in one command.
 
+``--host-order`` hands them over with the source hosts' blocks in a fresh order every window,
+as the collector reads its store (each host's upload is one block, hosts upload in their own
+order): the NIC-id columns then differ from the last window's and are looked up row by row.
 ``--shuffle`` hands every window's rows over in a fresh random order (and other chunks), as a
 collector reading its store may: the simulator itself sends each flow pair's rows together,
 in the same pair order every window.
@@ -45,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fleetlens.fixtures.sim.config import SimConfig
@@ -99,7 +103,18 @@ def traced_peak(fn, *args) -> float:
 
 def shuffled(t, rng: np.random.Generator):
     """The same rows in a random order, in 64 Ki-row chunks."""
-    t = t.take(rng.permutation(t.num_rows))
+    return _chunked(t.take(rng.permutation(t.num_rows)))
+
+
+def host_blocks(t, rng: np.random.Generator):
+    """The same rows with the source hosts' blocks in a random order, in 64 Ki-row chunks:
+    what the collector reads from its store, where each host's upload is one block."""
+    host = pc.replace_substring_regex(t["src_nic"], "/.*$", "")
+    names, inv = np.unique(host.to_numpy(zero_copy_only=False), return_inverse=True)
+    return _chunked(t.take(np.argsort(rng.permutation(names.size)[inv], kind="stable")))
+
+
+def _chunked(t):
     return pa.Table.from_batches(t.to_batches(max_chunksize=1 << 16), t.schema)
 
 
@@ -116,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("--against", default="", help="git revision of an engine to compare")
     ap.add_argument("--shuffle", action="store_true", help="rows in a random order per window")
+    ap.add_argument(
+        "--host-order", action="store_true",
+        help="source hosts' blocks of rows in a random order per window (as the collector reads)",
+    )  # fmt: skip
     ap.add_argument("--no-memory", action="store_true", help="skip the traced twin engines")
     ap.add_argument(
         "--fresh-pages", action="store_true",
@@ -144,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             t = w.windows.select(WINDOW_SCHEMA.names)
             if args.shuffle:
                 t = shuffled(t, np.random.default_rng(w.index))
+            elif args.host_order:
+                t = host_blocks(t, np.random.default_rng(w.index))
             line = [f"window {w.index}: {t.num_rows} rows"]
             for name, tri in engines.items():
                 verdicts, c = timed(tri, t, topo, {})

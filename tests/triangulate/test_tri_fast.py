@@ -269,6 +269,22 @@ def test_string_index_reads_arrow_buffers() -> None:
         assert out.tolist() == want
 
 
+def test_string_index_tells_adjacent_ids_apart_at_every_byte() -> None:
+    """Rows equal to the row before skip the hash (ids of 8-16 bytes compared as two words):
+    an id differing from its predecessor in any single byte is still looked up."""
+    base = "h0123/eth4:ab"
+    names = [base] + [base[:i] + "Z" + base[i + 1 :] for i in range(len(base))]
+    for n in (8, 9, 12, 13):  # lengths around the two words' overlap
+        idx = _fast.StrIndex([x[:n] for x in names])
+        rows = [x[:n] for pair in zip(names[1:], [base] * len(base), strict=True) for x in pair]
+        arr = pa.array(rows, pa.string())
+        bufs = arr.buffers()
+        out = np.empty(len(arr), np.int64)
+        idx.lookup(np.frombuffer(bufs[1], np.int32), np.frombuffer(bufs[2], np.uint8), None, out)
+        want = [j for i in range(1, n + 1) for j in (i, 0)] + [0, 0] * (len(base) - n)
+        assert out.tolist()[: 2 * n] == want[: 2 * n], n
+
+
 def test_decode_batch_matches_plain_lookups() -> None:
     """Positions by the pair hash equal a binary search; first row per flow, duplicates,
     unusable and unknown keys, counts and the span as a plain loop computes them."""
