@@ -29,7 +29,7 @@ callers keep work arrays across windows, and random accesses are prefetched a fe
 ahead.
 """
 
-from libc.math cimport floor, log, fabs, isfinite, NAN
+from libc.math cimport floor, log, fabs, fmin, isfinite, NAN
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
@@ -396,6 +396,30 @@ def link_sums_diff(const int64_t[::1] up, const int64_t[::1] dn, const int64_t[:
     if changed > max_changed:
         return changed, None, None, None
     return changed, up_a, dn_a, rt_a
+
+
+def baseline_update(double[::1] base, int64_t[::1] t, const int64_t[::1] at,
+                    const double[::1] obs, int64_t end_ns, double slack_ns_per_s):
+    """Trailing-min baselines, in place, for the stored rows ``at`` (distinct) of this
+    window's flows: the old minimum crept up by ``slack`` per second since it was last set
+    (not creeping before the first), then the lower of it and ``obs`` (NaN: no probe);
+    ``t`` becomes ``end_ns`` where ``obs`` is finite. The numpy form is
+    ``delay.reference_update_baselines``."""
+    cdef int64_t i, a, n = at.shape[0], dt
+    cdef double crept, new
+    with nogil:
+        for i in range(n):
+            a = at[i]
+            dt = end_ns - t[a]
+            if dt < 0:
+                dt = 0
+            crept = base[a] + slack_ns_per_s * ((<double> dt) * 1e-9 if t[a] > 0 else 0.0)
+            new = fmin(crept, obs[i]) if isfinite(crept) else obs[i]
+            if isfinite(new):
+                base[a] = new
+            if isfinite(obs[i]):
+                t[a] = end_ns
+    return None
 
 
 def decay_add(double[::1] sent, double[::1] lost, const double[::1] f_sent,

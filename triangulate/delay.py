@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _fast
 from .config import TriangulateConfig
 from .paths import SPORT_SPAN, FlowBatch
 from .quantile import bins_of, group_quantile_bins
@@ -212,13 +213,11 @@ class DelayModel:
 
     # ---- state ----------------------------------------------------------------------------
     def _update_baselines(self, b: FlowBatch, at: np.ndarray) -> None:
-        base, t = self.flows.cols["base"], self.flows.cols["t"]
-        dt = np.maximum(b.end_ns - t[at], 0) * 1e-9
-        crept = base[at] + self.cfg.baseline_slack_ns_per_s * np.where(t[at] > 0, dt, 0.0)
-        obs = b.owd_min
-        new = np.where(np.isfinite(crept), np.fmin(crept, obs), obs)
-        base[at] = np.where(np.isfinite(new), new, base[at])
-        t[at] = np.where(np.isfinite(obs), b.end_ns, t[at])
+        _fast.baseline_update(
+            self.flows.cols["base"], self.flows.cols["t"], np.ascontiguousarray(at, np.int64),
+            np.ascontiguousarray(b.owd_min, np.float64), int(b.end_ns),
+            float(self.cfg.baseline_slack_ns_per_s),
+        )  # fmt: skip
 
     def _learn_healthy(self, fit: DelayFit) -> None:
         """EWMA of each clean link's median excess: its normal queueing level and spread."""
@@ -231,3 +230,14 @@ class DelayModel:
         self.mu[clean] += a * dev
         self.var[clean] = (1 - a) * (self.var[clean] + a * dev**2)
         self.seen[clean] += 1
+
+
+def reference_update_baselines(
+    base: np.ndarray, t: np.ndarray, at: np.ndarray, obs: np.ndarray, end_ns: int, slack: float
+) -> None:
+    """The numpy definition of ``_fast.baseline_update`` (tests compare the two)."""
+    dt = np.maximum(end_ns - t[at], 0) * 1e-9
+    crept = base[at] + slack * np.where(t[at] > 0, dt, 0.0)
+    new = np.where(np.isfinite(crept), np.fmin(crept, obs), obs)
+    base[at] = np.where(np.isfinite(new), new, base[at])
+    t[at] = np.where(np.isfinite(obs), end_ns, t[at])
