@@ -144,9 +144,10 @@ def test_loss_shows_on_exactly_the_flows_through_the_link(run: Run) -> None:
     assert loss("clear")[0] <= 1e-4
     # Acks crossing the lossy link are repaired by the next ack on the flow (three records).
     assert loss("ack")[0] <= 0.03
+    # Healed: back to the clear flows' background (a clean-clone CI run counted 1 of 70 824).
     after = _between(run, run.t_heal + 1_000_000_000, 2**63 - 1)
     s2, r2 = _cols(after, "sent", "received")
-    assert s2.sum() > 0 and r2.sum() == s2.sum()
+    assert s2.sum() > 0 and 1 - r2.sum() / s2.sum() <= 1e-4, (int(s2.sum()), int(r2.sum()))
 
 
 def test_delay_shows_on_the_flows_through_the_link_as_injected(run: Run) -> None:
