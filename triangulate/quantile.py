@@ -37,13 +37,6 @@ def from_bin(b: np.ndarray) -> np.ndarray:
     return np.sign(t) * val
 
 
-def group_quantile(
-    group: np.ndarray, value: np.ndarray, weight: np.ndarray, n_groups: int, q: float = 0.5
-) -> tuple[np.ndarray, np.ndarray]:
-    """(quantile per group, total weight per group); NaN where a group has no weight."""
-    return group_quantile_bins(group, bins_of(value), weight, n_groups, q)
-
-
 def bins_of(value: np.ndarray) -> np.ndarray:
     """Bin of each value, -1 for NaN (computed once, reused when values are gathered)."""
     v = np.ascontiguousarray(value, np.float64).reshape(-1)
@@ -54,7 +47,8 @@ def bins_of(value: np.ndarray) -> np.ndarray:
 def group_quantile_bins(
     group: np.ndarray, bins: np.ndarray, weight: np.ndarray, n_groups: int, q: float = 0.5
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`group_quantile` from precomputed :func:`bins_of`."""
+    """(weighted ``q`` quantile per group, total weight per group) of values given by their
+    :func:`bins_of`; NaN where a group has no weight."""
     at, before, inside, tot, target = _fast.quantile_scan(
         _i64(group), _i64(bins), np.ascontiguousarray(weight, np.float64), n_groups, N_BINS, q
     )
