@@ -404,7 +404,7 @@ def baseline_update(double[::1] base, int64_t[::1] t, const int64_t[::1] at,
     window's flows: the old minimum crept up by ``slack`` per second since it was last set
     (not creeping before the first), then the lower of it and ``obs`` (NaN: no probe);
     ``t`` becomes ``end_ns`` where ``obs`` is finite. The numpy form is
-    ``delay.reference_update_baselines``."""
+    ``delay._reference_update_baselines``."""
     cdef int64_t i, a, n = at.shape[0], dt
     cdef double crept, new
     with nogil:

@@ -232,7 +232,7 @@ class DelayModel:
         self.seen[clean] += 1
 
 
-def reference_update_baselines(
+def _reference_update_baselines(
     base: np.ndarray, t: np.ndarray, at: np.ndarray, obs: np.ndarray, end_ns: int, slack: float
 ) -> None:
     """The numpy definition of ``_fast.baseline_update`` (tests compare the two)."""

@@ -13,7 +13,7 @@ import pytest
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
 from fleetlens.triangulate import _fast
-from fleetlens.triangulate.delay import reference_update_baselines
+from fleetlens.triangulate.delay import _reference_update_baselines
 from fleetlens.triangulate.engine import Triangulator
 from fleetlens.triangulate.incidence import Incidence, RouteTable, _reference_row_hash, _row_hash
 from fleetlens.triangulate.paths import SPORT_SPAN, PathModel, _same_strings
@@ -264,7 +264,7 @@ def test_baseline_update_matches_numpy() -> None:
     obs = np.where(rng.random(at.size) < 0.1, np.nan, rng.normal(50_000, 8_000, at.size))
     for end_ns in (2_000_000_000, 4_000_000_000):  # some stored times are after the first
         want_b, want_t = base.copy(), t.copy()
-        reference_update_baselines(want_b, want_t, at, obs, end_ns, 2.0)
+        _reference_update_baselines(want_b, want_t, at, obs, end_ns, 2.0)
         got_b, got_t = base.copy(), t.copy()
         _fast.baseline_update(got_b, got_t, at, obs, end_ns, 2.0)
         np.testing.assert_array_equal(got_b, want_b)
