@@ -15,11 +15,12 @@ subjects to report (links, switches, NICs, hosts), each with what implicated it.
   or a clock event. Its NICs and access links are then folded into it.
 - Unidentifiable: a lossy link whose lost packets come mostly from flows whose path was never
   reported (spread over the ECMP candidates) shares that evidence equally with its ECMP
-  siblings (the other uplinks of its leaf, the other downlinks into it): no method can tell
-  which one it is from end-to-end counts. Every sibling with the same evidence is reported,
-  each with confidence 1/N (the uniform prior) — an honest "one of these N" instead of a
-  confident arbitrary pick. The drain decisions are the same whichever sibling it is (all
-  NICs of that leaf), and a single reported path resolves it.
+  siblings (the other uplinks of its leaf, the other downlinks into it, see ``ecmp``): no
+  method can tell which one it is from end-to-end counts. Every sibling with the same evidence
+  is reported, each with confidence 1/N (the uniform prior) — an honest "one of these N"
+  instead of a confident arbitrary pick. The drain decisions are the same whichever sibling it
+  is (all NICs of that leaf), and a single reported path resolves it. Delay found on such a
+  group (``group_delay``) is reported the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from fleetlens.topology import Topology
 
 from .delay import DelayFit
+from .ecmp import siblings
 from .loss import LossFit
 from .verdicts import strength_for
 
@@ -50,7 +52,9 @@ class Finding:
 
 
 class Attributor:
-    def __init__(self, topo: Topology, link_ids: list[str], nic_up, nic_down, cfg) -> None:
+    def __init__(
+        self, topo: Topology, link_ids: list[str], groups: list[np.ndarray], nic_up, nic_down, cfg
+    ) -> None:
         self.topo, self.cfg = topo, cfg
         self.link_ids = link_ids
         self.nic_ids = [n.id for n in topo.nics]
@@ -71,7 +75,7 @@ class Attributor:
         self.host_nics = {h: [nic_no[n.id] for n in ns] for h, ns in topo.nics_by_host.items()}
         self.host_names = list(topo.hosts)
         self.nic_host_name = [n.host for n in topo.nics]
-        self.siblings = _ecmp_siblings(topo, idx)
+        self.siblings = siblings(groups, len(link_ids))
 
     def attribute(
         self,
@@ -103,6 +107,7 @@ class Attributor:
         out += self._endpoints(bad & ~used, rate, dly, strength, held, delay, used)
         out += self._one_sided_hosts(bad & ~used, rate, dly, strength, used)
         out += self._unidentifiable(bad & ~used & (dly == 0), rate, strength, loss, used)
+        out += self._unidentifiable_delay(delay, used)
         for lk in np.flatnonzero(bad & ~used).tolist():
             out.append(Finding(self.link_ids[lk], "link", rate[lk], dly[lk], strength[lk], [lk]))
         return out
@@ -149,6 +154,20 @@ class Attributor:
             note = f"one of {same.size} ECMP-equivalent links (paths never reported)"
             out += [Finding(self.link_ids[m], "link", float(rate[lk]), 0.0, s, [m], note)
                     for m in same.tolist()]  # fmt: skip
+        return out
+
+    def _unidentifiable_delay(self, delay: DelayFit, used: np.ndarray) -> list[Finding]:
+        """Delay on an ECMP group that only never-reported paths cross (``group_delay``):
+        every member, each with confidence 1/N."""
+        out: list[Finding] = []
+        for g in delay.groups:
+            free = g.members[~used[g.members]]
+            used[free] = True
+            s = min(0.5 * g.z**2, strength_for(1.0 / g.members.size))
+            note = (f"one of {g.members.size} ECMP-equivalent links (paths never reported): "
+                    f"{g.late}/{g.flows} flows late")  # fmt: skip
+            out += [Finding(self.link_ids[m], "link", 0.0, g.excess, s, [m], note)
+                    for m in free.tolist()]  # fmt: skip
         return out
 
     def _one_sided_hosts(self, bad, rate, dly, strength, used) -> list[Finding]:
@@ -202,24 +221,3 @@ class Attributor:
                             "every NIC bad")
                 )  # fmt: skip
         return out + list(nic_find.values())
-
-
-def _ecmp_siblings(topo: Topology, idx: dict[str, int]) -> list[np.ndarray]:
-    """Per link (itself included): the switch-to-switch links leaving the same switch towards
-    the same tier, or entering the same switch from the same tier — the links an unknown ECMP
-    path spreads a flow's evidence over equally."""
-    tier = {s.id: s.tier for s in topo.switches}
-    group: dict[tuple, list[int]] = {}
-    keys: list[tuple] = []
-    for lk in topo.links:
-        ks = ()
-        if lk.a in tier and lk.b in tier:
-            ks = (("out", lk.a, tier[lk.b]), ("in", lk.b, tier[lk.a]))
-            for k in ks:
-                group.setdefault(k, []).append(idx[lk.id])
-        keys.append(ks)
-    out = []
-    for i, ks in enumerate(keys):
-        members = {i}.union(*(group[k] for k in ks)) if ks else {i}
-        out.append(np.array(sorted(members), np.int64))
-    return out

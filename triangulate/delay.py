@@ -35,9 +35,10 @@ import numpy as np
 
 from . import _fast
 from .config import TriangulateConfig
+from .group_delay import GroupDelay, GroupDelayFinding
 from .paths import SPORT_SPAN, FlowBatch
 from .quantile import bins_of, group_quantile_bins
-from .store import FlowStore
+from .store import FlowStore, unique
 
 _SIGMA0_NS = 500.0  # healthy spread assumed before a link has history
 _SIGMA_FLOOR_NS = 100.0
@@ -53,19 +54,30 @@ class DelayFit:
     weight: np.ndarray  # per link (all): flows behind the median
     row_excess: np.ndarray  # per row: clock-corrected excess (NaN: no baseline yet)
     clock_hosts: dict[int, float] = field(default_factory=dict)  # host number -> step ns
+    groups: list[GroupDelayFinding] = field(default_factory=list)  # see group_delay
 
 
 class DelayModel:
-    def __init__(self, n_links: int, n_nics: int, nic_host: np.ndarray, cfg: TriangulateConfig):
+    def __init__(
+        self,
+        n_links: int,
+        n_nics: int,
+        nic_host: np.ndarray,
+        groups: list[np.ndarray],
+        cfg: TriangulateConfig,
+    ):
         self.cfg, self.n_links, self.n_nics = cfg, n_links, n_nics
         self.nic_host = nic_host
-        self.flows = FlowStore({"base": (np.float64, np.nan, 0), "t": (np.int64, 0, 0)})
+        self.flows = FlowStore(
+            {"base": (np.float64, np.nan, 0), "t": (np.int64, 0, 0), "late": (np.bool_, False, 0)}
+        )
         self.mu = np.zeros(n_links)
         self.var = np.zeros(n_links)
         # windows a link was seen clean: a link is judged only after one (its first window
         # with a baseline has no healthy level yet, and a sampled access link is noisy then)
         self.seen = np.zeros(n_links, np.int64)
         self._judged: tuple = ()  # see _judged_entries
+        self.group = GroupDelay(groups, n_links, cfg)
 
     def observe(self, b: FlowBatch) -> DelayFit:
         at = self.flows.locate(b.key)
@@ -78,8 +90,13 @@ class DelayModel:
             d = b.owd_min - self.flows.cols["base"][at]
             meds = self._nic_medians(b, d)
         d = d - self._access_split(b, meds)
-        fit = self._locate(b, d)
+        fit, resid, floor = self._locate(b, d)
         fit.clock_hosts = clock
+        _, unknown, n_sure = self._judged_entries(b)
+        unknown = unknown[np.isfinite(resid[b.ent_row[unknown]])]  # none in a first window
+        if unknown.size:
+            late = self._persistently_late(b, at, resid >= floor, unknown)
+            fit.groups = self.group.observe(b, resid, late, unknown, n_sure)
         self._update_baselines(b, at)
         self._learn_healthy(fit)
         return fit
@@ -143,7 +160,8 @@ class DelayModel:
         score = np.round(share, 1) + 1e-9 * np.minimum(z, 1e8)
         return int(np.argmax(np.where(ok, score, -np.inf)))
 
-    def _locate(self, b: FlowBatch, d: np.ndarray) -> DelayFit:
+    def _locate(self, b: FlowBatch, d: np.ndarray) -> tuple[DelayFit, np.ndarray, float]:
+        """The fit, the rows' excess left after the chosen links, and the window's floor."""
         cfg = self.cfg
         e = d.copy()
         row_bins = bins_of(e)
@@ -154,7 +172,7 @@ class DelayModel:
         chosen: dict[int, float] = {}
         z_of: dict[int, float] = {}
         med0, wt0 = None, None
-        e_link, e_row, e_w = self._judged_entries(b)
+        (e_link, e_row, e_w), _, _ = self._judged_entries(b)
         for _ in range(16):
             med, wt = group_quantile_bins(
                 e_link, row_bins[e_row], e_w, self.n_links, cfg.delay_quantile
@@ -177,7 +195,7 @@ class DelayModel:
             moved = np.unique(b.ent_row[on])
             row_bins[moved] = bins_of(e[moved])
         links = np.array(list(chosen), np.int64)
-        return DelayFit(
+        fit = DelayFit(
             links,
             np.array([chosen[i] for i in links.tolist()]),
             np.array([z_of[i] for i in links.tolist()]),
@@ -185,21 +203,23 @@ class DelayModel:
             wt0,
             d,
         )
+        return fit, e, floor
 
-    def _judged_entries(self, b: FlowBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _judged_entries(self, b: FlowBatch) -> tuple[tuple, np.ndarray, np.ndarray]:
         """(link, row, weight) of the entries a link's statistic is taken over: its flows with
         a known path when it has enough of them. A flow whose path is unknown is spread over
         the ECMP candidates, and only the share of those flows that really crossed a delayed
         link is late — too few for a low quantile (with two spines, half): mixing them in
-        hides the fault. Kept while the batch's entries are the same arrays (the engine reuses
-        them until the flows or their paths change)."""
+        hides the fault (``group_delay`` judges those). Also the unknown-path entries and the
+        known-path flows per link. Kept while the batch's entries are the same arrays (the
+        engine reuses them until the flows or their paths change)."""
         got = self._judged
         if got and got[0] is b.ent_link and got[1] is b.ent_w and got[2] is b.ent_row:
             return got[3]
         sure = b.ent_w >= 1.0 - 1e-9
         n_sure = np.bincount(b.ent_link[sure], minlength=self.n_links)
         use = sure | (n_sure < self.cfg.delay_min_flows)[b.ent_link]
-        out = b.ent_link[use], b.ent_row[use], b.ent_w[use]
+        out = (b.ent_link[use], b.ent_row[use], b.ent_w[use]), np.flatnonzero(~sure), n_sure
         self._judged = (b.ent_link, b.ent_w, b.ent_row, out)
         return out
 
@@ -210,6 +230,19 @@ class DelayModel:
         dev = (med - self.mu)[ok]
         mad = 1.4826 * np.median(np.abs(dev - np.median(dev))) if dev.size >= 8 else _SIGMA0_NS
         return np.maximum(np.sqrt(self.var), max(mad, _SIGMA_FLOOR_NS))
+
+    def _persistently_late(
+        self, b: FlowBatch, at: np.ndarray, late: np.ndarray, unknown: np.ndarray
+    ) -> np.ndarray:
+        """Per row: late this window and in the flow's last one, for the flows of unknown path
+        (``group_delay``). A delayed link makes the same flows late every window (ECMP hashing
+        is stable); queueing makes a different few late each time."""
+        rows = unique(b.ent_row[unknown])
+        col = self.flows.cols["late"]
+        out = np.zeros(b.n, bool)
+        out[rows] = late[rows] & col[at[rows]]
+        col[at[rows]] = late[rows]
+        return out
 
     # ---- state ----------------------------------------------------------------------------
     def _update_baselines(self, b: FlowBatch, at: np.ndarray) -> None:

@@ -34,6 +34,7 @@ from . import _fast
 from .attribution import Attributor, Finding
 from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
+from .ecmp import ecmp_groups
 from .incidence import Incidence
 from .loss import LossFit, fit_incidence
 from .paths import FlowBatch, Frame, PathModel
@@ -70,8 +71,9 @@ class Triangulator:
         p = self.paths
         host_no = {h: i for i, h in enumerate(topo.hosts)}
         nic_host = np.array([host_no[h] for h in p.nic_host_name], np.int64)
-        self.delay = DelayModel(p.n_links, p.n_nics, nic_host, self.cfg)
-        self.attrib = Attributor(topo, p.link_ids, p.nic_up, p.nic_down, self.cfg)
+        groups = ecmp_groups(topo, {lk: i for i, lk in enumerate(p.link_ids)})
+        self.delay = DelayModel(p.n_links, p.n_nics, nic_host, groups, self.cfg)
+        self.attrib = Attributor(topo, p.link_ids, groups, p.nic_up, p.nic_down, self.cfg)
         self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})
         self.tracker = VerdictTracker(self.cfg)
         self.sending = np.zeros(p.n_nics)
