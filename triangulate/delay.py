@@ -25,6 +25,8 @@
   and ``delay_z`` healthy standard deviations are taken greedily, largest first, and their
   estimate is subtracted from the flows crossing them before the next pick (explaining away the
   links that only share some flows with the bad one).
+- Paths never reported: what is left late after that is tested per ECMP group
+  (``group_delay``), on the flows late in this window and their last.
 """
 
 from __future__ import annotations

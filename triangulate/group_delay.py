@@ -11,12 +11,17 @@ late flows (queueing) — a binomial count, tested against that learned share.
   to one (it certainly crosses one of them); only groups none of whose members has enough
   known-path flows for the per-link statistic are judged (those are located exactly).
 - Late: residual excess (after the links already located are explained away) of at least the
-  window's delay floor.
-- Reported: the late share must rise by at least ``_MIN_RISE`` of 1/N over the group's healthy
-  share, by ``delay_z`` binomial standard deviations, on at least ``delay_min_flows`` extra
-  late flows. Taken greedily, most significant first; a chosen group's late flows no longer
-  count for the others (a delayed uplink of leaf A also makes a few flows into every other leaf
-  late: they are explained by A's group).
+  window's delay floor, in this window and the flow's last one. A delayed member makes the
+  same flows late every window (ECMP hashing is stable); queueing a different few each time
+  (persistently late on the k=8 fat-tree at load 0.2: ~0.5 % of a group's flows; late in one
+  window: ~20 %).
+- Reported: the late share must rise by at least ``_MIN_RISE`` (3/4) of 1/N over the group's
+  healthy share — not half: a delayed core link of a k=8 fat-tree made 13 % of the flows into
+  one of its leaves late, over half of the 1/4 an edge group's member would — by ``delay_z``
+  standard deviations (binomial, or the group's own spread over clean windows if wider), on
+  at least ``delay_min_flows`` extra late flows. Taken greedily, most significant first; a
+  chosen group's late flows no longer count for the others (a delayed uplink of leaf A also
+  makes a few flows into every other leaf late: they are explained by A's group).
 - Size: the median excess of the group's late flows over that of its other flows (a healthy
   flow sits ~100 ns above its trailing minimum). Not a quantile of all its flows: flows late
   this window only (queueing) crowd the top and pushed that 15 % up on the reference fabric.
@@ -35,7 +40,7 @@ from .ecmp import group_of_link
 from .paths import FlowBatch
 from .store import unique
 
-_MIN_RISE = 0.75  # of 1/N: most of the flows one delayed member makes late (see below)
+_MIN_RISE = 0.75  # of 1/N: most of the flows one delayed member makes late (module doc)
 _FULL = 1.0 - 1e-6  # candidate weights on a group summing to this: the flow crosses it
 
 
