@@ -1,0 +1,108 @@
+"""Replay a clock-sync bench run through today's solver, and set its error against the path.
+
+``bench/sync_vs_ptp_chrony.py`` keeps every FleetLens run's collector store
+(``fleetlens-*/fl.duckdb``, with ``topology.json`` one level up). Its scored hosts h00 and h01
+share the machine's clock, so every offset FleetLens reports between them is error, and every
+stored one-way delay is a true one-way delay. Per run this prints:
+
+- the error replayed through the solver as it is now (``HuygensSync``, window generation by
+  window generation, as the collector's loop feeds it): a change to ``sync/`` is measured in
+  seconds on recorded windows instead of a 5-minute lab run (the replay of an unchanged solver
+  reproduces the run's printed figures);
+- the half difference of the two directions' one-way delay floors between h00 and h01 (the
+  5th percentile of their per-window minima, robust to one lucky packet; the absolute minimum
+  beside it). Two-way sync — Huygens, PTP, NTP — assumes equal floors both ways, so this
+  asymmetry shows up as a bias no such method can see;
+- the error with that asymmetry removed.
+
+    .venv/bin/python bench/sync_replay.py /tmp/sy-bench-*/fleetlens-*
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from fleetlens.api.store import Store
+from fleetlens.sync import HuygensSync
+
+from fleetlens.topology import Topology
+
+LOOKBACK_NS = 2_000_000_000  # the collector's default look-back (api/config.py)
+SETTLE_WINDOWS = 20  # the bench scores from 20 s on
+
+
+def replay(store: Store, topo: Topology) -> np.ndarray:
+    """h01 − h00 offset error (ns) per solved window after the settling ones."""
+    gens = store.read().sql("SELECT DISTINCT start_ns FROM windows ORDER BY 1").fetchall()
+    sync = HuygensSync(min_edges=1 if len(topo.hosts) == 2 else 3)
+    prev: dict = {}
+    errs = []
+    for (g,) in gens:
+        windows = store.read_windows("start_ns >= ? AND start_ns <= ?", [g - LOOKBACK_NS, g])
+        prev = {m.host_id: m for m in sync(windows, topo, prev)}
+        a, b = prev.get("h00"), prev.get("h01")
+        if a and b and a.synced and b.synced:
+            t = sync.report.t_ref_ns
+            errs.append(_offset_at(b, t) - _offset_at(a, t))
+    return np.array(errs[SETTLE_WINDOWS:])
+
+
+def _offset_at(m, fleet_ns: int) -> float:
+    return m.offset_ns + m.drift_ppb * 1e-9 * (fleet_ns + m.offset_ns - m.t0_ns)
+
+
+def half_asymmetry(store: Store) -> tuple[float, float]:
+    """(robust, absolute) half difference h00->h01 minus h01->h00 of the one-way floors."""
+    rows = (
+        store.read()
+        .sql(
+            """SELECT split_part(src_nic, '/', 1) AS s, quantile_cont(owd_min_ns, 0.05),
+                  min(owd_min_ns)
+           FROM windows
+           WHERE split_part(src_nic, '/', 1) IN ('h00', 'h01')
+             AND split_part(dst_nic, '/', 1) IN ('h00', 'h01')
+             AND split_part(src_nic, '/', 1) <> split_part(dst_nic, '/', 1)
+             AND start_ns >= (SELECT min(start_ns) FROM windows) + ?
+           GROUP BY 1""",
+            params=[SETTLE_WINDOWS * 1_000_000_000],
+        )
+        .fetchall()
+    )
+    floor = {s: (q, m) for s, q, m in rows}
+    if set(floor) != {"h00", "h01"}:
+        return float("nan"), float("nan")
+    return tuple((floor["h00"][i] - floor["h01"][i]) / 2 for i in (0, 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="fleetlens-* directories of bench runs")
+    a = ap.parse_args(argv)
+    print(f"{'run':28s} {'n':>4s} {'bias':>6s} {'std':>5s} {'p99|e|':>7s} {'asym/2':>7s} "
+          f"{'(min)':>6s} {'bias-a':>7s} {'p99-a':>6s}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in a.runs:
+            db = Path(tmp) / f"{run.name}.duckdb"
+            shutil.copy(run / "fl.duckdb", db)  # the store opens read-write: leave the run as is
+            store = Store(db)
+            try:
+                e = replay(store, Topology.load(run.parent / "topology.json"))
+                half, half_min = half_asymmetry(store)
+            finally:
+                store.close()
+            if e.size == 0:
+                print(f"{str(run)[-28:]:28s} no synced window")
+                continue
+            r = e + half  # the error measures b - a, the asymmetry a->b - b->a
+            print(f"{str(run)[-28:]:28s} {e.size:4d} {e.mean():6.0f} {e.std():5.0f} "
+                  f"{np.percentile(np.abs(e), 99):7.0f} {half:7.0f} {half_min:6.0f} "
+                  f"{r.mean():7.0f} {np.percentile(np.abs(r), 99):6.0f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
