@@ -71,7 +71,7 @@ class DelayModel:
         self.cfg, self.n_links, self.n_nics = cfg, n_links, n_nics
         self.nic_host = nic_host
         self.flows = FlowStore(
-            {"base": (np.float64, np.nan, 0), "t": (np.int64, 0, 0), "late": (np.bool_, False, 0)}
+            {"base": (np.float64, np.nan, 0), "t": (np.int64, 0, 0), "late": (np.int8, -1, 0)}
         )
         self.mu = np.zeros(n_links)
         self.var = np.zeros(n_links)
@@ -236,13 +236,16 @@ class DelayModel:
     def _persistently_late(
         self, b: FlowBatch, at: np.ndarray, late: np.ndarray, unknown: np.ndarray
     ) -> np.ndarray:
-        """Per row: late this window and in the flow's last one, for the flows of unknown path
-        (``group_delay``). A delayed link makes the same flows late every window (ECMP hashing
-        is stable); queueing makes a different few late each time."""
+        """Per row, for the flows of unknown path (``group_delay``): 1 if late this window and
+        in the flow's last one, 0 if not, -1 if its last window was not judged (a first
+        window with a baseline: all 0 would read as a healthy share of none). A delayed link
+        makes the same flows late every window (ECMP hashing is stable); queueing makes a
+        different few late each time."""
         rows = unique(b.ent_row[unknown])
         col = self.flows.cols["late"]
-        out = np.zeros(b.n, bool)
-        out[rows] = late[rows] & col[at[rows]]
+        out = np.full(b.n, -1, np.int8)
+        prev = col[at[rows]]
+        out[rows] = np.where(prev < 0, -1, late[rows] & (prev == 1))
         col[at[rows]] = late[rows]
         return out
 

@@ -74,8 +74,8 @@ class GroupDelay:
         n_sure: np.ndarray,
     ) -> list[GroupDelayFinding]:
         """``e``: per row residual excess; ``late_rows``: per row, late this window and the
-        last; ``unknown``: entries of flows with unknown paths; ``n_sure``: per link, its
-        known-path flows."""
+        last (1), not (0), not known (-1: left out); ``unknown``: entries of flows with
+        unknown paths; ``n_sure``: per link, its known-path flows."""
         if unknown.size == 0 or not self.groups:
             return []
         rows, grp = self._memberships(b, unknown)
@@ -83,9 +83,9 @@ class GroupDelay:
         for g_of in (self.first, self.second):
             has = g_of >= 0
             np.logical_and.at(judged, g_of[has], n_sure[has] < self.cfg.delay_min_flows)
-        keep = judged[grp] & np.isfinite(e[rows])
+        keep = judged[grp] & np.isfinite(e[rows]) & (late_rows[rows] >= 0)
         rows, grp = rows[keep], grp[keep]
-        late = late_rows[rows]
+        late = late_rows[rows] == 1
         found = self._pick(rows, grp, late, e)
         self._learn(grp, late, [f.group for f in found])
         return found
