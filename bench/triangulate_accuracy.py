@@ -18,6 +18,8 @@ Scoring, per scenario and method, against the simulator's injected truth:
 - ``found``: trials whose reported set equals the truth at the deadline, and the median / worst
   time to localize (first window after the fault's start whose reported set equals the truth);
 - delay scenarios: FleetLens's excess-delay estimate over the injected delay (worst |err|);
+  with paths never reported (``delay2-never``) the truth is the delayed link's ECMP group,
+  which is all any method can name from end-to-end delays;
 - host-side scenarios: false link alarms per 100 windows (links or switches not touching the
   faulty host) and the share of faults attributed to the right host / NIC.
 
@@ -52,8 +54,9 @@ from fleetlens.triangulate.paths import PathModel
 from fleetlens.triangulate.store import FlowStore
 from triangulate_baselines import netbouncer, vote_007
 
+from fleetlens.ids import split_link_id
 from fleetlens.records import WINDOW_SCHEMA, Verdict
-from fleetlens.topology import Topology, from_spec
+from fleetlens.topology import TIER_LEAF, Topology, from_spec
 
 METHODS = ("fleetlens", "007", "netbouncer")
 REFERENCE = "leafspine:hosts=1024,nics=8,leaves=32,spines=8"
@@ -93,6 +96,20 @@ def _multi(rng, topo):
     return tuple(f"{b}:loss={rng.uniform(0.002, 0.02):.4f}" for b in bad), set(bad)
 
 
+def _group_delay(rng, topo):
+    """2 us on one leaf uplink or downlink whose paths are never reported. The identifiable
+    answer is its ECMP group (the leaf's uplinks, or the downlinks into it; see
+    triangulate/ecmp.py), every member at confidence 1/N: that group is the truth here."""
+    link = str(rng.choice(_fabric(topo)))
+    a, b = split_link_id(link)
+    leaf = {s.id for s in topo.switches if s.tier == TIER_LEAF}
+    if a in leaf:
+        group = {lk for lk in _fabric(topo) if split_link_id(lk)[0] == a}
+    else:
+        group = {lk for lk in _fabric(topo) if split_link_id(lk)[1] == b}
+    return (f"{link}:delay_us=2:start_s=3",), group
+
+
 def _switch(rng, topo):
     sw = str(rng.choice([s.id for s in topo.switches if s.id.startswith("spine")]))
     return (f"{sw}:fail:start_s=1",), {sw}
@@ -120,6 +137,9 @@ def scenarios() -> list[Scenario]:
         Scenario("delay2", "delay 2us, 1 s", 20, 4, 1, 3.0,
                  _one("{link}:delay_us=2:start_s=3"), 6, states=reported),
         Scenario("switch", "failed spine", 10, 3, 1, 1.0, _switch, 7),
+        # paths never reported: the truth is the delayed link's ECMP group (_group_delay)
+        Scenario("delay2-never", "delay 2us, paths never known", 10, 5, 1, 3.0,
+                 _group_delay, 9, paths="unknown", states=reported),
         Scenario("host", "host-side only", 30, 5, 1, 1.0, _host, 8, sim=STEADY),
         # same seed as 'multi': the same faults and simulator seeds, paths reported only in
         # the first window (the agent's traceroute), so the F1 difference is paired
