@@ -26,33 +26,30 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from fleetlens.api.config import Settings
 from fleetlens.api.store import Store
 from fleetlens.sync import HuygensSync
+from sync_vs_ptp_chrony import min_edges, pair_error
 
 from fleetlens.topology import Topology
 
-LOOKBACK_NS = 2_000_000_000  # the collector's default look-back (api/config.py)
 SETTLE_WINDOWS = 20  # the bench scores from 20 s on
 
 
 def replay(store: Store, topo: Topology) -> np.ndarray:
     """h01 − h00 offset error (ns) per solved window after the settling ones."""
     gens = store.read().sql("SELECT DISTINCT start_ns FROM windows ORDER BY 1").fetchall()
-    sync = HuygensSync(min_edges=1 if len(topo.hosts) == 2 else 3)
+    sync = HuygensSync(min_edges=min_edges(len(topo.hosts)))
+    lookback = Settings.loop_lookback_ns  # the collector's default
     prev: dict = {}
     errs = []
     for (g,) in gens:
-        windows = store.read_windows("start_ns >= ? AND start_ns <= ?", [g - LOOKBACK_NS, g])
+        windows = store.read_windows("start_ns >= ? AND start_ns <= ?", [g - lookback, g])
         prev = {m.host_id: m for m in sync(windows, topo, prev)}
-        a, b = prev.get("h00"), prev.get("h01")
-        if a and b and a.synced and b.synced:
-            t = sync.report.t_ref_ns
-            errs.append(_offset_at(b, t) - _offset_at(a, t))
+        err = pair_error(prev, sync.report.t_ref_ns)
+        if err is not None:
+            errs.append(err)
     return np.array(errs[SETTLE_WINDOWS:])
-
-
-def _offset_at(m, fleet_ns: int) -> float:
-    return m.offset_ns + m.drift_ppb * 1e-9 * (fleet_ns + m.offset_ns - m.t0_ns)
 
 
 def half_asymmetry(store: Store) -> tuple[float, float]:

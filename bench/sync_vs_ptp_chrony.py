@@ -180,7 +180,7 @@ class Recorder:
     def __init__(self) -> None:
         from fleetlens.sync import HuygensSync
 
-        self.sync = HuygensSync(min_edges=1 if len(FABRIC_HOSTS) == 2 else 3)
+        self.sync = HuygensSync(min_edges=min_edges(len(FABRIC_HOSTS)))
         self.samples: list[tuple[float, float]] = []  # (monotonic s, error ns)
         # (monotonic s, this window's network-solve value before tracking, span pooled)
         self.detail: list[tuple[float, float, float]] = []
@@ -190,12 +190,11 @@ class Recorder:
     def __call__(self, windows, topology, prev):
         gen_before = self.sync.generation
         out = self.sync(windows, topology, prev)
-        models = {m.host_id: m for m in out}
-        a, b = models.get("h00"), models.get("h01")
-        if a and b and a.synced and b.synced and self.sync.generation != gen_before:
-            t = self.sync.report.t_ref_ns  # fleet time both models are evaluated at
-            err = _offset_at(b, t) - _offset_at(a, t)
-            rep = self.sync.report
+        if self.sync.generation == gen_before:  # the same window generation again
+            return out
+        rep = self.sync.report
+        err = pair_error({m.host_id: m for m in out}, rep.t_ref_ns)
+        if err is not None:
             idx = [rep.hosts.index(h) for h in ("h00", "h01")]
             raw = float(rep.offsets.x[idx[1]] - rep.offsets.x[idx[0]])
             span = float(np.max(rep.span)) if rep.span is not None and rep.span.size else 1.0
@@ -205,6 +204,20 @@ class Recorder:
                 if self.first_synced is None:
                     self.first_synced = time.monotonic()
         return out
+
+
+def min_edges(n_hosts: int) -> int:
+    """Two lab hosts give a single edge: the pairwise fit; more get the network effect."""
+    return 1 if n_hosts == 2 else 3
+
+
+def pair_error(models: dict, fleet_ns: int) -> float | None:
+    """h01's offset minus h00's at a fleet time, ns: all of it error, the two hosts share one
+    clock. None unless both are synchronized."""
+    a, b = models.get("h00"), models.get("h01")
+    if not (a and b and a.synced and b.synced):
+        return None
+    return _offset_at(b, fleet_ns) - _offset_at(a, fleet_ns)
 
 
 def _offset_at(m, fleet_ns: int) -> float:
