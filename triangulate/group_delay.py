@@ -75,7 +75,7 @@ class GroupDelay:
     ) -> list[GroupDelayFinding]:
         """``e``: per row residual excess; ``late_rows``: per row, late this window and the
         last (1), not (0), not known (-1: left out); ``unknown``: entries of flows with
-        unknown paths; ``n_sure``: per link, its known-path flows."""
+        unknown paths and an excess this window; ``n_sure``: per link, its known-path flows."""
         if unknown.size == 0 or not self.groups:
             return []
         rows, grp = self._memberships(b, unknown)
@@ -83,7 +83,7 @@ class GroupDelay:
         for g_of in (self.first, self.second):
             has = g_of >= 0
             np.logical_and.at(judged, g_of[has], n_sure[has] < self.cfg.delay_min_flows)
-        keep = judged[grp] & np.isfinite(e[rows]) & (late_rows[rows] >= 0)
+        keep = judged[grp] & (late_rows[rows] >= 0)
         rows, grp = rows[keep], grp[keep]
         late = late_rows[rows] == 1
         found = self._pick(rows, grp, late, e)
