@@ -25,6 +25,13 @@ the number of samples.
   time from the agents' start to the first synchronized model.
 - Load: a UDP flood from h00 to h01 across the fabric (a Python sender per core-ish, 1200-byte
   datagrams as fast as it can, to a port nobody listens on).
+- One CPU (``--cpu``, default the lowest one this process may use; ``--cpu -1``: no pinning):
+  the bench and everything it starts run there. A veth chain forwards a packet on the CPU
+  that sent it, so with the two hosts' processes on different CPUs each direction of the path
+  had its own floor: half-differences of -114 to +177 ns from run to run, a bias no two-way
+  method (Huygens, PTP, NTP) can see. Pinned, the same measurement (``bench/sync_replay.py``)
+  gave -36 to +80 ns in four runs. Real NICs timestamp in hardware, with no such per-direction
+  CPU; chrony and ptp4l gain from the symmetric path as much as FleetLens.
 
 Run as root: ``.venv/bin/python bench/sync_vs_ptp_chrony.py [--seconds 120] [--only ptp4l,...]``.
 Everything it starts is stopped by PID and the lab ``sy`` is torn down, also on errors.
@@ -351,7 +358,15 @@ def main(argv: list[str] | None = None) -> int:
         help="lab hosts (default 2). With 4 (2 NICs each, 2 leaves) FleetLens agents run on all "
         "of them and get the network effect; the baselines and the scored pair stay h00/h01",
     )  # fmt: skip
+    ap.add_argument(
+        "--cpu",
+        type=int,
+        default=min(os.sched_getaffinity(0)),
+        help="run the bench and all it starts on this CPU (-1: no pinning)",
+    )
     a = ap.parse_args(argv)
+    if a.cpu >= 0:  # inherited by every process it starts (see the module doc)
+        os.sched_setaffinity(0, {a.cpu})
     global PURITY_NS
     PURITY_NS = a.purity_ns
     if os.geteuid() != 0:
