@@ -83,6 +83,8 @@ ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
 
 
 _INSERT_COLS = ", ".join(WINDOW_SCHEMA.names)
+_HULLS = ("hull_t_ns", "hull_owd_ns")
+_NO_HULL_COLS = ", ".join(f"NULL::BLOB AS {n}" if n in _HULLS else n for n in WINDOW_SCHEMA.names)
 _I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
 _CLOCK_SCHEMA = pa.schema(
     [("host_id", _STR), ("t0_ns", _I64), ("offset_ns", _F64), ("drift_ppb", _F64),
@@ -198,9 +200,14 @@ class Store:
         finally:
             self.con.unregister("_incoming")
 
-    def read_windows(self, where: str = "TRUE", params: list | None = None) -> pa.Table:
-        """Windows matching a SQL condition, decoded back to WINDOW_SCHEMA (any thread)."""
-        rel = self.read().sql(f"SELECT {_INSERT_COLS} FROM windows WHERE {where}", params=params)
+    def read_windows(
+        self, where: str = "TRUE", params: list | None = None, hulls: bool = True
+    ) -> pa.Table:
+        """Windows matching a SQL condition, decoded back to WINDOW_SCHEMA (any thread).
+        ``hulls=False``: the two hull columns come back null, unread (only clock sync uses
+        them; on a reference-fleet window they are most of the bytes)."""
+        cols = _INSERT_COLS if hulls else _NO_HULL_COLS
+        rel = self.read().sql(f"SELECT {cols} FROM windows WHERE {where}", params=params)
         rows = rel.to_arrow_table()
         # Decode after fetching: the dictionary is then at least as new as the rows read.
         return from_storage(rows, self.links)

@@ -7,12 +7,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from collector_helpers import send_clean_window
 from fleetlens.api.config import Settings
-from fleetlens.api.service import Collector
+from fleetlens.api.service import Collector, Engines
 
-from fleetlens.topology import leaf_spine
+from fleetlens.records import WINDOW_SCHEMA, Verdict, nic_hosts
+from fleetlens.topology import Topology, leaf_spine
 
 T0 = 1_800_000_000_000_000_000
 SEC = 1_000_000_000
@@ -99,3 +102,49 @@ def test_a_replayed_batch_is_not_judged_before_the_other_hosts_rows_come(
             send_clean_window(c, topo, h, w)
     c.run_round(now + c.settings.triangulate_settle_ns + SEC)
     assert c.state.triangulated_ns == start + SEC
+
+
+def test_what_is_judged_flows_to_live_hosts_with_delays_only_in_fleet_time(
+    tmp_path: Path,
+) -> None:
+    """Flows towards a host whose agent was not yet running are dropped (a whole window of
+    margin); one-way delays are kept only where both ends' clocks are trusted; the rest is
+    handed over as stored, in WINDOW_SCHEMA with the hulls left out."""
+    topo = leaf_spine(hosts=4, nics=2, leaves=2, spines=2)
+    inv = tmp_path / "fleet.json"
+    topo.save(inv)
+    seen: list[pa.Table] = []
+
+    def judge(windows: pa.Table, topology: Topology | None, prev: dict) -> list[Verdict]:
+        seen.append(windows)
+        return []
+
+    engines = Engines(solve_clocks=lambda *_: [], triangulate=judge)
+    c = Collector(Settings(db_path=tmp_path / "fl.duckdb", inventory=str(inv)), engines)
+    c.start(loops=False)
+    try:
+        h = topo.hosts
+        for host in h[:3]:  # h[3]'s agent starts a window later
+            send_clean_window(c, topo, host, T0, with_hull=True)
+        c.run_round(T0 + 3 * SEC)
+        assert not seen  # every flow's far end started this window: nothing to judge
+        c.state.clock_trusted_ns.update({h[0]: T0, h[1]: T0})
+        for host in h:
+            send_clean_window(c, topo, host, T0 + SEC, with_hull=True)
+        c.run_round(T0 + 4 * SEC)
+    finally:
+        c.stop()
+    assert len(seen) == 1
+    got = seen[0]
+    assert got.schema == WINDOW_SCHEMA
+    assert got["hull_t_ns"].null_count == got.num_rows
+    src, dst = nic_hosts(got["src_nic"]).to_pylist(), nic_hosts(got["dst_nic"]).to_pylist()
+    nics = len(topo.nics_by_host[h[0]])
+    # every host sent to every NIC of the others; the flows towards h[3] are gone
+    assert h[3] not in dst and h[3] in src
+    assert got.num_rows == 4 * 3 * nics * nics - 3 * nics * nics
+    owd = got["owd_min_ns"].to_pylist()
+    for s_, d_, o in zip(src, dst, owd, strict=True):
+        both_trusted = {s_, d_} <= {h[0], h[1]}
+        assert (o == 20_000.0) if both_trusted else (o is None), (s_, d_, o)
+    assert pc.all(pc.equal(got["sent"], 100)).as_py()
