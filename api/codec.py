@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetlens.records import WINDOW_SCHEMA
+from fleetlens.records import HULLS, WINDOW_SCHEMA
 
-BLOB_COLUMNS = ("hull_t_ns", "hull_owd_ns", "path")
+BLOB_COLUMNS = (*HULLS, "path")
 
 
 def _plain(arr: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -32,7 +32,15 @@ from fleetlens.triangulate import decisions as triangulate_decisions
 
 from fleetlens.batch import Batch, BatchError
 from fleetlens.ids import split_nic_id
-from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, DrainEntry, Verdict, nic_hosts
+from fleetlens.records import (
+    HULLS,
+    WINDOW_SCHEMA,
+    ClockModel,
+    Decision,
+    DrainEntry,
+    Verdict,
+    nic_hosts,
+)
 from fleetlens.topology import Topology
 
 log = logging.getLogger("fleetlens.api")
@@ -228,7 +236,9 @@ class Collector:
         if hi is None:
             return WINDOW_SCHEMA.empty_table()
         lo = hi - self.settings.loop_lookback_ns
-        return self.store.read_windows("start_ns >= ? AND start_ns <= ?", [lo, hi])
+        # Paths are triangulation's, which reads its own windows (the placeholder excepted).
+        skip = ("path",) if self.engines.triangulate is not None else ()
+        return self.store.read_windows("start_ns >= ? AND start_ns <= ?", [lo, hi], without=skip)
 
     def run_round(self, now_ns: int) -> None:
         """One round: clock solve, triangulation, decisions; outputs stored in one transaction."""
@@ -283,7 +293,7 @@ class Collector:
         for start in self._window_starts(lo):
             # One window read at a time, without the hulls (clock sync's): on a reference
             # fleet (6 M rows) reading the whole backlog and filtering it took ~4 s a window.
-            window = self.store.read_windows("start_ns = ?", [start], hulls=False)
+            window = self.store.read_windows("start_ns = ?", [start], without=HULLS)
             if not self._settled(window, now_ns) or not self._all_senders_in(window, now_ns):
                 break  # a late upload: judge this window (and the next ones) next round
             one = self._judgeable(window)

@@ -18,7 +18,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-from fleetlens.api.codec import LinkDict, from_storage, to_storage
+from fleetlens.api.codec import BLOB_COLUMNS, LinkDict, from_storage, to_storage
 from fleetlens.api.config import HOUR_NS, MINUTE_NS
 
 from fleetlens.batch import Batch
@@ -83,8 +83,6 @@ ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
 
 
 _INSERT_COLS = ", ".join(WINDOW_SCHEMA.names)
-_HULLS = ("hull_t_ns", "hull_owd_ns")
-_NO_HULL_COLS = ", ".join(f"NULL::BLOB AS {n}" if n in _HULLS else n for n in WINDOW_SCHEMA.names)
 _I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
 _CLOCK_SCHEMA = pa.schema(
     [("host_id", _STR), ("t0_ns", _I64), ("offset_ns", _F64), ("drift_ppb", _F64),
@@ -201,12 +199,15 @@ class Store:
             self.con.unregister("_incoming")
 
     def read_windows(
-        self, where: str = "TRUE", params: list | None = None, hulls: bool = True
+        self, where: str = "TRUE", params: list | None = None, without: tuple[str, ...] = ()
     ) -> pa.Table:
         """Windows matching a SQL condition, decoded back to WINDOW_SCHEMA (any thread).
-        ``hulls=False``: the two hull columns come back null, unread (only clock sync uses
-        them; on a reference-fleet window they are most of the bytes)."""
-        cols = _INSERT_COLS if hulls else _NO_HULL_COLS
+        The list columns named in ``without`` come back null, unread: clock sync needs no
+        paths and triangulation no hulls, and on a reference-fleet window (6 M rows) each
+        costs 0.5-2 s to read and decode."""
+        if not set(without) <= set(BLOB_COLUMNS):
+            raise ValueError(f"only list columns can be left out, not {sorted(without)}")
+        cols = ", ".join(f"NULL::BLOB AS {n}" if n in without else n for n in WINDOW_SCHEMA.names)
         rel = self.read().sql(f"SELECT {cols} FROM windows WHERE {where}", params=params)
         rows = rel.to_arrow_table()
         # Decode after fetching: the dictionary is then at least as new as the rows read.

@@ -123,6 +123,7 @@ WINDOW_SCHEMA = pa.schema(
         ("path", pa.list_(pa.string())),
     ]
 )
+HULLS = ("hull_t_ns", "hull_owd_ns")  # the window's columns only clock sync reads
 
 
 def nic_hosts(nics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:

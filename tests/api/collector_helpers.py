@@ -176,11 +176,18 @@ class InProcessServer:
 
 
 def send_clean_window(
-    c: Collector, topo: Topology, host: str, start: int, with_hull: bool = False
+    c: Collector,
+    topo: Topology,
+    host: str,
+    start: int,
+    with_hull: bool = False,
+    received: int = 100,
+    path: list[str] | None = None,
 ) -> None:
     """One window of clean probes from every NIC of ``host`` to every NIC of other hosts,
     written through the collector's writer as an agent's upload would be. ``with_hull`` adds
-    a one-point hull per row so the clock solve has something to fit."""
+    a one-point hull per row so the clock solve has something to fit; ``received`` (of 100)
+    and ``path`` are every row's."""
     pairs = [(s.id, d.id) for s in topo.nics_by_host[host] for d in topo.nics if d.host != host]
     n = len(pairs)
     hull_t, hull_owd = ([5], [20_000]) if with_hull else ([], [])
@@ -188,11 +195,11 @@ def send_clean_window(
         {
             "src_nic": [p[0] for p in pairs], "dst_nic": [p[1] for p in pairs],
             "sport": [40000] * n, "start_ns": [start] * n, "duration_ns": [WINDOW_NS] * n,
-            "sent": [100] * n, "received": [100] * n, "pure": [90] * n,
+            "sent": [100] * n, "received": [received] * n, "pure": [90] * n,
             "owd_min_ns": [20_000.0] * n, "owd_p50_ns": [21_000.0] * n,
             "owd_p99_ns": [25_000.0] * n, "owd_max_ns": [30_000.0] * n,
             "hull_t_ns": [hull_t] * n, "hull_owd_ns": [hull_owd] * n,
-            "ts_source": ["software"] * n, "path": [None] * n,
+            "ts_source": ["software"] * n, "path": [path] * n,
         },
         schema=WINDOW_SCHEMA,
     )  # fmt: skip

@@ -137,7 +137,7 @@ def test_what_is_judged_flows_to_live_hosts_with_delays_only_in_fleet_time(
     assert len(seen) == 1
     got = seen[0]
     assert got.schema == WINDOW_SCHEMA
-    assert got["hull_t_ns"].null_count == got.num_rows
+    assert got["hull_t_ns"].null_count == got.num_rows  # not read for it
     src, dst = nic_hosts(got["src_nic"]).to_pylist(), nic_hosts(got["dst_nic"]).to_pylist()
     nics = len(topo.nics_by_host[h[0]])
     # every host sent to every NIC of the others; the flows towards h[3] are gone
@@ -148,3 +148,20 @@ def test_what_is_judged_flows_to_live_hosts_with_delays_only_in_fleet_time(
         both_trusted = {s_, d_} <= {h[0], h[1]}
         assert (o == 20_000.0) if both_trusted else (o is None), (s_, d_, o)
     assert pc.all(pc.equal(got["sent"], 100)).as_py()
+
+
+def test_without_an_inventory_the_placeholder_judges_the_reported_paths(tmp_path: Path) -> None:
+    """No topology, no engine: the placeholder reads the paths of the newest windows (the
+    clock solve's read, which leaves them out when an engine reads its own)."""
+    topo = leaf_spine(hosts=4, nics=1, leaves=2, spines=2)
+    c = Collector(Settings(db_path=tmp_path / "fl.duckdb"))
+    c.start(loops=False)
+    try:
+        bad = ["leaf0->spine1"]
+        for host in topo.hosts:
+            send_clean_window(c, topo, host, T0, received=50, path=bad)
+        c.run_round(T0 + 3 * SEC)
+        got = c.state.verdicts.get(bad[0])
+    finally:
+        c.stop()
+    assert got is not None and got.state == "faulty", got
