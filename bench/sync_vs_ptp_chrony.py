@@ -30,7 +30,7 @@ the number of samples.
   that sent it, so with the two hosts' processes on different CPUs each direction of the path
   had its own floor: half-differences of -114 to +177 ns from run to run, a bias no two-way
   method (Huygens, PTP, NTP) can see. Pinned, the same measurement (``bench/sync_replay.py``)
-  gave -36 to +80 ns in four runs. Real NICs timestamp in hardware, with no such per-direction
+  gave -36 to +80 ns in six runs. Real NICs timestamp in hardware, with no such per-direction
   CPU; chrony and ptp4l gain from the symmetric path as much as FleetLens.
 
 Run as root: ``.venv/bin/python bench/sync_vs_ptp_chrony.py [--seconds 120] [--only ptp4l,...]``.
