@@ -9,10 +9,10 @@ stored one-way delay is a true one-way delay. Per run this prints:
   window generation, as the collector's loop feeds it): a change to ``sync/`` is measured in
   seconds on recorded windows instead of a 5-minute lab run (the replay of an unchanged solver
   reproduces the run's printed figures);
-- the half difference of the two directions' one-way delay floors between h00 and h01 (the
-  5th percentile of their per-window minima, robust to one lucky packet; the absolute minimum
-  beside it). Two-way sync — Huygens, PTP, NTP — assumes equal floors both ways, so this
-  asymmetry shows up as a bias no such method can see;
+- the half difference of the two directions' one-way delay floors between h00 and h01, from
+  the raw hull points (the 5th percentile of their per-window minima, robust to one lucky
+  packet; the absolute minimum beside it). Two-way sync — Huygens, PTP, NTP — assumes
+  equal floors both ways, so this asymmetry shows up as a bias no such method can see;
 - the error with that asymmetry removed.
 
     .venv/bin/python bench/sync_replay.py /tmp/sy-bench-*/fleetlens-*
@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 from fleetlens.api.config import Settings
 from fleetlens.api.store import Store
 from fleetlens.sync import HuygensSync
@@ -53,25 +54,31 @@ def replay(store: Store, topo: Topology) -> np.ndarray:
 
 
 def half_asymmetry(store: Store) -> tuple[float, float]:
-    """(robust, absolute) half difference h00->h01 minus h01->h00 of the one-way floors."""
-    rows = (
-        store.read()
-        .sql(
-            """SELECT split_part(src_nic, '/', 1) AS s, quantile_cont(owd_min_ns, 0.05),
-                  min(owd_min_ns)
-           FROM windows
-           WHERE split_part(src_nic, '/', 1) IN ('h00', 'h01')
-             AND split_part(dst_nic, '/', 1) IN ('h00', 'h01')
-             AND split_part(src_nic, '/', 1) <> split_part(dst_nic, '/', 1)
-             AND start_ns >= (SELECT min(start_ns) FROM windows) + ?
-           GROUP BY 1""",
-            params=[SETTLE_WINDOWS * 1_000_000_000],
-        )
-        .fetchall()
+    """(robust, absolute) half difference h00->h01 minus h01->h00 of the one-way floors.
+
+    Read from the hull points, which are raw (receive stamp minus send stamp, each host's own
+    clock: here the one real clock), not from ``owd_min_ns``, which agents report in fleet
+    time, i.e. through the clock models under test: a floor taken from it carries
+    FleetLens's own error with the opposite sign."""
+    t = store.read_windows(
+        "start_ns >= (SELECT min(start_ns) FROM windows) + ?",
+        [SETTLE_WINDOWS * 1_000_000_000],
+        without=("path",),
     )
-    floor = {s: (q, m) for s, q, m in rows}
-    if set(floor) != {"h00", "h01"}:
-        return float("nan"), float("nan")
+    src = pc.list_element(pc.split_pattern(t["src_nic"], "/"), 0).to_numpy(zero_copy_only=False)
+    dst = pc.list_element(pc.split_pattern(t["dst_nic"], "/"), 0).to_numpy(zero_copy_only=False)
+    row = pc.list_parent_indices(t["hull_owd_ns"]).to_numpy()
+    owd = pc.list_flatten(t["hull_owd_ns"]).to_numpy(zero_copy_only=False).astype(np.float64)
+    start = t["start_ns"].to_numpy()
+    floor = {}
+    for s, d in (("h00", "h01"), ("h01", "h00")):
+        at = (src[row] == s) & (dst[row] == d)
+        if not at.any():
+            return float("nan"), float("nan")
+        gen, inv = np.unique(start[row[at]], return_inverse=True)
+        per_window = np.full(gen.size, np.inf)
+        np.minimum.at(per_window, inv, owd[at])
+        floor[s] = (np.percentile(per_window, 5), per_window.min())
     return tuple((floor["h00"][i] - floor["h01"][i]) / 2 for i in (0, 1))
 
 

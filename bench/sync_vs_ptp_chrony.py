@@ -26,12 +26,9 @@ the number of samples.
 - Load: a UDP flood from h00 to h01 across the fabric (a Python sender per core-ish, 1200-byte
   datagrams as fast as it can, to a port nobody listens on).
 - One CPU (``--cpu``, default the lowest one this process may use; ``--cpu -1``: no pinning):
-  the bench and everything it starts run there. A veth chain forwards a packet on the CPU
-  that sent it, so with the two hosts' processes on different CPUs each direction of the path
-  had its own floor: half-differences of -114 to +177 ns from run to run, a bias no two-way
-  method (Huygens, PTP, NTP) can see. Pinned, the same measurement (``bench/sync_replay.py``)
-  gave -36 to +80 ns in six runs. Real NICs timestamp in hardware, with no such per-direction
-  CPU; chrony and ptp4l gain from the symmetric path as much as FleetLens.
+  the bench and everything it starts run there, so that the two hosts' packets cross the veth
+  chain on the same CPU. (It was added against a floor asymmetry that turned out to be
+  measured in fleet time, i.e. FleetLens's own error; see ``sync/README.md``.)
 
 Run as root: ``.venv/bin/python bench/sync_vs_ptp_chrony.py [--seconds 120] [--only ptp4l,...]``.
 Everything it starts is stopped by PID and the lab ``sy`` is torn down, also on errors.
