@@ -290,6 +290,7 @@ def run_fleetlens(lab, procs: Procs, tmp: Path, seconds: float, settle: float) -
                 str(run_dir / "agent-state"),
                 "--metrics",
                 "127.0.0.1:0",
+                *(["--purity-ns", str(PURITY_NS)] if PURITY_NS is not None else []),
             ],
             run_dir / f"agent-{h}.log",
         )
