@@ -10,16 +10,26 @@ independent from window to window. A max-margin line through the pooled hulls of
 points up to ``k`` s apart instead of half a second.
 
 When: pooling assumes the clock difference is a straight line over ``k`` windows. Real
-oscillators wander (temperature, ageing) and a stepped clock breaks the line, so the span is
-chosen by prediction: each candidate span (``POOL_SIZES``) keeps, per edge, its last
-intercept, and when a new window arrives the single-window estimate is compared with each
-span's intercept carried to this window by one common slope (the longest usable span's). A
-running mean of the squared prediction errors (weight ``SCORE_WEIGHT``, each window's
-contribution capped at ``SCORE_CAP_NS``²) scores the spans: with stable clocks the long spans
-predict best (less noise); with wandering drift their bend shows up as prediction error and
-shorter spans win. The span is chosen for the whole fleet, by the median score over the edges,
-and used on every edge where it is allowed (see ``_pick``: per-edge scores are too noisy to
-choose by). A pooled fit whose points overlap (a step inside the span) is never used.
+oscillators wander (temperature, ageing) and a stepped clock breaks the line, so each
+candidate span (``POOL_SIZES``) keeps, per edge, its last line, and every new window tests
+it: how far the window's points reach into the band between the two directions' floors that
+the line kept clear (``_intrusion``). A straight clock leaves the band clear (a point never
+sits below its direction's floor); a bent one shows as an intrusion. A running mean of the
+squared intrusions (weight ``SCORE_WEIGHT``) ranks the spans, the longer first among equals.
+The span is chosen for the whole fleet, by the median over the edges, and used on every edge
+where it is allowed (see ``_pick``: per-edge scores are too noisy to choose by). A pooled fit
+whose points overlap (a step inside the span) is never used.
+
+Each span is also scored by how well it predicted the next single window (carried by one
+common slope, the longest usable span's; each contribution capped at ``SCORE_CAP_NS``²):
+that score qualifies a span (``MIN_SCORED`` predictions since its last run of surprises)
+and gives the tracker each edge's noise, but no longer ranks the spans. It ranked them until
+a flood one way on two lab hosts showed why it cannot: the loaded direction's per-window
+floor sits higher than the other's, every window alike, so each single window is off by
+half the difference (−200 ns) and predicts its successor, off the same way, better than a
+32-window span that is right (−20 ns); the intrusion test is not fooled, because excess only
+ever hides a bend, never fakes one (replay of that run: p99 457 → 76 ns; the simulator's
+choice stays the single window).
 
 Measured (1024-host simulator, software stamps, 20 ppb/√s wander plus drift steps, 12 s):
 choosing per edge, each span carried by its own slope, picked 8-window spans on 2/3 of the
@@ -67,6 +77,8 @@ class _EdgeTrack:
     score: np.ndarray | None = None  # per span: running mean squared prediction error
     scored: np.ndarray | None = None  # per span: predictions scored so far
     pending: np.ndarray | None = None  # per span: surprises in a row so far
+    margin: np.ndarray | None = None  # per span: the line's margin (ns)
+    bend: np.ndarray | None = None  # per span: running mean squared intrusion (``_intrusion``)
 
     def __post_init__(self) -> None:
         if self.score is None:
@@ -74,6 +86,10 @@ class _EdgeTrack:
             self.scored = np.zeros(self.a.size, np.int64)
         if self.pending is None:
             self.pending = np.zeros(self.a.size, np.int64)
+        if self.margin is None:
+            self.margin = np.zeros(self.a.size)
+        if self.bend is None:
+            self.bend = np.full(self.a.size, np.nan)
 
 
 @dataclass
@@ -121,7 +137,12 @@ class HullPool:
             self.history.append((gen, pts))
 
     def choose(
-        self, keys: list[str], t_ref: int, fits: list[EdgeFits], slope: np.ndarray
+        self,
+        keys: list[str],
+        t_ref: int,
+        fits: list[EdgeFits],
+        slope: np.ndarray,
+        now: tuple[np.ndarray, ...] | None = None,
     ) -> tuple[EdgeFits, np.ndarray]:
         """Score every span on this window, then pick one fit per edge; returns the chosen
         fits and the span index per edge. ``fits[0]`` is the single-window fit; ``slope``
@@ -131,6 +152,7 @@ class HullPool:
         ok = np.array([f.usable & ~f.soft for f in fits])  # (spans, edges)
         a = np.array([f.a for f in fits])
         b = np.array([f.b for f in fits])
+        margin = np.array([f.margin for f in fits])
         # The carrying slope: the longest usable span's (a single window's slope is off by
         # ~100 ppb with software stamps, 100 ns over the 1 s carried: that noise, common to
         # all spans, would drown the differences between them).
@@ -144,12 +166,15 @@ class HullPool:
             if tr is not None and ok[0, e]:
                 _score(tr, one.a[e], t_ref, float(carry[e]))
             tracks.append(tr)
+        if now is not None:
+            _bend(tracks, _intrusion(tracks, now, t_ref, carry, ok.shape[0]))
         choice, self.best = _pick(tracks, ok, np.array([f.usable for f in fits]), self.best)
         self.noise = _noise(tracks, choice)
         for e, (key, tr) in enumerate(zip(keys, tracks, strict=True)):
             self.tracks[key] = _EdgeTrack(
                 t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(),
-                *((tr.score, tr.scored, tr.pending) if tr is not None else ()),
+                *((tr.score, tr.scored, tr.pending) if tr is not None else (None, None, None)),
+                margin[:, e].copy(), tr.bend if tr is not None else None,
             )  # fmt: skip
         return _select(fits, choice), choice
 
@@ -189,6 +214,68 @@ def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float) -> None:
     tr.scored = tr.scored + upd
 
 
+def _intrusion(
+    tracks: list[_EdgeTrack | None],
+    now: tuple[np.ndarray, ...],
+    t_ref: int,
+    carry: np.ndarray,
+    n_spans: int,
+) -> np.ndarray:
+    """Per span and edge, how far this window's points reach into the band the span's last
+    line kept clear (ns, ≥ 0; NaN where not measurable). A straight clock leaves the band
+    clear: a new point sits above its direction's floor, never below it. A bend of Δ shows as
+    Δ minus that window's excess on the side it bends towards. Unlike a prediction of the next
+    single window, this is not biased by the single window's own error: when the two
+    directions' floors sit unequally high in a window (one direction loaded), its fit is off
+    by half the difference, every window alike, and a span scored against it looks worse the
+    better it is (lab, flood one way: single windows −200 ns, 32-window spans −20 ns)."""
+    edge, upper, t, y = now
+    n_e = len(tracks)
+    have = np.array([tr is not None for tr in tracks], bool)
+    out = np.full((n_spans, n_e), np.nan)
+    if not have.any() or edge.size == 0:
+        return out
+    idx = np.flatnonzero(have)
+    a0 = np.zeros((n_spans, n_e))
+    m0 = np.zeros((n_spans, n_e))
+    ok0 = np.zeros((n_spans, n_e), bool)
+    dt = np.zeros(n_e)
+    for i in idx:
+        tr = tracks[i]
+        good = tr.ok & (tr.margin > 0)
+        if not good.any():
+            continue
+        # one band for all spans: the narrowest any span found, near the true floors (a
+        # span's own margin would charge a single window for its floors sitting high)
+        a0[:, i], m0[:, i], ok0[:, i] = tr.a, tr.margin[good].min(), good
+        dt[i] = float(t_ref - tr.t_ref)
+    line0 = a0 + carry * dt  # each span's line at t = 0 of this window
+    use = have[edge]
+    e, up, tt, yy = edge[use], upper[use], t[use], y[use]
+    for k in range(n_spans):
+        r = yy - (line0[k, e] + carry[e] * tt)
+        lo_gap = np.full(n_e, np.inf)
+        np.minimum.at(lo_gap, e[up], r[up])  # upper points: distance above the line
+        hi_gap = np.full(n_e, np.inf)
+        np.minimum.at(hi_gap, e[~up], -r[~up])  # lower points: distance below it
+        worst = np.maximum(m0[k] - lo_gap, m0[k] - hi_gap)  # -inf where a side is empty
+        seen = np.isfinite(lo_gap) | np.isfinite(hi_gap)
+        out[k] = np.where(ok0[k] & seen, np.maximum(worst, 0.0), np.nan)
+    return out
+
+
+def _bend(tracks: list[_EdgeTrack | None], intrusion: np.ndarray) -> None:
+    """Running mean square of each span's intrusions (weight ``SCORE_WEIGHT``)."""
+    for e, tr in enumerate(tracks):
+        if tr is None:
+            continue
+        x = intrusion[:, e]
+        fresh = np.isfinite(x) & ~np.isfinite(tr.bend)
+        upd = np.isfinite(x) & np.isfinite(tr.bend)
+        tr.bend = np.where(fresh, x**2, tr.bend)
+        tr.bend = np.where(upd, (1 - SCORE_WEIGHT) * tr.bend + SCORE_WEIGHT * x**2, tr.bend)
+
+
 def _pick(
     tracks: list[_EdgeTrack | None], ok: np.ndarray, usable: np.ndarray, prev_best: int
 ) -> tuple[np.ndarray, int]:
@@ -211,6 +298,7 @@ def _pick(
     allowed[0] = True
     med = np.array([np.median(score[k, allowed[k]]) if allowed[k].any() else np.inf
                     for k in range(n_sp)])  # fmt: skip
+    med = _rank_by_bend(tracks, allowed, med)
     # Per edge, the allowed span with the best fleet-wide median (the fleet's best span where
     # it is allowed, else the next best, e.g. a shorter span while a long one re-qualifies).
     rank = np.where(allowed & ok, med[:, None], np.inf)
@@ -233,6 +321,25 @@ def _pick(
         longest = n_sp - 1 - np.argmax(usable[::-1][:-1], axis=0)
         choice = np.where((choice == 0) & soft, longest, choice)
     return choice, best
+
+
+def _rank_by_bend(
+    tracks: list[_EdgeTrack | None], allowed: np.ndarray, med: np.ndarray
+) -> np.ndarray:
+    """Fleet-wide rank value per span from the median intrusion score over the edges where
+    it is allowed (see ``_intrusion``; inf for a span scored nowhere), a longer span ranking
+    first among equals; ``med`` (prediction scores) until single windows have one."""
+    n_sp, n_e = allowed.shape
+    bend = np.full((n_sp, n_e), np.nan)
+    for i, tr in enumerate(tracks):
+        if tr is not None:
+            bend[:, i] = tr.bend
+    use = allowed & np.isfinite(bend)
+    if not use[0].any():
+        return med
+    mb = np.array([np.median(bend[k, use[k]]) if use[k].any() else np.inf
+                   for k in range(n_sp)])  # fmt: skip
+    return mb - 1e-9 * np.arange(n_sp)  # ties: the longer span
 
 
 def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray) -> np.ndarray:

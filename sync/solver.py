@@ -253,7 +253,9 @@ class HuygensSync:
             e, up, tt, yy = hull_reduce(edge[m], upper[m], t[m], y[m], geo.n)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket))
         held = fits.pop(1)  # this window alone, its slope held near the tracked one
-        chosen, span = self.pool.choose(geo.keys, t_ref, fits, b_prior)
+        cur = known & (pool.age == 0)
+        now = (edge[cur], upper[cur], t[cur], y[cur])
+        chosen, span = self.pool.choose(geo.keys, t_ref, fits, b_prior, now)
         self._excess = _margin_excess([*fits, held], chosen, span, held)
         return chosen, span
 

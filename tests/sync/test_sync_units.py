@@ -309,17 +309,21 @@ def test_simulator_symmetric_paths_averages_the_two_directions_of_each_link() ->
     np.testing.assert_allclose(sym.flow_base, sym.link_base_ns[sym.flow_links].sum(axis=1))
 
 
-def _two_host_run(pool_sizes: tuple[int, ...], windows: int, delta: float) -> tuple:
+def _two_host_run(
+    pool_sizes: tuple[int, ...], windows: int, delta: float, luck: tuple[float, float] = (60, 60)
+) -> tuple:
     """Two hosts, one edge, a fixed clock difference; each window's minimum delays sit a
-    random amount above a common floor (as on the lab's software stamps)."""
+    random amount above a common floor (as on the lab's software stamps), by ``luck`` ns on
+    average in each direction (h0->h1, h1->h0)."""
     rng = np.random.default_rng(17)
     sync = HuygensSync(min_edges=1, pool_sizes=pool_sizes)
     errs = []
     for k in range(windows):
         rows = []
-        for s, d, sign in (("h0/eth0", "h1/eth0", 1.0), ("h1/eth0", "h0/eth0", -1.0)):
+        for s, d, sign, mean in (("h0/eth0", "h1/eth0", 1.0, luck[0]),
+                                 ("h1/eth0", "h0/eth0", -1.0, luck[1])):  # fmt: skip
             t = np.sort(rng.integers(0, 10**9, 100)) + 10**18 + k * 10**9
-            floor = 1500 + rng.exponential(60)  # this window's luck in this direction
+            floor = 1500 + rng.exponential(mean)  # this window's luck in this direction
             owd = np.rint(floor + rng.exponential(400, 100) + sign * delta).astype(np.int64)
             idx = lower_hull(t, owd)
             ht, hy = t[idx].tolist(), owd[idx].tolist()
@@ -336,6 +340,18 @@ def test_stable_clocks_pool_the_hulls_of_many_windows() -> None:
     assert rep.span[0] > 1  # straight clocks: a pooled span predicts best
     assert np.percentile(pooled, 99) < 0.5 * np.percentile(one, 99)
     assert np.percentile(pooled, 99) < 50.0
+
+
+def test_one_way_load_does_not_bias_the_span_choice() -> None:
+    """One direction loaded (lab: a flood one way): its per-window floor sits higher on
+    average, so every single-window fit is off by half the difference, the same way each
+    window, and predicts its successor well. The spans are ranked by whether new points
+    cross their lines, which excess cannot fake: the pooled span is still taken."""
+    one, _ = _two_host_run((1,), 60, 1234.0, luck=(300.0, 30.0))
+    pooled, rep = _two_host_run((1, 8, 32), 60, 1234.0, luck=(300.0, 30.0))
+    assert np.median(one) > 60.0  # biased by about (300 - 30) / 2 on average
+    assert rep.span[0] == 32
+    assert np.percentile(pooled, 99) < 0.4 * np.percentile(one, 99)
 
 
 def _converged(evidence: float = 0.0):
