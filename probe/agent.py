@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from fleetlens.probe.upload import Uploader
 
 log = logging.getLogger("fleetlens.agent")
+PATH_RETRY_S = 0.5  # flows whose traceroute went unanswered are asked again this soon
 
 
 @dataclass
@@ -294,6 +295,7 @@ class Agent:
         nics = nics if nics is not None else list(self.path.nics.values())  # type: ignore[union-attr]
         self.path.close()  # type: ignore[union-attr]
         self._build(plan, nics)
+        self.relearn.set()  # the new window builder knows no paths yet
 
     def _drain(self) -> None:
         """Collect the acks still in flight, then every window that can be completed."""
@@ -368,19 +370,21 @@ class Agent:
         if not finder.interfaces:
             log.warning("no path discovery: the collector has no interface map (inventory)")
             return
-        known: dict[int, list[str]] = {}
+        known: set[tuple[str, str, int]] = set()  # flows by identity: ids change on rebuilds
+        everything = True
         while not self.stop.is_set():
             traces = self._traces()
-            found = finder.discover(traces)
-            known.update(found)
-            log.info("paths learned for %d of %d flows", len(found), len(traces))
+            todo = traces if everything else [t for t in traces if _identity(t) not in known]
+            found = finder.discover(todo)
+            known |= {_identity(t) for t in todo if t.flow in found}
+            log.info("paths learned for %d of %d flows", len(found), len(todo))
             self.changes.put(_Changes(paths=found))
-            # Unanswered traceroutes (a busy switch CPU) are retried soon, not a refresh later.
-            complete = all(t.flow in known for t in traces)
-            self.relearn.wait(
-                self.cfg.path_refresh_s if complete else min(2.0, self.cfg.path_refresh_s)
-            )
+            # Unanswered traceroutes (a busy switch CPU) are retried soon, and only they.
+            missing = any(_identity(t) not in known for t in traces)
+            refresh = self.cfg.path_refresh_s
+            woke = self.relearn.wait(min(PATH_RETRY_S, refresh) if missing else refresh)
             self.relearn.clear()
+            everything = woke or not missing  # a route change or a refresh: every flow again
 
     def _traces(self) -> list[Trace]:
         """One traceroute per flow of every NIC that is up now."""
@@ -409,6 +413,10 @@ class Agent:
             "depth": self.uploader.depth if self.uploader else (0, 0),
             "rounds_skipped": self.rounds_skipped,
         }
+
+
+def _identity(t: Trace) -> tuple[str, str, int]:
+    return t.src_ip, t.dst_nic, t.sport
 
 
 def _nic_key(nics: list[LocalNic]) -> frozenset[tuple[str, str]]:

@@ -24,6 +24,7 @@ ICMP_TIME_EXCEEDED = 11
 _PAYLOAD = b"fleetlens-path"
 # Switches police the ICMP their CPU sends: ask in small bursts.
 BURST, BURST_GAP_S = 32, 0.01
+RCVBUF_BYTES = 1 << 20  # the kernel caps it at net.core.rmem_max: draining per burst matters more
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class PathFinder:
         hops: dict[int, list[str]] = {t.flow: [] for t in traces}
         pending = {t.flow: t for t in traces if t.dst_nic in self.leaf_of}
         with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as icmp:
+            icmp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
             for ttl in range(1, self.max_ttl + 1):
                 if not pending:
                     break
@@ -78,12 +80,15 @@ class PathFinder:
         """Send TTL ``ttl`` for every trace; flow id -> address that answered."""
         # Imported here: scapy takes seconds to import on a busy host, and the agent must
         # start probing (and its clock converge) without waiting for path discovery.
-        from scapy.layers.inet import ICMP, IP, UDP, UDPerror
+        from scapy.layers.inet import IP, UDP
 
         ident = {(t.src_ip, t.dst_ip, t.sport): t.flow for t in traces}
+        answers: dict[int, str] = {}
         for i, t in enumerate(traces):
             if i and i % BURST == 0:
-                time.sleep(BURST_GAP_S)
+                # Read the answers between bursts rather than sleep: a whole round's replies
+                # queued at once overflowed the socket buffer on a busy host.
+                self._collect(icmp, ident, ttl, answers, time.monotonic() + BURST_GAP_S)
             pkt = (
                 IP(src=t.src_ip, dst=t.dst_ip, ttl=ttl, id=ttl)
                 / UDP(sport=t.sport, dport=self.dport)
@@ -98,11 +103,23 @@ class PathFinder:
                     raw.sendto(bytes(pkt), (t.dst_ip, 0))
                 except OSError as e:  # a NIC that is down: no path this round
                     log.debug("traceroute %s->%s: %s", t.src_ip, t.dst_ip, e)
-        answers: dict[int, str] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(answers) < len(traces) and (left := deadline - time.monotonic()) > 0:
+        self._collect(icmp, ident, ttl, answers, time.monotonic() + self.timeout_s)
+        return answers
+
+    @staticmethod
+    def _collect(
+        icmp: socket.socket,
+        ident: dict[tuple[str, str, int], int],
+        ttl: int,
+        answers: dict[int, str],
+        deadline: float,
+    ) -> None:
+        """Read "time exceeded" answers into ``answers`` until all came or ``deadline``."""
+        from scapy.layers.inet import ICMP, IP, UDPerror
+
+        while len(answers) < len(ident) and (left := deadline - time.monotonic()) > 0:
             if not select.select([icmp], [], [], left)[0]:
-                break
+                return
             reply = IP(icmp.recv(2048))
             if ICMP not in reply or reply[ICMP].type != ICMP_TIME_EXCEEDED or UDPerror not in reply:
                 continue
@@ -110,4 +127,3 @@ class PathFinder:
             key = (quoted.src, quoted.dst, reply[UDPerror].sport)
             if key in ident and quoted.id == ttl:
                 answers[ident[key]] = reply.src
-        return answers
