@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from fleetlens.fixtures.lab import netns
+from fleetlens.fixtures.lab import awake, netns
 from fleetlens.fixtures.lab.fabric import Lab
 from fleetlens.fixtures.lab.state import LabState
 
@@ -37,8 +38,9 @@ def _trace() -> dict[str, object]:
             p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith(NAME)
         ),
         "nft": subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout,
-        "helpers": sorted(ln for ln in procs.splitlines() if f"--lab {NAME} " in ln),
+        "helpers": sorted(ln for ln in procs.splitlines() if re.search(f"--lab {NAME}( |$)", ln)),
         "state": LabState.path(NAME).parent.exists(),
+        "cpu_latency_target_us": awake.current_target_us(),
     }
 
 
@@ -81,7 +83,12 @@ def test_cli_round_trip_leaves_no_trace(tidy: dict) -> None:  # type: ignore[typ
     # Counted from the lab's own records: 'ps' also catches pyroute2's short-lived forks of
     # the flapper (they carry its command line while they open a socket in a namespace).
     helpers = json.loads(_fleetlens("status", "--json").stdout)["helpers"]
-    assert sorted(h["role"] for h in helpers if h["alive"]) == ["delay", "flap"], helpers
+    assert sorted(h["role"] for h in helpers if h["alive"]) == ["awake", "delay", "flap"], helpers
+    # Healing stops the fault helpers only: the CPUs stay awake while the lab is up.
+    _fleetlens("heal", "--all")
+    helpers = json.loads(_fleetlens("status", "--json").stdout)["helpers"]
+    assert [h["role"] for h in helpers if h["alive"]] == ["awake"], helpers
+    assert awake.current_target_us() == 0
     _fleetlens("down")
     assert _trace() == tidy
 
