@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 import pytest
-from fleetlens.fixtures.lab import faults, measure, netns
+from fleetlens.fixtures.lab import awake, faults, measure, netns
 from fleetlens.fixtures.lab.fabric import Lab, LabError
 from fleetlens.fixtures.lab.paths import flow_path
-from fleetlens.fixtures.lab.state import LabState, is_ours
+from fleetlens.fixtures.lab.state import LabState, Proc, is_ours
 from fleetlens.fixtures.lab.status import link_states
 
 from fleetlens.records import Flow
@@ -84,6 +84,12 @@ def test_access_link_down_cuts_that_nic_only(clean_lab: Lab) -> None:
     assert res[0].received == 5
 
 
+def _fault_helpers(lab: Lab) -> list[Proc]:
+    state = LabState.load(lab.name)
+    assert state is not None
+    return [p for p in state.procs if p.role != awake.ROLE]
+
+
 def test_flap_toggles_the_cable_until_healed(clean_lab: Lab) -> None:
     faults.add_flap(clean_lab, FABRIC_LINK, 200)
     seen = set()
@@ -92,7 +98,7 @@ def test_flap_toggles_the_cable_until_healed(clean_lab: Lab) -> None:
         seen.add(link_states(clean_lab)[FABRIC_LINK])
         time.sleep(0.02)
     assert seen == {True, False}
-    (proc,) = LabState.load(clean_lab.name).procs  # type: ignore[union-attr]
+    (proc,) = _fault_helpers(clean_lab)
     faults.heal(clean_lab, FABRIC_LINK)
     assert not is_ours(proc)
     for _ in range(10):  # stays up: the flapper is gone
@@ -106,12 +112,13 @@ def test_heal_all_leaves_a_clean_fabric(clean_lab: Lab) -> None:
     faults.add_delay(clean_lab, "leaf1->spine0", 100)
     faults.add_down(clean_lab, "leaf3->spine0")
     faults.add_flap(clean_lab, "h05/eth0->leaf1", 100)
-    procs = LabState.load(clean_lab.name).procs  # type: ignore[union-attr]
+    procs = _fault_helpers(clean_lab)
     assert len(procs) == 2
     assert len(faults.heal(clean_lab)) == 6
     state = LabState.load(clean_lab.name)
-    assert state is not None and not state.faults and not state.procs
+    assert state is not None and not state.faults and not _fault_helpers(clean_lab)
     assert not any(is_ours(p) for p in procs)
+    assert [p.role for p in state.procs if is_ours(p)] == [awake.ROLE]  # the lab's own helper
     assert all(link_states(clean_lab).values())
     for ns in state.namespaces:
         rules = netns.run(ns, ["nft", "list", "ruleset"]).stdout
