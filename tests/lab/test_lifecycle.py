@@ -89,6 +89,7 @@ def test_cli_round_trip_leaves_no_trace(tidy: dict) -> None:  # type: ignore[typ
     helpers = json.loads(_fleetlens("status", "--json").stdout)["helpers"]
     assert [h["role"] for h in helpers if h["alive"]] == ["awake"], helpers
     assert awake.current_target_us() == 0
+    assert "cpus: kept awake" in _fleetlens("status").stdout
     _fleetlens("down")
     assert _trace() == tidy
 
