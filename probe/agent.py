@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from fleetlens.probe.client import CollectorClient, CollectorError
 from fleetlens.probe.datapath import DataPath
 from fleetlens.probe.nics import LocalNic, discover, hardware_timestamping, link_states
-from fleetlens.probe.pathfind import PathFinder, Trace
+from fleetlens.probe.pathfind import PathFinder, PathSchedule, Trace
 from fleetlens.probe.windows import WindowBuilder
 
 from fleetlens.ids import nic_id
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from fleetlens.probe.upload import Uploader
 
 log = logging.getLogger("fleetlens.agent")
-PATH_RETRY_S = 0.5  # flows whose traceroute went unanswered are asked again this soon
 
 
 @dataclass
@@ -370,21 +369,16 @@ class Agent:
         if not finder.interfaces:
             log.warning("no path discovery: the collector has no interface map (inventory)")
             return
-        known: set[tuple[str, str, int]] = set()  # flows by identity: ids change on rebuilds
-        everything = True
+        schedule = PathSchedule(self.cfg.path_refresh_s)
         while not self.stop.is_set():
             traces = self._traces()
-            todo = traces if everything else [t for t in traces if _identity(t) not in known]
+            todo = schedule.todo(traces)
             found = finder.discover(todo)
-            known |= {_identity(t) for t in todo if t.flow in found}
+            schedule.learned(todo, found)
             log.info("paths learned for %d of %d flows", len(found), len(todo))
             self.changes.put(_Changes(paths=found))
-            # Unanswered traceroutes (a busy switch CPU) are retried soon, and only they.
-            missing = any(_identity(t) not in known for t in traces)
-            refresh = self.cfg.path_refresh_s
-            woke = self.relearn.wait(min(PATH_RETRY_S, refresh) if missing else refresh)
+            schedule.woken(self.relearn.wait(schedule.wait_s(traces)))
             self.relearn.clear()
-            everything = woke or not missing  # a route change or a refresh: every flow again
 
     def _traces(self) -> list[Trace]:
         """One traceroute per flow of every NIC that is up now."""
@@ -413,10 +407,6 @@ class Agent:
             "depth": self.uploader.depth if self.uploader else (0, 0),
             "rounds_skipped": self.rounds_skipped,
         }
-
-
-def _identity(t: Trace) -> tuple[str, str, int]:
-    return t.src_ip, t.dst_nic, t.sport
 
 
 def _nic_key(nics: list[LocalNic]) -> frozenset[tuple[str, str]]:

@@ -12,9 +12,11 @@ kernel's source-address routing picks the right NIC.
 from __future__ import annotations
 
 import logging
+import math
 import select
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleetlens.ids import is_nic_id, link_id, split_link_id
@@ -24,6 +26,7 @@ ICMP_TIME_EXCEEDED = 11
 _PAYLOAD = b"fleetlens-path"
 # Switches police the ICMP their CPU sends: ask in small bursts.
 BURST, BURST_GAP_S = 32, 0.01
+RETRY_S = 0.5  # unanswered traceroutes are first asked again this soon, then ever less often
 RCVBUF_BYTES = 1 << 20  # the kernel caps it at net.core.rmem_max: draining per burst matters more
 
 
@@ -35,6 +38,47 @@ class Trace:
     dst_ip: str
     dst_nic: str
     sport: int
+
+
+class PathSchedule:
+    """Which flows to trace next, and when.
+
+    Every flow on a refresh or when woken (a route change, a rebuilt data path); in between
+    only the flows whose traceroute went unanswered (a busy switch CPU), first after
+    ``RETRY_S``, then twice as long each time they stay unanswered (a black hole), up to the
+    refresh. Flows are known by identity, not id: ids change when the data path is rebuilt.
+    A pass calls :meth:`todo`, :meth:`learned`, :meth:`wait_s` and :meth:`woken`, in that order.
+    """
+
+    def __init__(self, refresh_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.refresh_s, self.clock = refresh_s, clock
+        self.known: set[tuple[str, str, int]] = set()
+        self.retry_s = RETRY_S
+        self.everything, self.last_full = True, -math.inf
+        self.full = self.missing = False  # this pass traced every flow; some still lack a path
+
+    def todo(self, traces: list[Trace]) -> list[Trace]:
+        self.full = self.everything or self.clock() - self.last_full >= self.refresh_s
+        if self.full:
+            self.last_full = self.clock()
+            return traces
+        return [t for t in traces if _identity(t) not in self.known]
+
+    def learned(self, todo: list[Trace], found: dict[int, list[str]]) -> None:
+        answered = {_identity(t) for t in todo if t.flow in found}
+        self.known = answered if self.full else self.known | answered  # full: asked anew
+
+    def wait_s(self, traces: list[Trace]) -> float:
+        self.missing = any(_identity(t) not in self.known for t in traces)
+        return min(self.retry_s, self.refresh_s) if self.missing else self.refresh_s
+
+    def woken(self, woke: bool) -> None:
+        self.everything = woke or not self.missing
+        self.retry_s = RETRY_S if self.everything else 2 * self.retry_s
+
+
+def _identity(t: Trace) -> tuple[str, str, int]:
+    return t.src_ip, t.dst_nic, t.sport
 
 
 class PathFinder:
