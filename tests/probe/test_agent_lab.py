@@ -55,6 +55,28 @@ def _wait_for_windows(url: str, timeout_s: float = 20) -> None:
     raise AssertionError("no window reached the collector")
 
 
+def _wait_for_paths(url: str, planned: set[tuple[str, str, int]], timeout_s: float = 30) -> None:
+    """Until the collector holds a window with a path for every planned flow."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with_path: set[tuple[str, str, int]] = set()
+        total, offset = 1, 0
+        while offset < total:
+            r = httpx.get(
+                f"{url}/v1/flows", params={"since": "-1m", "limit": 1000, "offset": offset}
+            )
+            r.raise_for_status()
+            total, page = int(r.headers["X-Total-Count"]), r.json()
+            with_path |= {(f["src_nic"], f["dst_nic"], f["sport"]) for f in page if f["path"]}
+            offset += len(page) or total
+        if planned <= with_path:
+            return
+        time.sleep(0.5)
+    raise AssertionError(
+        f"flows without a path after {timeout_s} s: {sorted(planned - with_path)[:5]}"
+    )
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     work = tmp_path_factory.mktemp("agents")
@@ -68,9 +90,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             extra = ["--clock-offset-ns", str(OFFSETS_NS[host])] if host in OFFSETS_NS else []
             stack.start_agent(host, *extra)
         _wait_for_windows(stack.url)
-        # 5 s clean: windows now reach the collector ms after they end (not 0.7 s), and on a
-        # busy box the agents' first traceroutes need ~4 s, so 4 s left no window with paths.
-        time.sleep(5)
+        # The first traceroutes take 2-5 s on a busy box (a fixed 5 s clean period left some
+        # flows without a pathful window in CI): wait for every path, then 3 s clean.
+        _wait_for_paths(stack.url, planned)
+        time.sleep(3)
         t_fault = time.time_ns()
         faults.add_loss(lab, LOSS_LINK, 20)
         (delay,) = faults.add_delay(lab, DELAY_LINK, 300)
