@@ -9,7 +9,7 @@ changes that the main thread applies between rounds.
 Start-up is on the clock (the collector cannot sync a host before its first window), so the
 agent probes first and loads the rest afterwards: only NIC discovery (rtnetlink, stdlib), the
 stdlib HTTP client, numpy and the fast path are imported before the first probe; the uploader
-(pyarrow compute, msgpack), the metrics server (prometheus_client) and path discovery
+(pyarrow compute, msgpack), the metrics server (prometheus_client) and path discovery (scapy)
 start on a thread while the first window fills. Windows completed before the uploader is up
 wait for it.
 
