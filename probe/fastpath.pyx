@@ -7,12 +7,21 @@ once per 10 ms round; inside it, with the GIL released, the engine
 
 - sends each planned peer its coded pair (two datagrams back to back, one ``sendmmsg``) from
   the socket of this round's source port, remembering each datagram's ``SOF_TIMESTAMPING_OPT_ID``
-  key;
+  key; on NICs set to prime, a primer datagram goes first in the same ``sendmmsg`` (below);
 - until the round's absolute deadline, waits in ``epoll_pwait2`` and drains with ``recvmmsg``:
   the error queues (TX timestamps, matched to pairs by key), probes (receiver side: RX
   timestamps, pairing of the two datagrams, acks batched with ``sendmmsg``) and acks (sender
   side: matched to the outstanding pair, duplicates and replays dropped and counted);
 - emits one sample per pair when it is complete (ack and both TX timestamps) or times out.
+
+Primers: with software timestamps, the first datagram through an idle path pays for the cold
+path and the second does not. On a 2-vCPU VM (two lab hosts, one pair every 10 ms) probe 0
+took 4-22 µs one way against probe 1's 1.1-3.4 µs (p1-p99), so the receive gap almost never
+matched the send gap: 0.2-3 % of pairs were pure. A primer to the same peer on the same
+5-tuple, first in the pair's ``sendmmsg``, takes that cost: 96 % pure (same sender), 91-93 %
+on a 4-host lab (52 % without). One primer per NIC and round, before its first pair only,
+gave 59-76 %: the cold path is per destination, so every pair gets its own. The responder
+drops primers (counted). Hardware timestamps are taken at the wire, after the cold path.
 
 Samples accumulate in C buffers that Python takes as numpy arrays once per window.
 
@@ -30,8 +39,8 @@ from libc.errno cimport errno
 import numpy as np
 
 from packet cimport (
-    ACK_LEN, ACK_RECORDS, ACK_RX0, ACK_RX1, KIND_ACK, KIND_PROBE0, KIND_PROBE1, PROBE_LEN,
-    RECORD_LEN, check, get_u32, get_u64, put_u32, put_u64, seal, write_header,
+    ACK_LEN, ACK_RECORDS, ACK_RX0, ACK_RX1, KIND_ACK, KIND_PRIMER, KIND_PROBE0, KIND_PROBE1,
+    PROBE_LEN, RECORD_LEN, check, get_u32, get_u64, put_u32, put_u64, seal, write_header,
 )
 
 
@@ -144,16 +153,20 @@ cdef enum:
     F_RX1 = 32
     F_ACKED = 64
 
+cdef enum:
+    TS_PRIMER = 2  # Sock.ts_which of a primer's key (0, 1: the pair's probes)
+
 COUNTER_NAMES = (
     "pairs_sent", "packets_sent", "send_errors", "probes_received", "acks_sent", "acks_received",
     "bad_length", "bad_header", "bad_mac", "replayed_probes", "stale_acks", "tx_timestamps",
     "tx_timestamps_unmatched", "rx_without_timestamp", "pairs_expired", "late_rounds",
-    "acks_recovered", "late_probes",
+    "acks_recovered", "late_probes", "primers_sent", "primers_received",
 )
 cdef enum:
     C_PAIRS_SENT, C_PACKETS_SENT, C_SEND_ERRORS, C_PROBES_RX, C_ACKS_SENT, C_ACKS_RX,
     C_BAD_LEN, C_BAD_HDR, C_BAD_MAC, C_REPLAY, C_STALE_ACK, C_TX_TS, C_TX_TS_UNMATCHED,
-    C_RX_NO_TS, C_EXPIRED, C_LATE, C_RECOVERED, C_LATE_PROBE, N_COUNTERS
+    C_RX_NO_TS, C_EXPIRED, C_LATE, C_RECOVERED, C_LATE_PROBE, C_PRIMERS_SENT, C_PRIMERS_RX,
+    N_COUNTERS
 
 
 cdef struct Slot:
@@ -171,6 +184,7 @@ cdef struct Sock:
     int fd
     int responder
     int hw
+    int primer              # sender socket: a primer before each pair
     uint32_t tskey_next
     uint32_t* ts_pair
     uint8_t* ts_which
@@ -332,28 +346,32 @@ cdef class Engine:
             close(self.epfd)
 
     # ---- set-up (control plane) ---------------------------------------------------------
-    def add_nic(self, int responder_fd, list sender_fds, bint hardware=False) -> int:
-        """Register one NIC's sockets (already bound and configured); returns its index."""
+    def add_nic(
+        self, int responder_fd, list sender_fds, bint hardware=False, bint primer=False
+    ) -> int:
+        """Register one NIC's sockets (already bound and configured); returns its index.
+        ``primer``: send a primer datagram before each pair (for software timestamps)."""
         cdef int nic = self.nnics
         if self.nsocks + 1 + len(sender_fds) > self.cap_socks:
             raise ValueError("too many sockets for this engine")
         self.nic_base = <int*>realloc(self.nic_base, (nic + 1) * sizeof(int))
         self.nic_nports = <int*>realloc(self.nic_nports, (nic + 1) * sizeof(int))
         self.nic_responder = <int*>realloc(self.nic_responder, (nic + 1) * sizeof(int))
-        self.nic_responder[nic] = self._add_sock(responder_fd, 1, hardware)
+        self.nic_responder[nic] = self._add_sock(responder_fd, 1, hardware, False)
         self.nic_base[nic] = self.nsocks
         self.nic_nports[nic] = len(sender_fds)
         for fd in sender_fds:
-            self._add_sock(fd, 0, hardware)
+            self._add_sock(fd, 0, hardware, primer)
         self.nnics += 1
         return nic
 
-    cdef int _add_sock(self, int fd, int responder, bint hw) except -1:
+    cdef int _add_sock(self, int fd, int responder, bint hw, bint primer) except -1:
         cdef int i = self.nsocks
         cdef epoll_event ev
         self.socks[i].fd = fd
         self.socks[i].responder = responder
         self.socks[i].hw = hw
+        self.socks[i].primer = primer
         self.socks[i].tskey_next = 0
         self.socks[i].ts_pair = <uint32_t*>calloc(TSRING, sizeof(uint32_t))
         self.socks[i].ts_which = <uint8_t*>calloc(TSRING, 1)
@@ -441,7 +459,7 @@ cdef class Engine:
             self._serve_until(deadline_mono_ns)
 
     cdef void _send_round(self, int64_t round_no) noexcept nogil:
-        cdef int e, pidx, s, i, sent
+        cdef int e, pidx, s, i, sent, lead, n
         cdef uint32_t pair
         cdef Slot* slot
         cdef uint8_t* p
@@ -461,9 +479,12 @@ cdef class Engine:
             slot.flow = self.e_flow[e] + pidx
             slot.sent_mono = now
             slot.busy = 1
-            for i in range(2):
+            lead = 1 if sk.primer else 0  # msgs[0] is the primer when there is one
+            n = lead + 2
+            for i in range(n):
                 p = self.bufs + i * PROBE_LEN
-                write_header(p, KIND_PROBE0 + i, 0, self.session, pair, <uint64_t>self._raw(real_ns()))
+                write_header(p, KIND_PRIMER if i < lead else KIND_PROBE0 + i - lead, 0,
+                             self.session, pair, <uint64_t>self._raw(real_ns()))
                 seal(p, PROBE_LEN, self.k0, self.k1)
                 self.iovs[i].iov_base = p
                 self.iovs[i].iov_len = PROBE_LEN
@@ -475,14 +496,17 @@ cdef class Engine:
                 self.msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in)
                 self.msgs[i].msg_hdr.msg_iov = &self.iovs[i]
                 self.msgs[i].msg_hdr.msg_iovlen = 1
-            sent = sendmmsg(sk.fd, self.msgs, 2, MSG_DONTWAIT)
+            sent = sendmmsg(sk.fd, self.msgs, n, MSG_DONTWAIT)
             if sent < 0:
                 sent = 0
-            for i in range(sent):
-                slot.flags |= F_SENT0 << i
+            for i in range(sent):  # every datagram sent takes a timestamp key, the primer too
                 sk.ts_pair[sk.tskey_next % TSRING] = pair
-                sk.ts_which[sk.tskey_next % TSRING] = i
+                sk.ts_which[sk.tskey_next % TSRING] = TS_PRIMER if i < lead else i - lead
                 sk.tskey_next += 1
+                if i >= lead:
+                    slot.flags |= F_SENT0 << (i - lead)
+            self.cnt[C_PRIMERS_SENT] += min(sent, lead)
+            sent = max(sent - lead, 0)
             self.cnt[C_PAIRS_SENT] += 1
             self.cnt[C_PACKETS_SENT] += sent
             self.cnt[C_SEND_ERRORS] += 2 - sent
@@ -542,6 +566,9 @@ cdef class Engine:
                 if ee.ee_info != SCM_TSTAMP_SND:
                     continue
                 key = ee.ee_data
+                if key < sk.tskey_next and sk.tskey_next - key <= TSRING \
+                        and sk.ts_which[key % TSRING] == TS_PRIMER:
+                    continue  # a primer's own stamp: not needed
                 slot = &self.slots[sk.ts_pair[key % TSRING] % NSLOTS]
                 if key >= sk.tskey_next or sk.tskey_next - key > TSRING or not slot.busy \
                         or slot.pair != sk.ts_pair[key % TSRING]:
@@ -595,6 +622,9 @@ cdef class Engine:
                     c = CMSG_NXTHDR(&self.msgs[i].msg_hdr, c)
                 if p[3] == KIND_ACK:
                     self._on_ack(p)
+                elif p[3] == KIND_PRIMER:  # it has done its job by arriving
+                    if sk.responder:
+                        self.cnt[C_PRIMERS_RX] += 1
                 elif sk.responder:
                     if stamp == 0:
                         self.cnt[C_RX_NO_TS] += 1

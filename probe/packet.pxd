@@ -7,18 +7,24 @@ pure-Python baseline); the tests check that each side accepts exactly what the o
 
 Layout (offsets in bytes, integers big-endian):
 
-    0  magic  u16 = 0x464C ("FL")     2  version u8 = 1     3  kind u8 (1, 2 probe; 3 ack)
+    0  magic  u16 = 0x464C ("FL")     2  version u8 = 1     3  kind u8 (1, 2 probe; 3 ack;
+                                                                             4 primer)
     4  flags  u8 (ack: bit0 rx0 valid, bit1 rx1 valid)      5  reserved (3 bytes, zero)
     8  session u64 (the sending agent's random session id)
     16 pair u32 (pair id, unique per session)                20 reserved u32 (zero)
     24 t u64 (probe: sender raw send time; ack: zero)
-    probe: 32 mac u64                                                        -> 40 bytes
+    probe, primer: 32 mac u64                                                -> 40 bytes
     ack:   32 three receive records of 40 bytes, then 152 mac u64            -> 160 bytes
            record: pair u32, flags u8 (bit0 rx0, bit1 rx1; 0 = empty), 3 zero bytes,
                    rx0 raw u64, rx1 raw u64, rx0 fleet i64, rx1 fleet i64
            record 0 answers the pair in the header; records 1-2 repeat the previous two
            pairs of the same flow, so one lost ack is repaired by the next one and a lost
            ack on the reverse path does not read as a lost probe.
+
+A primer is sent just before a pair, in the same ``sendmmsg`` and on the same 5-tuple, and
+the responder drops it (counted): it takes the cost of the first datagram through a cold
+send and receive path, which with software timestamps would otherwise fall on probe 0 alone
+and leave almost no pair pure (see ``fastpath.pyx``).
 
 The MAC is SipHash-2-4 (a keyed PRF built for short messages) of every byte before it, keyed
 with the 128-bit fleet key; a 64-bit tag makes a forgery a 2^-64 guess per packet.
@@ -32,6 +38,7 @@ cdef enum:
     KIND_PROBE0 = 1
     KIND_PROBE1 = 2
     KIND_ACK = 3
+    KIND_PRIMER = 4
     PROBE_LEN = 40
     ACK_LEN = 160
     ACK_RECORDS = 3
@@ -147,7 +154,7 @@ cdef inline int check(const uint8_t* p, size_t n, uint64_t k0, uint64_t k1) noex
         return 1
     if get_u16(p) != MAGIC or p[2] != VERSION:
         return 2
-    if n == PROBE_LEN and p[3] != KIND_PROBE0 and p[3] != KIND_PROBE1:
+    if n == PROBE_LEN and p[3] != KIND_PROBE0 and p[3] != KIND_PROBE1 and p[3] != KIND_PRIMER:
         return 2
     if n == ACK_LEN and p[3] != KIND_ACK:
         return 2

@@ -33,13 +33,15 @@ class Host:
             s.close()
 
 
-def make_host(ip: str, first_port: int, nports: int, key: bytes = KEY) -> Host:
+def make_host(
+    ip: str, first_port: int, nports: int, key: bytes = KEY, primer: bool = False
+) -> Host:
     nic = LocalNic("lo", ip, True)
     eng = Engine(key, int.from_bytes(os.urandom(7), "big"))
     socks = [probe_socket(nic, DPORT, 0)] + [
         probe_socket(nic, first_port + i, 0) for i in range(nports)
     ]
-    eng.add_nic(socks[0].fileno(), [s.fileno() for s in socks[1:]])
+    eng.add_nic(socks[0].fileno(), [s.fileno() for s in socks[1:]], False, primer)
     eng.set_timeouts(300_000_000, 2_000_000)
     return Host(ip, eng, socks, list(range(first_port, first_port + nports)))
 

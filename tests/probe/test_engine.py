@@ -115,6 +115,57 @@ def test_fast_path_accepts_acks_made_by_the_python_codec() -> None:
         a.close()
 
 
+def test_a_primer_leads_each_pair_on_its_five_tuple() -> None:
+    """What a primed NIC puts on the wire: primer, probe 0, probe 1 of one pair, from one
+    source port, the primer valid for the Python codec too."""
+    a = make_host("127.0.0.4", 43100, 2, primer=True)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        peer.bind(("127.0.0.5", DPORT))
+        peer.settimeout(2)
+        aim(a, "127.0.0.5", 2)
+        deadline = time.monotonic_ns()
+        for r in range(2):
+            deadline += 5_000_000
+            a.engine.run_round(r, deadline)
+        got = [peer.recvfrom(512) for _ in range(6)]
+    finally:
+        peer.close()
+        a.close()
+    for r in range(2):
+        (p, src), *rest = [(wire.decode(d, KEY), s) for d, s in got[3 * r : 3 * r + 3]]
+        kinds = [p.kind] + [q.kind for q, _ in rest]
+        assert kinds == [wire.KIND_PRIMER, wire.KIND_PROBE0, wire.KIND_PROBE1]
+        assert {q.pair for q, _ in rest} == {p.pair} and {s for _, s in rest} == {src}
+        assert src[1] == a.ports[r]  # the round's source port: the pair's ECMP path
+    c = a.engine.counters()
+    assert (c["primers_sent"], c["packets_sent"], c["pairs_sent"]) == (2, 4, 2)
+
+
+def test_primed_pairs_complete_and_the_responder_drops_the_primers() -> None:
+    a = make_host("127.0.0.11", 43200, 3, primer=True)
+    b = make_host("127.0.0.12", 43300, 3)
+    try:
+        aim(a, b, 3)
+        aim(b, a, 3)
+        run_rounds([a, b], 40)
+        s = a.engine.take_samples()
+        assert s["flow"].size == 40 and np.all(s["flags"] == ALL), np.unique(s["flags"])
+        assert b.engine.take_samples()["flow"].size == 40  # the unprimed side is unaffected
+        ca, cb = a.engine.counters(), b.engine.counters()
+        # the primers' own TX stamps are neither used nor counted as unmatched (these
+        # responder sockets stamp their acks: one unmatched stamp per ack, on both sides)
+        assert (ca["primers_sent"], ca["packets_sent"], ca["tx_timestamps"]) == (40, 80, 80)
+        assert ca["tx_timestamps_unmatched"] == ca["acks_sent"] == 40
+        assert cb["tx_timestamps_unmatched"] == cb["acks_sent"] and cb["primers_sent"] == 0
+        assert (cb["primers_received"], cb["probes_received"]) == (40, 80)
+        assert ca["primers_received"] == 0 and cb["acks_sent"] == 40
+        assert sum(cb[k] for k in ("bad_length", "bad_header", "bad_mac")) == 0
+    finally:
+        a.close()
+        b.close()
+
+
 def test_injected_clock_error_shows_in_raw_owd_and_the_model_removes_it() -> None:
     off_ns, drift_ppb = 5_000_000.0, 50_000.0  # +5 ms and +50 ppm on host b
     for model in ("identity", "truth"):

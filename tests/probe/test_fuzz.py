@@ -24,7 +24,9 @@ WRONG_KEY = bytes(16)
 
 
 def _valid(draw, key: bytes = KEY) -> bytes:  # type: ignore[no-untyped-def]
-    kind = draw(st.sampled_from([wire.KIND_PROBE0, wire.KIND_PROBE1, wire.KIND_ACK]))
+    kind = draw(
+        st.sampled_from([wire.KIND_PROBE0, wire.KIND_PROBE1, wire.KIND_ACK, wire.KIND_PRIMER])
+    )
     session, pair = draw(st.integers(0, 2**64 - 1)), draw(st.integers(0, 2**32 - 1))
     recs = (
         (wire.Record(pair, draw(st.integers(0, 3)), 1, 2, 3, 4),) if kind == wire.KIND_ACK else ()
@@ -60,7 +62,8 @@ def predicted(packets: list[bytes]) -> Counter[str]:
                 {"mac": "bad_mac", "length": "bad_length"}.get(str(e).split()[0], "bad_header")
             ] += 1
             continue
-        out["stale_acks" if p.kind == wire.KIND_ACK else "probes_received"] += 1
+        bucket = {wire.KIND_ACK: "stale_acks", wire.KIND_PRIMER: "primers_received"}
+        out[bucket.get(p.kind, "probes_received")] += 1
     return out
 
 
@@ -74,7 +77,9 @@ def victims() -> Iterator[tuple[Host, Host]]:
         b.close()
 
 
-BUCKETS = ("bad_length", "bad_header", "bad_mac", "probes_received", "stale_acks")
+BUCKETS = (
+    "bad_length", "bad_header", "bad_mac", "probes_received", "stale_acks", "primers_received"
+)  # fmt: skip
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
@@ -92,6 +97,7 @@ def test_hostile_datagrams_are_counted_never_trusted(
     expect = predicted(packets)
     if not to_probe_port:
         expect["probes_received"] = 0  # a sender port ignores probes: not its business
+        expect["primers_received"] = 0  # and primers
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         host.engine.serve_until(time.monotonic_ns() + 2_000_000)
