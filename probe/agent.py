@@ -61,6 +61,7 @@ class AgentConfig:
     clock_drift_ppb: float = 0.0
     clock_epoch_ns: int | None = None  # the instant the injected drift starts (None: start-up)
     purity_ns: int = 1_000
+    primer: str = "auto"  # datapath.PRIMER_MODES
     ack_timeout_ns: int = 500_000_000
     # How long a receiver waits for a pair's second probe before answering without it.
     # Generous on purpose: a busy host (or a delay queue) can hold one probe for milliseconds.
@@ -155,7 +156,7 @@ class Agent:
         return nics, plan
 
     def _build(self, plan: HostPlan, nics: list[LocalNic]) -> None:
-        self.path = DataPath(plan, nics, self.cfg.key, self.cfg.dscp)
+        self.path = DataPath(plan, nics, self.cfg.key, self.cfg.dscp, self.cfg.primer)
         eng = self.path.engine
         epoch = self.cfg.clock_epoch_ns if self.cfg.clock_epoch_ns is not None else time.time_ns()
         eng.set_injection(self.cfg.clock_offset_ns, self.cfg.clock_drift_ppb, epoch)

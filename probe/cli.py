@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from fleetlens.probe.agent import Agent, AgentConfig
+from fleetlens.probe.datapath import PRIMER_MODES
 from fleetlens.probe.nics import ROCE_DSCP
 
 log = logging.getLogger("fleetlens.agent")
@@ -59,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
         "--clock-epoch-ns", type=int, help="tests: when the injected drift starts (default: now)"
     )
     p.add_argument("--purity-ns", type=int, default=1_000, help="pair purity threshold")
+    p.add_argument(
+        "--primer", choices=PRIMER_MODES, default="auto",
+        help="a primer datagram before each probe pair to warm a cold send/receive path "
+        "(auto: on NICs with software timestamps)",
+    )  # fmt: skip
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument(
         "--mem-batches", type=int, default=120, help="batches held in memory before spilling"
@@ -90,7 +96,7 @@ def main(argv: list[str]) -> int:
         metrics_addr=addr or "127.0.0.1", metrics_port=int(port or 0),
         clock_offset_ns=a.clock_offset_ns, clock_drift_ppb=a.clock_drift_ppb,
         clock_epoch_ns=a.clock_epoch_ns,
-        purity_ns=a.purity_ns, duration_s=a.duration, mem_batches=a.mem_batches,
+        purity_ns=a.purity_ns, primer=a.primer, duration_s=a.duration, mem_batches=a.mem_batches,
         path_refresh_s=a.path_refresh,
     )  # fmt: skip
     agent = Agent(cfg)

@@ -13,16 +13,25 @@ from fleetlens.probe.nics import LocalNic, probe_socket
 from fleetlens.probe.windows import FlowTable
 
 from fleetlens.ids import nic_id
-from fleetlens.records import HostPlan, PlanEntry
+from fleetlens.records import TS_HARDWARE, HostPlan, PlanEntry
 
 log = logging.getLogger("fleetlens.agent")
+
+# A primer datagram before each pair (see ``fastpath``): "auto" primes the NICs that stamp in
+# software, where the first datagram through a cold path is late and the pair impure.
+PRIMER_MODES = ("auto", "on", "off")
 
 
 class DataPath:
     """Owns every probe socket of the host and the :class:`Engine` that drives them."""
 
-    def __init__(self, plan: HostPlan, nics: list[LocalNic], key: bytes, dscp: int) -> None:
+    def __init__(
+        self, plan: HostPlan, nics: list[LocalNic], key: bytes, dscp: int, primer: str = "auto"
+    ) -> None:
+        if primer not in PRIMER_MODES:
+            raise ValueError(f"primer must be one of {PRIMER_MODES}, not {primer!r}")
         self.plan = plan
+        self.primer = primer
         self.host = plan.host_id
         local = {nic_id(self.host, n.ifname): n for n in nics}
         missing = sorted({e.src_nic for e in plan.entries} - set(local))
@@ -51,7 +60,9 @@ class DataPath:
             # kept in self.sockets for close() even if a later one fails
             self.sockets.append(probe_socket(nic, port, dscp, tx_stamps=port != self.plan.dport))
             fds.append(self.sockets[-1].fileno())
-        return self.engine.add_nic(fds[0], fds[1:], nic.ts_source == "hardware")
+        hardware = nic.ts_source == TS_HARDWARE
+        prime = self.primer == "on" or (self.primer == "auto" and not hardware)
+        return self.engine.add_nic(fds[0], fds[1:], hardware, prime)
 
     def _flow_table(self) -> tuple[FlowTable, np.ndarray]:
         sizes = np.array([len(e.sports) for e in self.entries], dtype=np.int64)

@@ -55,6 +55,11 @@ class AgentMetrics:
 
         yield counter("probe_packets_sent", "Probe packets sent.", eng.get("packets_sent", 0))
         yield counter(
+            "probe_primers_sent",
+            "Primer datagrams sent ahead of probe pairs (NICs with software timestamps).",
+            eng.get("primers_sent", 0),
+        )
+        yield counter(
             "probe_packets_lost",
             "Probe packets whose ack says they never arrived.",
             self.lost_packets,
