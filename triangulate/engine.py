@@ -110,7 +110,9 @@ class Triangulator:
         db = self._delay_batch(f)
         dfit = self.delay.observe(db)
         silent = self._silent(f)
-        findings = self.attrib.attribute(fast, extra, dfit, silent, self._blamed())
+        blamed = self._blamed()
+        raw = self._loss_without(f, fast, silent | blamed)
+        findings = self.attrib.attribute(fast, extra, dfit, silent, blamed, raw)
         self.last.findings = findings
         bad = {x.subject: self._evidence(x, f, db, dfit) for x in findings}
         clean = self._observed(fast)
@@ -219,6 +221,22 @@ class Triangulator:
             key, src, dst, sport, f.sent[rows], f.lost[rows], f.owd_min[rows], known,
             *ent, f.start_ns, f.end_ns, f.dropped,
         )  # fmt: skip
+
+    def _loss_without(self, f: Frame, fast: LossFit, nics: np.ndarray) -> np.ndarray:
+        """Per link, the loss rate of its flows that neither start nor end at ``nics`` (silent
+        or already blamed). A dead host's flows lose everything on every link into its leaf;
+        counted in, they made that leaf's other links look as bad as a lossy uplink, and the
+        leaf was reported as a failed switch in place of the link."""
+        sent, lost = fast.sent, fast.lost
+        if nics.any():  # their flows: those crossing their access links (an inverse index)
+            p = self.paths
+            acc = np.concatenate([p.nic_up[nics], p.nic_down[nics]])
+            rows = f.inc.rows_of(acc[acc >= 0])
+            if rows.size:
+                inc = f.inc.take(rows)
+                sent = sent - inc.link_sums(f.sent[rows])
+                lost = lost - inc.link_sums(f.lost[rows])
+        return np.where(sent > 1e-9, np.maximum(lost, 0.0) / np.maximum(sent, 1e-9), 0.0)
 
     def _blamed(self) -> np.ndarray:
         """NICs under a current non-healthy NIC or host verdict."""
