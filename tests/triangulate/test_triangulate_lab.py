@@ -85,6 +85,7 @@ def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> float:
 def _localize_then_clear(st: Stack, lab: Lab, link: str, inject: Callable[[], object]) -> None:
     inject()
     took = _wait(lambda: link in _faulty(st, "links"), LOCALIZE_S + 2, f"verdict on {link}")
+    print(f"\n{link}: localized after {took:.1f} s")  # the margin, for ``pytest -s``
     time.sleep(SETTLE_S)
     assert _faulty(st, "links") == [link], f"found {link} after {took:.1f} s, but also others"
     assert took <= LOCALIZE_S, f"{link} localized after {took:.1f} s"
