@@ -37,8 +37,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         lab_fabric(NAME, hosts=8, nics=2, leaves=4, spines=2) as lab,
         lab_stack(lab, work, collector_args=["--background-loss", "1e-3"]) as st,
     ):
+        # No primers (``--primer``): eight agents and the collector share two vCPUs here, and
+        # the primers' 1.33x agent CPU delayed the collector's rounds: 2 % loss localized in
+        # 1.3-5.9 s (once > 7 s) over 7 runs with them, 1.3-2.6 s over 4 without. What this
+        # checks does not need them: the clocks sync and are trusted without (several peers
+        # per NIC leave ~half the pairs pure), and the faults are 2 % and 200 us.
         for h in lab.topo.hosts:
-            st.start_agent(h)
+            st.start_agent(h, "--primer", "off")
         _wait(lambda: not _faulty(st, "links") and not _faulty(st, "nics") and _synced(st),
               60, "a clean, synced baseline")  # fmt: skip
         time.sleep(WARMUP_S)
