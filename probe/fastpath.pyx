@@ -566,12 +566,13 @@ cdef class Engine:
                 if ee.ee_info != SCM_TSTAMP_SND:
                     continue
                 key = ee.ee_data
-                if key < sk.tskey_next and sk.tskey_next - key <= TSRING \
-                        and sk.ts_which[key % TSRING] == TS_PRIMER:
-                    continue  # a primer's own stamp: not needed
                 slot = &self.slots[sk.ts_pair[key % TSRING] % NSLOTS]
-                if key >= sk.tskey_next or sk.tskey_next - key > TSRING or not slot.busy \
-                        or slot.pair != sk.ts_pair[key % TSRING]:
+                if key >= sk.tskey_next or sk.tskey_next - key > TSRING:
+                    self.cnt[C_TX_TS_UNMATCHED] += 1
+                    continue
+                if sk.ts_which[key % TSRING] == TS_PRIMER:
+                    continue  # a primer's own stamp: not needed
+                if not slot.busy or slot.pair != sk.ts_pair[key % TSRING]:
                     self.cnt[C_TX_TS_UNMATCHED] += 1
                     continue
                 self.cnt[C_TX_TS] += 1

@@ -13,6 +13,7 @@ MAGIC, VERSION = 0x464C, 1
 KIND_PROBE0, KIND_PROBE1, KIND_ACK, KIND_PRIMER = 1, 2, 3, 4
 PROBE_LEN, ACK_LEN, ACK_RECORDS = 40, 160, 3
 ACK_RX0, ACK_RX1 = 1, 2
+_KINDS = (KIND_PROBE0, KIND_PROBE1, KIND_ACK, KIND_PRIMER)
 _HEADER = struct.Struct("!HBBB3xQI4xQ")  # magic version kind flags | session pair | t
 _RECORD = struct.Struct("!IB3xQQqq")  # pair, flags, rx0, rx1, rx0 fleet, rx1 fleet
 _MASK = (1 << 64) - 1
@@ -98,7 +99,7 @@ def decode(data: bytes, key: bytes) -> Packet:
     magic, version, kind, _flags, session, pair, t = _HEADER.unpack_from(data)
     if magic != MAGIC or version != VERSION:
         raise WireError("magic/version")
-    if (len(data) == ACK_LEN) != (kind == KIND_ACK) or kind not in (1, 2, 3, 4):
+    if (len(data) == ACK_LEN) != (kind == KIND_ACK) or kind not in _KINDS:
         raise WireError("kind")
     if struct.unpack_from("!Q", data, len(data) - 8)[0] != siphash24(key, data[:-8]):
         raise WireError("mac")
