@@ -84,12 +84,13 @@ class Attributor:
         delay: DelayFit,
         silent: np.ndarray,
         blamed: np.ndarray | None = None,
-        raw_rate: np.ndarray | None = None,
+        raw: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> list[Finding]:
         """``blamed``: NICs whose host or NIC already has a verdict; their access links stay
         folded into that endpoint (a stall ending mid-window still loses incoming probes).
-        ``raw_rate``: per link, the loss rate the switch test compares (default: all of its
-        flows'; the engine leaves out the flows of silent and blamed NICs)."""
+        ``raw``: per link, the (sent, lost) packets whose loss rate the switch test compares
+        (default: all of its flows', ``loss.sent``/``loss.lost``; the engine leaves out the
+        flows of silent and blamed NICs)."""
         n = len(self.link_ids)
         rate = np.zeros(n)
         strength = np.zeros(n)
@@ -101,8 +102,9 @@ class Attributor:
         dly[delay.links] = delay.excess
         strength[delay.links] = np.maximum(strength[delay.links], 0.5 * delay.z**2)
         bad = (rate > 0) | (dly > 0)
-        if raw_rate is None:
-            raw_rate = np.where(loss.sent > 0, loss.lost / np.maximum(loss.sent, 1e-12), 0.0)
+        sent, lost = raw if raw is not None else (loss.sent, loss.lost)
+        # a threshold, not > 0: sums with some flows taken out leave float dust behind
+        raw_rate = np.where(sent > 1e-9, np.maximum(lost, 0.0) / np.maximum(sent, 1e-9), 0.0)
         raw_dly = np.nan_to_num(delay.median - 0.0, nan=0.0)
         out: list[Finding] = []
         used = np.zeros(n, bool)

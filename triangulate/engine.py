@@ -222,11 +222,13 @@ class Triangulator:
             *ent, f.start_ns, f.end_ns, f.dropped,
         )  # fmt: skip
 
-    def _loss_without(self, f: Frame, fast: LossFit, nics: np.ndarray) -> np.ndarray:
-        """Per link, the loss rate of its flows that neither start nor end at ``nics`` (silent
-        or already blamed). A dead host's flows lose everything on every link into its leaf;
-        counted in, they made that leaf's other links look as bad as a lossy uplink, and the
-        leaf was reported as a failed switch in place of the link."""
+    def _loss_without(
+        self, f: Frame, fast: LossFit, nics: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per link, the (sent, lost) packets of its flows that neither start nor end at
+        ``nics`` (silent or already blamed). A dead host's flows lose everything on every
+        link into its leaf; counted in, they made that leaf's other links look as bad as a
+        lossy uplink, and the leaf was reported as a failed switch in place of the link."""
         sent, lost = fast.sent, fast.lost
         if nics.any():  # their flows: those crossing their access links (an inverse index)
             p = self.paths
@@ -236,7 +238,7 @@ class Triangulator:
                 inc = f.inc.take(rows)
                 sent = sent - inc.link_sums(f.sent[rows])
                 lost = lost - inc.link_sums(f.lost[rows])
-        return np.where(sent > 1e-9, np.maximum(lost, 0.0) / np.maximum(sent, 1e-9), 0.0)
+        return sent, lost
 
     def _blamed(self) -> np.ndarray:
         """NICs under a current non-healthy NIC or host verdict."""
