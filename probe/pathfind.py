@@ -77,6 +77,34 @@ class PathSchedule:
         self.retry_s = RETRY_S if self.everything else 2 * self.retry_s
 
 
+class _RawSenders:
+    """One raw socket per NIC for a round, bound to its device and address (the route
+    lookup uses the socket's source, not the header's). A socket per packet cost four
+    system calls, each giving up the GIL that a busy probe loop is slow to hand back."""
+
+    def __init__(self) -> None:
+        self.socks: dict[tuple[str, str], socket.socket] = {}
+
+    def __enter__(self) -> _RawSenders:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for s in self.socks.values():
+            s.close()
+
+    def send(self, t: Trace, packet: bytes) -> None:
+        try:
+            sock = self.socks.get((t.ifname, t.src_ip))
+            if sock is None:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+                self.socks[(t.ifname, t.src_ip)] = sock
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, t.ifname.encode())
+                sock.bind((t.src_ip, 0))
+            sock.sendto(packet, (t.dst_ip, 0))
+        except OSError as e:  # a NIC that is down or gone: no path this round
+            log.debug("traceroute %s->%s: %s", t.src_ip, t.dst_ip, e)
+
+
 def _identity(t: Trace) -> tuple[str, str, int]:
     return t.src_ip, t.dst_nic, t.sport
 
@@ -128,25 +156,18 @@ class PathFinder:
 
         ident = {(t.src_ip, t.dst_ip, t.sport): t.flow for t in traces}
         answers: dict[int, str] = {}
-        for i, t in enumerate(traces):
-            if i and i % BURST == 0:
-                # Read the answers between bursts rather than sleep: a whole round's replies
-                # queued at once overflowed the socket buffer on a busy host.
-                self._collect(icmp, ident, ttl, answers, time.monotonic() + BURST_GAP_S)
-            pkt = (
-                IP(src=t.src_ip, dst=t.dst_ip, ttl=ttl, id=ttl)
-                / UDP(sport=t.sport, dport=self.dport)
-                / _PAYLOAD
-            )
-            with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
-                raw.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, t.ifname.encode())
-                raw.bind(
-                    (t.src_ip, 0)
-                )  # the route lookup uses the socket's source, not the header's
-                try:
-                    raw.sendto(bytes(pkt), (t.dst_ip, 0))
-                except OSError as e:  # a NIC that is down: no path this round
-                    log.debug("traceroute %s->%s: %s", t.src_ip, t.dst_ip, e)
+        with _RawSenders() as raw:
+            for i, t in enumerate(traces):
+                if i and i % BURST == 0:
+                    # Read the answers between bursts rather than sleep: a whole round's
+                    # replies queued at once overflowed the socket buffer on a busy host.
+                    self._collect(icmp, ident, ttl, answers, time.monotonic() + BURST_GAP_S)
+                pkt = (
+                    IP(src=t.src_ip, dst=t.dst_ip, ttl=ttl, id=ttl)
+                    / UDP(sport=t.sport, dport=self.dport)
+                    / _PAYLOAD
+                )
+                raw.send(t, bytes(pkt))
         self._collect(icmp, ident, ttl, answers, time.monotonic() + self.timeout_s)
         return answers
 
@@ -158,10 +179,17 @@ class PathFinder:
         answers: dict[int, str],
         deadline: float,
     ) -> None:
-        """Read "time exceeded" answers into ``answers`` until all came or ``deadline``."""
+        """Read "time exceeded" answers into ``answers`` until all came or ``deadline``.
+
+        Answers already queued are read even after the deadline: on a busy host this thread
+        can wait longer than a whole round for the GIL (the probe loop holds it), and its
+        answers then sit in the socket; dropping them lost most paths on every pass."""
         from scapy.layers.inet import ICMP, IP, UDPerror
 
-        while len(answers) < len(ident) and (left := deadline - time.monotonic()) > 0:
+        late = 0  # reads past the deadline, bounded so that stray ICMP cannot hold us
+        while len(answers) < len(ident) and late < 4 * len(ident):
+            left = max(0.0, deadline - time.monotonic())
+            late += left == 0.0
             if not select.select([icmp], [], [], left)[0]:
                 return
             reply = IP(icmp.recv(2048))
