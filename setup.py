@@ -8,6 +8,7 @@ from setuptools import Extension, setup
 
 # Source directory -> the package its .pyx modules belong to (the package-dir mapping).
 CYTHON_PACKAGES = {
+    "fleetlens": "fleetlens",
     "probe": "fleetlens.probe",
     "fixtures/lab": "fleetlens.fixtures.lab",
     "triangulate": "fleetlens.triangulate",

@@ -1,15 +1,16 @@
 """Lower convex hulls of many small point sets at once, and per-row percentiles.
 
-Rows are flow-windows, columns the (few) probe slots of the flow in that window. The hull is
-Andrew's monotone chain run column by column, vectorized over all rows: each column pushes its
-point onto every row's stack after popping, in a vectorized inner loop, the rows whose last
-turn is not strictly convex. The result equals :func:`fleetlens.records.lower_hull` row by row
-(same tie rules: collinear points dropped, equal ``t`` keeps the lowest ``y``).
+Rows are flow-windows (or an edge's pooled points), columns their points. The hull is Andrew's
+monotone chain, row by row in Cython (:mod:`fleetlens._hull`). The result equals
+:func:`fleetlens.records.lower_hull` row by row (same tie rules: collinear points dropped,
+equal ``t`` keeps the lowest ``y``).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from fleetlens._hull import hull_rows
 
 
 def lower_hull_rows(
@@ -25,45 +26,13 @@ def lower_hull_rows(
     ht = np.zeros((rows, max(m, 1)), np.int64)
     hy = np.zeros((rows, max(m, 1)), np.int64)
     size = np.zeros(rows, np.int64)
-    for k in range(m):  # a loop per column, vectorized over rows
-        act = np.flatnonzero(mask[:, k])
-        if not act.size:
-            continue
-        pt, py = t[act, k], y[act, k]
-        _pop_nonconvex(ht, hy, size, act, pt, py)
-        sz = size[act]
-        dup = (sz > 0) & (ht[act, np.maximum(sz - 1, 0)] == pt)
-        push = ~dup
-        act, sz = act[push], sz[push]
-        ht[act, sz], hy[act, sz] = pt[push], py[push]
-        size[act] += 1
+    hull_rows(
+        np.ascontiguousarray(t, np.int64),
+        np.ascontiguousarray(y, np.int64),
+        np.ascontiguousarray(mask, bool).view(np.uint8),
+        ht, hy, size,
+    )  # fmt: skip
     return size, ht, hy
-
-
-def _pop_nonconvex(
-    ht: np.ndarray,
-    hy: np.ndarray,
-    size: np.ndarray,
-    act: np.ndarray,
-    pt: np.ndarray,
-    py: np.ndarray,
-) -> None:
-    rows, px, pyy = act, pt, py
-    while rows.size:
-        sz = size[rows]
-        two = sz >= 2
-        rows, px, pyy, sz = rows[two], px[two], pyy[two], sz[two]
-        if not rows.size:
-            return
-        ot, oy = ht[rows, sz - 2], hy[rows, sz - 2]
-        at, ay = ht[rows, sz - 1], hy[rows, sz - 1]
-        # Same float cross product as records.lower_hull, so ties break identically.
-        cross = (at - ot).astype(np.float64) * (pyy - oy).astype(np.float64) - (ay - oy).astype(
-            np.float64
-        ) * (px - ot).astype(np.float64)
-        pop = cross <= 0
-        rows, px, pyy = rows[pop], px[pop], pyy[pop]
-        size[rows] -= 1
 
 
 def _sorted_rows(

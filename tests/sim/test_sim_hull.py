@@ -43,6 +43,18 @@ def test_hull_rows_equal_reference_ns_scale(t, y, mask) -> None:
     _check_rows(np.sort(t, axis=1) + 1_767_225_600 * 10**9, y, mask)
 
 
+def test_hull_rows_equal_reference_pooled_shape() -> None:
+    """The collector's pooled clock fits: few rows of hundreds of points over 32 s, some
+    rows with ties and out-of-order windows (a clock step)."""
+    rng = np.random.default_rng(7)
+    rows, cols = 40, 400
+    t = np.sort(rng.integers(0, 32 * 10**9, (rows, cols)), axis=1) + 1_767_225_600 * 10**9
+    t[::5] = rng.permutation(t[::5].ravel()).reshape(t[::5].shape)
+    y = rng.integers(300, 5_000, (rows, cols))
+    y[1::4] = 300 + (t[1::4] - t[1::4, :1]) // 10**9  # collinear runs
+    _check_rows(t, y, rng.random((rows, cols)) < 0.8)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     hnp.arrays(np.float64, (ROWS, COLS), elements=st.floats(-1e6, 1e6)),
