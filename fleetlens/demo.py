@@ -38,6 +38,13 @@ from fleetlens.fixtures.lab.state import Proc, start_ticks, updating
 
 LINKPASS_BUILD = Path(__file__).resolve().parent.parent / "ext" / "linkpass" / "build"
 SYNC_BOUND_NS = 200.0  # the lab's p99 bound for software timestamps (clock-sync issue)
+# Reads of every host's clock behind that p99: with 5 (8 hosts, 40 errors) it was the single
+# worst error; with 10 the p99 lies between the second and third worst of 80.
+SYNC_READS = 10
+# Converged: within the bound at this many reads in a row (~1.5 s), not at the first lucky
+# one. The agents' start-up (scapy's import, the first traceroutes on a saturated 2-core box)
+# disturbs the first windows: a single good read was followed by 173-294 ns in 2 of 6 runs.
+SYNC_SETTLED_READS = 3
 
 
 @dataclass
@@ -56,6 +63,7 @@ class Summary:
     clocks: list[ClockRow] = field(default_factory=list)
     sync_p99_ns: float | None = None  # over every host and read during the warm-up
     sync_samples: int = 0  # clock reads (all hosts each) behind sync_p99_ns
+    sync_read_max_ns: list[float] = field(default_factory=list)  # worst host, read by read
     sync_converged_s: float | None = None
     fault: dict[str, object] = field(default_factory=dict)
     baseline_clean_s: float | None = None
@@ -151,6 +159,7 @@ class Demo:
     def _sync(self, s: Summary, truth: dict[str, tuple[float, float]]) -> None:
         self.say("[bold]waiting for clock sync to converge[/] …")
         t0, deadline = time.monotonic(), time.monotonic() + self.a.sync_timeout
+        streak: list[float] = []  # times of the good reads in a row
         with self._status("clock sync") as status:
             while time.monotonic() < deadline:
                 rows = self._clock_rows(truth)
@@ -158,8 +167,10 @@ class Demo:
                 p99 = float(np.percentile(errs, 99)) if errs else None
                 synced = sum(r.synced for r in rows)
                 status.update(f"clock sync: {synced}/{len(rows)} hosts synced, p99 error {p99} ns")
-                if synced == len(rows) and len(errs) == len(rows) and p99 <= SYNC_BOUND_NS:
-                    s.sync_converged_s = round(time.monotonic() - t0, 1)
+                good = synced == len(rows) and len(errs) == len(rows) and p99 <= SYNC_BOUND_NS
+                streak = [*streak, time.monotonic() - t0] if good else []
+                if len(streak) >= SYNC_SETTLED_READS:
+                    s.sync_converged_s = round(streak[0], 1)
                     break
                 time.sleep(0.5)
         s.clocks = self._clock_rows(truth)
@@ -190,9 +201,10 @@ class Demo:
         ]  # fmt: skip
 
     def _baseline(self, s: Summary, truth: dict[str, tuple[float, float]]) -> None:
-        """Wait until nothing is faulty, and at least ``--warmup`` seconds after sync: the
-        collector takes one-way delays as evidence only once both hosts' agents apply a synced
-        clock model, and each flow needs a few such windows for its delay baseline.
+        """Wait until nothing is faulty, at least ``--warmup`` seconds after sync and for
+        ``SYNC_READS`` synced clock reads: the collector takes one-way delays as evidence only
+        once both hosts' agents apply a synced clock model, and each flow needs a few such
+        windows for its delay baseline.
 
         The clock error is scored meanwhile, every host at every read, as the sync issue's
         bound is meant (steady state after convergence): one read right at convergence is
@@ -200,21 +212,27 @@ class Demo:
         self.say("[bold]waiting for a clean baseline[/] (start-up verdicts to clear) …")
         t0, deadline = time.monotonic(), time.monotonic() + self.a.baseline_timeout
         reads: list[list[ClockRow]] = []
+        bad: list[str] = []
         with self._status("baseline") as status:
             while time.monotonic() < deadline:
                 if s.sync_converged_s is not None and (rows := self._synced_read(truth)):
                     reads.append(rows)
                 bad = self._faulty("/v1/links") + self._faulty("/v1/nics")
-                if not bad and time.monotonic() - t0 >= self.a.warmup:
+                scored = s.sync_converged_s is None or len(reads) >= SYNC_READS
+                if not bad and scored and time.monotonic() - t0 >= self.a.warmup:
                     s.baseline_clean_s = round(time.monotonic() - t0, 1)
                     break
                 status.update(f"still faulty: {', '.join(bad)}")
                 time.sleep(0.5)
             else:
-                s.notes.append(f"verdicts still not clean after {self.a.baseline_timeout} s")
+                s.notes.append(
+                    f"verdicts still not clean after {self.a.baseline_timeout} s: "
+                    + (", ".join(bad) or f"only {len(reads)} synced clock reads")
+                )
         if reads:
             errs = [abs(r.error_ns) for rows in reads for r in rows]  # type: ignore[arg-type]
             s.clocks, s.sync_samples = reads[-1], len(reads)
+            s.sync_read_max_ns = [max(abs(r.error_ns) for r in rows) for rows in reads]  # type: ignore[arg-type]
             s.sync_p99_ns = round(float(np.percentile(errs, 99)), 1)
         self.say(
             f"  clock error p99 vs truth: {s.sync_p99_ns} ns over {s.sync_samples} reads "
