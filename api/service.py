@@ -46,9 +46,15 @@ from fleetlens.topology import Topology
 log = logging.getLogger("fleetlens.api")
 
 
-# From a host's first synced model until its windows are in fleet time: the agent's control
-# interval (1 s) to fetch it, plus one window.
-CLOCK_ADOPTION_NS = 2_000_000_000
+# From a host's first trusted model until its windows are in fleet time: the agent's control
+# interval (1 s) to fetch it, plus one window, plus slack. 2 s was not enough on a saturated
+# 2-core lab: an agent still stamping with its raw clock then (654 us off) gave its flows a
+# baseline that low, and its uplink read 625 us late for the next half minute.
+CLOCK_ADOPTION_NS = 4_000_000_000
+# A model is trusted once its error bound is below this: the first solve, on a partial window
+# (half the agents not in yet), published "synced" models with a 20 us bound, whose offsets
+# then moved by ~9 us as the other hosts joined the fleet mean.
+CLOCK_TRUST_BOUND_NS = 1_000.0
 
 
 @dataclass
@@ -349,11 +355,12 @@ class Collector:
             live[h] = min(t, live.get(h, t))
 
     def _note_trusted_clocks(self, clocks: list[ClockModel], now_ns: int) -> None:
-        """Agents fetch their model every control interval; a window later their one-way
-        delays are in fleet time."""
+        """Agents fetch their model every control interval; a window (and some slack) later
+        their one-way delays are in fleet time."""
         trusted = self.state.clock_trusted_ns
         for c in clocks:
-            if c.synced and c.host_id not in trusted:
+            tight = c.error_bound_ns is not None and c.error_bound_ns <= CLOCK_TRUST_BOUND_NS
+            if c.synced and tight and c.host_id not in trusted:
                 trusted[c.host_id] = now_ns + CLOCK_ADOPTION_NS
 
     def _judgeable(self, one: pa.Table) -> pa.Table:

@@ -12,9 +12,9 @@ import pyarrow.compute as pc
 import pytest
 from collector_helpers import send_clean_window
 from fleetlens.api.config import Settings
-from fleetlens.api.service import Collector, Engines
+from fleetlens.api.service import CLOCK_ADOPTION_NS, Collector, Engines
 
-from fleetlens.records import WINDOW_SCHEMA, Verdict, nic_hosts
+from fleetlens.records import WINDOW_SCHEMA, ClockModel, Verdict, nic_hosts
 from fleetlens.topology import Topology, leaf_spine
 
 T0 = 1_800_000_000_000_000_000
@@ -165,3 +165,20 @@ def test_without_an_inventory_the_placeholder_judges_the_reported_paths(tmp_path
     finally:
         c.stop()
     assert got is not None and got.state == "faulty", got
+
+
+def test_one_way_delays_count_only_from_a_tight_synced_model_and_its_adoption(
+    collector: Collector,
+) -> None:
+    """A first solve over half the agents publishes "synced" models with a 20 us bound;
+    they are not trusted. A tight model is, once agents have had time to fetch it."""
+    loose = ClockModel("h00", T0, 195_596.0, 0.0, 20_598.0, True)
+    tight = ClockModel("h01", T0, -531_137.0, 16_057.0, 200.0, True)
+    unsynced = ClockModel("h02", T0, 0.0, 0.0, None, False)
+    collector._note_trusted_clocks([loose, tight, unsynced], T0)
+    assert collector.state.clock_trusted_ns == {"h01": T0 + CLOCK_ADOPTION_NS}
+    assert CLOCK_ADOPTION_NS >= 3 * SEC  # a control interval, a window, and slack
+    later = ClockModel("h00", T0 + SEC, 204_371.0, 16_125.0, 67.0, True)
+    collector._note_trusted_clocks([later], T0 + SEC)
+    assert collector.state.clock_trusted_ns["h00"] == T0 + SEC + CLOCK_ADOPTION_NS
+    assert collector.state.clock_trusted_ns["h01"] == T0 + CLOCK_ADOPTION_NS  # kept
