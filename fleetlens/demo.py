@@ -160,7 +160,7 @@ class Demo:
     def _sync(self, s: Summary, truth: dict[str, tuple[float, float]]) -> None:
         self.say("[bold]waiting for clock sync to converge[/] …")
         t0, deadline = time.monotonic(), time.monotonic() + self.a.sync_timeout
-        streak: list[float] = []  # times of the good reads in a row
+        since: float | None = None  # when the current run of good reads began
         with self._status("clock sync") as status:
             while time.monotonic() < deadline:
                 rows = self._clock_rows(truth)
@@ -169,9 +169,10 @@ class Demo:
                 synced = sum(r.synced for r in rows)
                 status.update(f"clock sync: {synced}/{len(rows)} hosts synced, p99 error {p99} ns")
                 good = synced == len(rows) and len(errs) == len(rows) and p99 <= SYNC_BOUND_NS
-                streak = [*streak, time.monotonic() - t0] if good else []
-                if streak and streak[-1] - streak[0] >= SYNC_SETTLED_S:
-                    s.sync_converged_s = round(streak[0], 1)
+                now = time.monotonic() - t0
+                since = (now if since is None else since) if good else None
+                if since is not None and now - since >= SYNC_SETTLED_S:
+                    s.sync_converged_s = round(since, 1)
                     break
                 time.sleep(0.5)
         s.clocks = self._clock_rows(truth)
