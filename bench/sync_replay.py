@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from fleetlens.api.config import Settings
 from fleetlens.api.store import Store
 from fleetlens.sync import HuygensSync
+from fleetlens.sync.replay import replay
 from sync_vs_ptp_chrony import min_edges, pair_error
 
 from fleetlens.topology import Topology
@@ -37,17 +38,18 @@ from fleetlens.topology import Topology
 SETTLE_WINDOWS = 20  # the bench scores from 20 s on
 
 
-def replay(store: Store, topo: Topology) -> np.ndarray:
+def errors(store: Store, topo: Topology) -> np.ndarray:
     """h01 − h00 offset error (ns) per solved window after the settling ones."""
-    gens = store.read().sql("SELECT DISTINCT start_ns FROM windows ORDER BY 1").fetchall()
+    gens = [g for (g,) in store.read().sql("SELECT DISTINCT start_ns FROM windows ORDER BY 1")
+            .fetchall()]  # fmt: skip
     sync = HuygensSync(min_edges=min_edges(len(topo.hosts)))
-    lookback = Settings.loop_lookback_ns  # the collector's default
-    prev: dict = {}
+
+    def read(lo: int, hi: int):
+        return store.read_windows("start_ns >= ? AND start_ns <= ?", [lo, hi])
+
     errs = []
-    for (g,) in gens:
-        windows = store.read_windows("start_ns >= ? AND start_ns <= ?", [g - lookback, g])
-        prev = {m.host_id: m for m in sync(windows, topo, prev)}
-        err = pair_error(prev, sync.report.t_ref_ns)
+    for _, models in replay(read, gens, sync, topo, Settings.loop_lookback_ns):
+        err = pair_error(models, sync.report.t_ref_ns)
         if err is not None:
             errs.append(err)
     return np.array(errs[SETTLE_WINDOWS:])
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(run / "fl.duckdb", db)  # the store opens read-write: leave the run as is
             store = Store(db)
             try:
-                e = replay(store, Topology.load(run.parent / "topology.json"))
+                e = errors(store, Topology.load(run.parent / "topology.json"))
                 half, half_min = half_asymmetry(store)
             finally:
                 store.close()

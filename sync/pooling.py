@@ -15,7 +15,18 @@ candidate span (``POOL_SIZES``) keeps, per edge, its last line, and every new wi
 it: how far the window's points reach into the band between the two directions' floors that
 the line kept clear (``_intrusion``). A straight clock leaves the band clear (a point never
 sits below its direction's floor); a bent one shows as an intrusion. A running mean of the
-squared intrusions (weight ``SCORE_WEIGHT``) ranks the spans, the longer first among equals.
+squared intrusions (weight ``SCORE_WEIGHT``) ranks the spans, the longer first among equals:
+scores within ``BEND_Z`` standard errors of the lowest count as equal, the error shrinking
+with the number of edges scored (``BEND_SCATTER``/√n). On two lab hosts (one edge) under a
+one-way flood the three spans scored 20, 20 and 21 ns; taking the 8-window one by that 1 ns
+put the pair 356 ns off at one window (its slope, free within the tracker's ±330 ppb,
+tilted by −75 ppb into the loaded direction's excess, where no new point can show it) while
+the 32-window one stayed within 30 ns (recorded run: p99 318 → 66 ns; idle 96 → 93 ns). On
+the simulator, whose clocks wander and step, the pooled spans' scores were 3–5 % worse than a
+single window's over 256 edges (64 hosts) and cost other hosts p99 166 ns when taken: one
+standard error (``BEND_Z`` 1) keeps them out there (1.5 did not), and at 4096 edges the
+threshold is 1.3 %. Two were tried on the recorded idle run: 46 ns, but the 64-host step test
+failed.
 The span is chosen for the whole fleet, by the median over the edges, and used on every edge
 where it is allowed (see ``_pick``: per-edge scores are too noisy to choose by). A pooled fit
 whose points overlap (a step inside the span) is never used.
@@ -66,6 +77,11 @@ MIN_SCORED = 3  # predictions a span needs before it may be chosen over a single
 STALE_NS = 5_000_000_000  # an edge unseen this long starts its spans' scores over
 SURPRISE_K = 4.0  # a prediction error beyond this many of the span's rms is a surprise
 SURPRISE_RUN = 3  # surprises in a row that restart a span's score
+# Relative standard error of one edge's bend score, a median's over n edges is this / √n:
+# an EWMA (weight w) of squared near-normal intrusions has a coefficient of variation
+# √2·√(w/(2−w)), and a median of n draws ~1.25 σ/√n.
+BEND_SCATTER = 1.2533 * np.sqrt(2 * SCORE_WEIGHT / (2 - SCORE_WEIGHT))
+BEND_Z = 1.0  # standard errors within which two spans' bend scores count as equal
 
 
 @dataclass
@@ -339,7 +355,14 @@ def _rank_by_bend(
         return med
     mb = np.array([np.median(bend[k, use[k]]) if use[k].any() else np.inf
                    for k in range(n_sp)])  # fmt: skip
-    return mb - 1e-9 * np.arange(n_sp)  # ties: the longer span
+    # A difference the scores' own scatter explains is no difference: of the spans within
+    # BEND_Z standard errors of the straightest, the longest ranks first.
+    se = BEND_SCATTER * mb / np.sqrt(np.maximum(use.sum(axis=1), 1))
+    best = int(np.argmin(mb))
+    tied = np.flatnonzero(np.isfinite(mb) & (mb - mb[best] <= BEND_Z * np.hypot(se, se[best])))
+    rank = mb - 1e-9 * np.arange(n_sp)
+    rank[tied[-1]] = -1.0
+    return rank
 
 
 def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray) -> np.ndarray:
