@@ -26,7 +26,12 @@ the simulator, whose clocks wander and step, the pooled spans' scores were 3–5
 single window's over 256 edges (64 hosts) and cost other hosts p99 166 ns when taken: one
 standard error (``BEND_Z`` 1) keeps them out there (1.5 did not), and at 4096 edges the
 threshold is 1.3 %. Two were tried on the recorded idle run: 46 ns, but the 64-host step test
-failed.
+failed. Ties lean long, and a long span can be blind too: in another idle run a 32-window
+line rested on both directions' lowest points of window 4 (110 ns below the usual floors)
+and was carried by a slope 4–9 ppb off for 30 windows, 100–170 ns off, while new points only
+ever sat above it. Its prediction score was 3–4x the 8-window span's, so among tied pooled
+spans one that predicts ``SCORE_VETO`` times worse (rms) gives way to the shorter (that run:
+p99 144 → 46 ns; the other recorded runs and the simulator unchanged).
 The span is chosen for the whole fleet, by the median over the edges, and used on every edge
 where it is allowed (see ``_pick``: per-edge scores are too noisy to choose by). A pooled fit
 whose points overlap (a step inside the span) is never used.
@@ -82,6 +87,7 @@ SURPRISE_RUN = 3  # surprises in a row that restart a span's score
 # √2·√(w/(2−w)), and a median of n draws ~1.25 σ/√n.
 BEND_SCATTER = 1.2533 * np.sqrt(2 * SCORE_WEIGHT / (2 - SCORE_WEIGHT))
 BEND_Z = 1.0  # standard errors within which two spans' bend scores count as equal
+SCORE_VETO = 1.5  # a tied pooled span gives way to a shorter one predicting this much better
 
 
 @dataclass
@@ -361,7 +367,14 @@ def _rank_by_bend(
     best = int(np.argmin(mb))
     tied = np.flatnonzero(np.isfinite(mb) & (mb - mb[best] <= BEND_Z * np.hypot(se, se[best])))
     rank = mb - 1e-9 * np.arange(n_sp)
-    rank[tied[-1]] = -1.0
+    # Between tied pooled spans the prediction scores are a fair judge (both are scored
+    # against the same single windows, whose one-way-load bias they share): a longer span
+    # that predicts clearly worse rests on old extreme points carried by a slope a few ppb
+    # off, which no new point can cross.
+    pooled = tied[tied > 0]
+    if pooled.size > 1:
+        pooled = pooled[med[pooled] <= SCORE_VETO**2 * med[pooled].min()]
+    rank[pooled[-1] if pooled.size else tied[-1]] = -1.0
     return rank
 
 

@@ -1,13 +1,19 @@
 """Recorded lab runs replayed through today's solver, scored against the truth they carry.
 
 ``recorded/`` holds the windows two lab agents uploaded during ``bench/sync_vs_ptp_chrony.py``
-(120 s each, software stamps; hull points, purity counts; paths left out): once idle, once
-under the bench's UDP flood from h00 to h01. The two namespaces share the machine's clock, so
-every offset FleetLens reports between h00 and h01 is error. The flood run is the one whose
-8-window pooled fit tilted by −75 ppb at one window and put the pair 356 ns off (the p99 of
-that bench was 317 ns): spans whose bend scores differ by less than one standard error of
-the scores now count as equally straight, and the longest of them is used
-(``sync/pooling.py``); the simulator's tests check that wandering clocks still keep them out.
+(120 s each, software stamps; hull points, purity counts; paths left out), from two all-tools
+runs on one VM, each once idle and once under the bench's UDP flood from h00 to h01. The two
+namespaces share the machine's clock, so every offset FleetLens reports between h00 and h01
+is error. Two of them caught a wrong span choice (``sync/pooling.py``, ``_rank_by_bend``):
+
+- ``flood``: an 8-window pooled fit tilted by −75 ppb at one window and put the pair 356 ns
+  off (that bench's p99: 317 ns). Spans whose bend scores differ by less than one standard
+  error now count as equally straight, and the longest of them is used (replay p99 318 → 66).
+- ``idle-2``: the longest span then rested on old extreme points carried by a slope a few ppb
+  off, 100–170 ns off for 30 windows; a tied pooled span whose prediction score is clearly
+  worse now gives way to a shorter one (replay p99 144 → 46).
+
+The simulator's tests check that wandering clocks still keep pooled spans out.
 """
 
 from __future__ import annotations
@@ -47,11 +53,12 @@ def _errors(name: str) -> np.ndarray:
     return np.array(errs[SETTLE_WINDOWS:])
 
 
-@pytest.mark.parametrize(("name", "bound_ns"), [("idle", 100.0), ("flood", 100.0)])
-def test_recorded_lab_run_replays_within_the_bound(name: str, bound_ns: float) -> None:
+# 100 ns: 10x under this VM's chrony under the flood (p99 1.4-1.6 us), half the lab idle bound
+@pytest.mark.parametrize("name", ["idle", "flood", "idle-2", "flood-2"])
+def test_recorded_lab_run_replays_within_100ns(name: str) -> None:
     err = _errors(name)
     p99 = float(np.percentile(np.abs(err), 99))
     print(f"\n{name}: {err.size} windows, bias {err.mean():.0f} ns, std {err.std():.0f} ns, "
           f"p99 |error| {p99:.0f} ns")  # fmt: skip
     assert err.size >= 90  # every window of the 120 s run after settling was synchronized
-    assert p99 <= bound_ns
+    assert p99 <= 100.0
