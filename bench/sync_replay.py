@@ -48,7 +48,7 @@ def errors(store: Store, topo: Topology) -> np.ndarray:
         return store.read_windows("start_ns >= ? AND start_ns <= ?", [lo, hi])
 
     errs = []
-    for _, models in replay(read, gens, sync, topo, Settings.loop_lookback_ns):
+    for models in replay(read, gens, sync, topo, Settings.loop_lookback_ns):
         err = pair_error(models, sync.report.t_ref_ns)
         if err is not None:
             errs.append(err)

@@ -25,9 +25,9 @@ def replay(
     sync: HuygensSync,
     topology: Topology | None,
     lookback_ns: int,
-) -> Iterator[tuple[int, dict[str, ClockModel]]]:
-    """(generation, models by host) after each generation's solve, in order."""
+) -> Iterator[dict[str, ClockModel]]:
+    """The models by host after each generation's solve, in order."""
     prev: dict[str, ClockModel] = {}
     for g in generations:
         prev = {m.host_id: m for m in sync(read(g - lookback_ns, g), topology, prev)}
-        yield g, prev
+        yield prev

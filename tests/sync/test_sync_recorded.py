@@ -45,7 +45,7 @@ def _errors(name: str) -> np.ndarray:
 
     sync = HuygensSync(min_edges=1)  # one edge: the pairwise fit
     errs = []
-    for _, models in replay(read, gens, sync, topo, Settings.loop_lookback_ns):
+    for models in replay(read, gens, sync, topo, Settings.loop_lookback_ns):
         a, b = models.get("h00"), models.get("h01")
         if a and b and a.synced and b.synced:
             raw = sync.report.t_ref_ns  # one clock: any raw time maps both hosts
