@@ -66,7 +66,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def old_engine(rev: str, tmp: str):
-    """``Triangulator`` class of ``triangulate/`` at git revision ``rev``."""
+    """``Triangulator`` class of ``triangulate/`` at git revision ``rev`` (a ``.pyx`` that
+    differs from this checkout's is built, which needs Cython: ``pip install -e '.[bench]'``)."""
     pkg = Path(tmp) / "tri_at_rev"
     pkg.mkdir()
     names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:triangulate"], cwd=REPO,
@@ -74,15 +75,29 @@ def old_engine(rev: str, tmp: str):
     for name in (n for n in names if n.endswith((".py", ".pyx"))):
         src = subprocess.run(["git", "show", f"{rev}:triangulate/{name}"], cwd=REPO,
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
-        if name.endswith(".pyx"):  # reuse this checkout's build when the source is the same
-            if src != (REPO / "triangulate" / name).read_text():
-                raise SystemExit(f"--against {rev}: its {name} differs from this checkout's")
+        if name.endswith(".pyx") and src == (REPO / "triangulate" / name).read_text():
             built = Path(importlib.import_module(f"fleetlens.triangulate.{name[:-4]}").__file__)
-            shutil.copy(built, pkg / built.name)
+            shutil.copy(built, pkg / built.name)  # the same source: this checkout's build
             continue
         (pkg / name).write_text(src)
+        if name.endswith(".pyx"):
+            _build(tmp, f"tri_at_rev.{name[:-4]}", f"tri_at_rev/{name}")
     sys.path.insert(0, tmp)
     return importlib.import_module("tri_at_rev.engine").Triangulator
+
+
+def _build(cwd: str, module: str, pyx: str) -> None:
+    """Cython-build one module in place, with the flags of ``setup.py``."""
+    code = (
+        "import numpy; from setuptools import Extension, setup; "
+        "from Cython.Build import cythonize; "
+        f"ext = Extension({module!r}, [{pyx!r}], include_dirs=[numpy.get_include()], "
+        "extra_compile_args=['-O2']); "
+        "setup(script_args=['build_ext', '--inplace', '-q'], "
+        "ext_modules=cythonize([ext], language_level=3, quiet=True))"
+    )
+    print(f"building {module} ...", flush=True)
+    subprocess.run([sys.executable, "-c", code], cwd=cwd, check=True, capture_output=True)
 
 
 def timed(fn, *args) -> tuple[object, float]:
