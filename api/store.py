@@ -254,8 +254,9 @@ class Store:
         decisions: list[Decision],
         now_ns: int,
     ) -> None:
-        """One transaction per loop round so readers never see half a round; rows go in as
-        Arrow tables (a fleet's first round has tens of thousands of verdicts)."""
+        """One transaction per stage of a loop round (verdicts with their decisions, or
+        clocks) so readers never see half of one; rows go in as Arrow tables (a fleet's
+        first round has tens of thousands of verdicts)."""
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:

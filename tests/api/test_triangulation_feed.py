@@ -182,3 +182,36 @@ def test_one_way_delays_count_only_from_a_tight_synced_model_and_its_adoption(
     collector._note_trusted_clocks([later], T0 + SEC)
     assert collector.state.clock_trusted_ns["h00"] == T0 + SEC + CLOCK_ADOPTION_NS
     assert collector.state.clock_trusted_ns["h01"] == T0 + CLOCK_ADOPTION_NS  # kept
+
+
+def test_verdicts_are_published_before_the_clock_solve_and_without_it(tmp_path: Path) -> None:
+    """A round stores and publishes triangulation's verdicts and decisions before it solves
+    the clocks (a solve takes seconds on a big fleet); a failing solve holds nothing back."""
+    topo = leaf_spine(hosts=4, nics=1, leaves=2, spines=2)
+    inv = tmp_path / "fleet.json"
+    topo.save(inv)
+    bad = Verdict("leaf0->spine1", "link", "faulty", T0, loss_rate=0.5, confidence=1.0)
+    seen_at_solve: list[dict[str, Verdict]] = []
+
+    def solve(windows: pa.Table, topology: Topology | None, prev: dict) -> list[ClockModel]:
+        seen_at_solve.append(dict(c.state.verdicts))
+        raise RuntimeError("solver failed")
+
+    engines = Engines(solve_clocks=solve, triangulate=lambda *_: [bad])
+    c = Collector(Settings(db_path=tmp_path / "fl.duckdb", inventory=str(inv)), engines)
+    c.start(loops=False)
+    try:
+        for w in range(2):  # the first window makes the hosts live, the second is judged
+            for host in topo.hosts:
+                send_clean_window(c, topo, host, T0 + w * SEC)
+            c.run_round(T0 + (3 + w) * SEC)
+        stored = c.store.read().execute("SELECT subject, state FROM verdicts").fetchall()
+        errors = c.metrics.registry.get_sample_value(
+            "fleetlens_loop_errors_total", {"loop": "clocks"}
+        )
+    finally:
+        c.stop()
+    assert seen_at_solve == [{}, {bad.subject: bad}]  # published when the solve started
+    assert c.state.verdicts == {bad.subject: bad}
+    assert (bad.subject, "faulty") in stored
+    assert errors == 2
