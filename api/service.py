@@ -286,7 +286,14 @@ class Collector:
         st.clocks = {**st.clocks, **{c.host_id: c for c in new_clocks}}
         st.clock_updated = {**st.clock_updated, **{c.host_id: now_ns for c in new_clocks}}
 
-    def _save(self, clocks, verdicts, decisions, now_ns: int) -> None:
+    def _save(
+        self,
+        clocks: list[ClockModel],
+        verdicts: list[Verdict],
+        decisions: list[Decision],
+        now_ns: int,
+    ) -> None:
+        """One stage's outputs in one writer transaction; waits until it is stored."""
         fut = self.writer.submit_call(
             lambda s: s.save_loop_outputs(clocks, verdicts, decisions, now_ns)
         )
