@@ -96,6 +96,11 @@ class ClockOut(BaseModel):
     synced: bool
     t0_ns: int
     updated: int | None
+    delay_evidence_from: int | None = Field(
+        None,
+        description="ns since the epoch from which this host's one-way delays count as "
+        "triangulation evidence (a tight synced model, fetched by its agent); null: not yet",
+    )
 
 
 class HostOut(BaseModel):

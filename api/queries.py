@@ -158,6 +158,7 @@ def clock_out(c: Collector, m: ClockModel) -> ClockOut:
         host_id=m.host_id, offset_ns=m.offset_ns, drift_ppb=m.drift_ppb,
         error_bound_ns=m.error_bound_ns, synced=m.synced, t0_ns=m.t0_ns,
         updated=c.state.clock_updated.get(m.host_id),
+        delay_evidence_from=c.state.clock_trusted_ns.get(m.host_id),
     )  # fmt: skip
 
 

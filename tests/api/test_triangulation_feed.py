@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pytest
 from collector_helpers import send_clean_window
 from fleetlens.api.config import Settings
+from fleetlens.api.queries import clock_out
 from fleetlens.api.service import CLOCK_ADOPTION_NS, Collector, Engines
 
 from fleetlens.records import WINDOW_SCHEMA, ClockModel, Verdict, nic_hosts
@@ -178,6 +179,8 @@ def test_one_way_delays_count_only_from_a_tight_synced_model_and_its_adoption(
     collector._note_trusted_clocks([loose, tight, unsynced], T0)
     assert collector.state.clock_trusted_ns == {"h01": T0 + CLOCK_ADOPTION_NS}
     assert CLOCK_ADOPTION_NS >= 3 * SEC  # a control interval, a window, and slack
+    served = {m.host_id: clock_out(collector, m).delay_evidence_from for m in (loose, tight)}
+    assert served == {"h00": None, "h01": T0 + CLOCK_ADOPTION_NS}  # what /v1/clocks says
     later = ClockModel("h00", T0 + SEC, 204_371.0, 16_125.0, 67.0, True)
     collector._note_trusted_clocks([later], T0 + SEC)
     assert collector.state.clock_trusted_ns["h00"] == T0 + SEC + CLOCK_ADOPTION_NS
