@@ -3,8 +3,9 @@ Triangulator; rounds driven by hand with a chosen clock)."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -218,3 +219,46 @@ def test_verdicts_are_published_before_the_clock_solve_and_without_it(tmp_path: 
     assert c.state.verdicts == {bad.subject: bad}
     assert (bad.subject, "faulty") in stored
     assert errors == 2
+
+
+def test_triangulation_goes_on_while_a_clock_solve_is_stuck(tmp_path: Path) -> None:
+    """The background loops: windows keep being judged and their verdicts published while a
+    clock solve takes long (0.1-3.8 s of wall time a round on the busy lab; here it hangs until
+    released). With one loop for both, no window after the solve began was judged."""
+    topo = leaf_spine(hosts=4, nics=1, leaves=2, spines=2)
+    inv = tmp_path / "fleet.json"
+    topo.save(inv)
+    solving, release = threading.Event(), threading.Event()
+    judged: list[int] = []
+
+    def solve(windows: pa.Table, topology: Topology | None, prev: dict) -> list[ClockModel]:
+        solving.set()
+        release.wait(60)
+        return []
+
+    def triangulate(windows: pa.Table, topology: Topology | None, prev: dict) -> list[Verdict]:
+        judged.append(windows["start_ns"][0].as_py())
+        return [Verdict("leaf0->spine1", "link", "faulty", judged[0], loss_rate=0.5)]
+
+    settings = Settings(db_path=tmp_path / "fl.duckdb", inventory=str(inv), loop_interval_s=0.05)
+    c = Collector(settings, Engines(solve_clocks=solve, triangulate=triangulate))
+    c.start()
+    start = (time.time_ns() // SEC - 30) * SEC  # long settled: judged as soon as all are in
+    try:
+        for w in range(4):
+            for host in topo.hosts:
+                send_clean_window(c, topo, host, start + w * SEC)
+            _until(lambda w=w: w == 0 or start + w * SEC in judged, f"window {w} judged")
+        assert solving.is_set() and not release.is_set()  # all of it during one solve
+        assert "leaf0->spine1" in c.state.verdicts  # published, not held for the solve
+    finally:
+        release.set()
+        c.stop()
+    assert judged == [start + w * SEC for w in range(1, 4)], judged  # each once, in order
+
+
+def _until(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.02)
