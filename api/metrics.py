@@ -194,8 +194,13 @@ class WriterCounters(Collector):
 
 
 class Metrics:
-    def __init__(self, queue_depth: Callable[[], float], queue_rows: Callable[[], float],
-                 writer_lag: Callable[[], float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        queue_depth: Callable[[], float],
+        queue_rows: Callable[[], float],
+        writer_lag: Callable[[], float],
+        judged_age: Callable[[], float],
+    ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.batches = Counter(
             "fleetlens_ingest_batches", "Batches acknowledged", ["result"], registry=r
@@ -237,6 +242,14 @@ class Metrics:
         for loop in LOOPS:
             self.loop_runs.labels(loop)
             self.loop_errors.labels(loop)
+        self.verdict_lag = Histogram(
+            "fleetlens_verdict_lag_seconds",
+            "From the end of a window to the verdicts on it being published", registry=r,
+            buckets=(0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0),
+        )  # fmt: skip
+        Gauge("fleetlens_triangulated_window_age_seconds",
+              "Time since the end of the newest window triangulation has judged (NaN: none)",
+              registry=r).set_function(judged_age)  # fmt: skip
         self.owd = NicOwdHistograms()
         r.register(self.owd)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +77,7 @@ class State:
     decisions: dict[str, Decision] = field(default_factory=dict)
     max_start_ns: int | None = None
     triangulated_ns: int | None = None  # start of the newest window triangulation is past
+    judged_end_ns: int | None = None  # end of the newest window whose verdicts are published
     live_from_ns: dict[str, int] = field(default_factory=dict)  # host -> first window it sent
     # host -> when its one-way delays are in fleet time: its agent applies a synced model
     clock_trusted_ns: dict[str, int] = field(default_factory=dict)
@@ -94,7 +96,9 @@ class Collector:
         self.writer = Writer(
             self.store, settings.queue_max_batches, settings.queue_max_rows, self._on_commit
         )
-        self.metrics = Metrics(self.writer.depth, self.writer.queued_rows, self.writer.lag_s)
+        self.metrics = Metrics(
+            self.writer.depth, self.writer.queued_rows, self.writer.lag_s, self._judged_age_s
+        )
         self.state = State()
         self.metrics.add_collector(
             WriterCounters(lambda: self.writer.busy_cpu_s, lambda: self.writer.rows_written)
@@ -271,9 +275,20 @@ class Collector:
         transaction and published; a failing clock solve holds none of them back."""
         # no inventory: the placeholder, on the look-back the clocks are solved on
         windows = None if self.engines.triangulate is not None else self.newest_windows(now_ns)
-        verdicts = self._triangulate(windows, now_ns)
-        if verdicts is not None:
-            self._publish_verdicts(verdicts, now_ns)
+        ends: list[int] = []
+        verdicts = self._triangulate(windows, now_ns, ends)
+        if verdicts is None:
+            return
+        self._publish_verdicts(verdicts, now_ns)
+        done = time.time_ns()
+        for end in ends:
+            self.metrics.verdict_lag.observe((done - end) / 1e9)
+        if ends:
+            self.state.judged_end_ns = max(ends)
+
+    def _judged_age_s(self) -> float:
+        end = self.state.judged_end_ns
+        return math.nan if end is None else (time.time_ns() - end) / 1e9
 
     def clock_round(self, now_ns: int) -> None:
         """The clock solve on the look-back, its models stored (one transaction) and published."""
@@ -320,11 +335,16 @@ class Collector:
         )
         fut.result(timeout=60)
 
-    def _triangulate(self, windows: pa.Table | None, now_ns: int) -> list[Verdict] | None:
+    def _triangulate(
+        self, windows: pa.Table | None, now_ns: int, ends: list[int]
+    ) -> list[Verdict] | None:
         """Hand each settled window to the engine once, oldest first (it keeps per-flow
-        baselines and hysteresis: a window seen twice would count its losses twice)."""
+        baselines and hysteresis: a window seen twice would count its losses twice); the
+        end of each window judged is appended to ``ends``."""
         tri = self.engines.triangulate or self._placeholder_triangulation
         if windows is not None:  # no inventory: the placeholder, on what it has
+            if windows.num_rows:
+                ends.append(pc.max(pc.add(windows["start_ns"], windows["duration_ns"])).as_py())
             return self._timed(
                 "triangulate", tri, windows, self.topology, dict(self.state.verdicts)
             )
@@ -357,6 +377,7 @@ class Collector:
             if verdicts is None:
                 return None
             self.state.triangulated_ns = start
+            ends.append(start + one["duration_ns"][0].as_py())
         return verdicts
 
     def _settled(self, window: pa.Table, now_ns: int) -> bool:

@@ -411,11 +411,18 @@ def collector() -> dict[str, Any]:
                    f"[{RATE}])), 1e-9)", "{{loop}} mean", "A"),
             target(f"sum by (loop) (rate(fleetlens_loop_errors_total{{{c}}}[{RATE}]))",
                    "{{loop}} failed/s", "B")], unit="s"), 12, 8),
+        lay.place(panel("timeseries", "Verdict lag (window end to verdicts published)", [
+            target(f"histogram_quantile(0.5, sum by (le) (rate(fleetlens_verdict_lag_seconds"
+                   f"_bucket{{{c}}}[{RATE}])))", "p50", "A"),
+            target(f"histogram_quantile(0.99, sum by (le) (rate(fleetlens_verdict_lag_seconds"
+                   f"_bucket{{{c}}}[{RATE}])))", "p99", "B"),
+            target(f"max(fleetlens_triangulated_window_age_seconds{{{c}}})",
+                   "newest judged window age", "C")], unit="s"), 12, 8),
     ]  # fmt: skip
     return dashboard(
         "fleetlens-collector",
         "FleetLens / Collector health",
-        "Ingest rate, rejects, writer lag and saturation, background loops.",
+        "Ingest rate, rejects, writer lag and saturation, background loops, verdict lag.",
         p,
     )
 

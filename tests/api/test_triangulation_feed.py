@@ -251,10 +251,16 @@ def test_triangulation_goes_on_while_a_clock_solve_is_stuck(tmp_path: Path) -> N
             _until(lambda w=w: w == 0 or start + w * SEC in judged, f"window {w} judged")
         assert solving.is_set() and not release.is_set()  # all of it during one solve
         assert "leaf0->spine1" in c.state.verdicts  # published, not held for the solve
+        lag = {s.name: s.value for s in c.metrics.verdict_lag.collect()[0].samples}
+        age = c.metrics.registry.get_sample_value("fleetlens_triangulated_window_age_seconds")
     finally:
         release.set()
         c.stop()
     assert judged == [start + w * SEC for w in range(1, 4)], judged  # each once, in order
+    # The windows are ~26-29 s old: what the lag metrics say about them.
+    assert lag["fleetlens_verdict_lag_seconds_count"] == 3
+    assert 25 * 3 <= lag["fleetlens_verdict_lag_seconds_sum"] <= 3 * 40
+    assert age is not None and 25 <= age <= 40
 
 
 def _until(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:

@@ -19,6 +19,7 @@ REQUIRED_ALERTS = {
     "FleetLensHostUnsynchronized",
     "FleetLensAgentDown",
     "FleetLensIngestLag",
+    "FleetLensVerdictsLate",
 }
 UNIT_TESTS = PROM_DIR / "tests" / "fleetlens_test.yml"
 
@@ -69,8 +70,10 @@ def test_every_required_alert_exists_is_labelled_and_unit_tested() -> None:
          'critical\n        annotations:\n          summary: "FleetLens agent'),
         ("fleetlens_writer_lag_seconds) > 10", "fleetlens_writer_lag_seconds) > 30"),
         ("fleetlens_clock_synced == 0", "fleetlens_clock_synced == 1"),
+        ("fleetlens_triangulated_window_age_seconds) > 30",
+         "fleetlens_triangulated_window_age_seconds) > 300"),
     ],
-    ids=["agent-down-without-for", "ingest-lag-threshold", "unsynced-inverted"],
+    ids=["agent-down-without-for", "ingest-lag-threshold", "unsynced-inverted", "late-verdicts"],
 )  # fmt: skip
 def test_the_unit_tests_catch_a_broken_rule(tmp_path: Path, old: str, new: str) -> None:
     """Break one rule in a copy: promtool test rules must now fail."""
