@@ -281,13 +281,13 @@ class DelayModel:
 
     def _learn_healthy(self, fit: DelayFit) -> None:
         """EWMA of each clean link's median excess: its normal queueing level and spread.
-        Not clean: every link over the alarm threshold, also one left unchosen because
-        another explained its flows (on the lab, a delayed uplink lost the pick to the
-        downlink its few timed flows shared; learned as healthy for 12 windows, its level
-        rose to 57 us and its spread to 92 us, and the next 225 us delay went unreported)."""
+        Not clean: every link over the alarm threshold, the chosen ones (explaining away only
+        lowers the others) and also one left unchosen because another explained its flows
+        (on the lab, a delayed uplink lost the pick to the downlink its few timed flows
+        shared; learned as healthy for 12 windows, its level rose to 57 us and its spread to
+        92 us, and the next 225 us delay went unreported)."""
         clean = np.isfinite(fit.median) & (fit.weight >= self.cfg.delay_min_flows)
         clean &= ~fit.alarmed
-        clean[fit.links] = False
         a = self.cfg.delay_ewma
         # Clip at 4 sigma: queue bursts widen the spread, a fault must not become "normal".
         sig = np.maximum(np.sqrt(self.var[clean]), _SIGMA0_NS)
