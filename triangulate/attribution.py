@@ -76,6 +76,9 @@ class Attributor:
         self.host_names = list(topo.hosts)
         self.nic_host_name = [n.host for n in topo.nics]
         self.siblings = siblings(groups, len(link_ids))
+        self.access = np.zeros(len(link_ids), bool)
+        for links in (nic_up, nic_down):
+            self.access[links[links >= 0]] = True
 
     def attribute(
         self,
@@ -109,6 +112,7 @@ class Attributor:
         out: list[Finding] = []
         used = np.zeros(n, bool)
         out += self._switches(bad, rate, dly, raw_rate, raw_dly, strength, used)
+        out += self._tied_delay(delay, rate, strength, used)
         held = silent if blamed is None else silent | blamed
         out += self._endpoints(bad & ~used, rate, dly, strength, held, delay, used)
         out += self._one_sided_hosts(bad & ~used, rate, dly, strength, used)
@@ -160,6 +164,23 @@ class Attributor:
             note = f"one of {same.size} ECMP-equivalent links (paths never reported)"
             out += [Finding(self.link_ids[m], "link", float(rate[lk]), 0.0, s, [m], note)
                     for m in same.tolist()]  # fmt: skip
+        return out
+
+    def _tied_delay(self, delay: DelayFit, rate, strength, used) -> list[Finding]:
+        """A delayed link and the fabric links that share all its timed flows (``delay``'s
+        ties): each reported with the same excess at confidence 1/N. Ties with an access link
+        are left to the NIC rules (``_endpoints``), which judge access links on round trips;
+        loss on a member tells them apart."""
+        out: list[Finding] = []
+        for lk, excess in zip(delay.links.tolist(), delay.excess.tolist(), strict=True):
+            members = np.array([lk, *delay.ties.get(lk, [])], np.int64)
+            if members.size < 2 or (used | self.access | (rate > 0))[members].any():
+                continue
+            used[members] = True
+            s = min(float(strength[lk]), strength_for(1.0 / members.size))
+            note = f"one of {members.size} links the timed flows cannot tell apart"
+            out += [Finding(self.link_ids[m], "link", 0.0, excess, s, [m], note)
+                    for m in members.tolist()]  # fmt: skip
         return out
 
     def _unidentifiable_delay(self, delay: DelayFit, used: np.ndarray) -> list[Finding]:

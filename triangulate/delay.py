@@ -48,6 +48,7 @@ _SIGMA0_NS = 500.0  # healthy spread assumed before a link has history
 _SIGMA_FLOOR_NS = 100.0
 _NIC_SHIFT_Q = 0.2  # quantile of a NIC's flows taken as its shift (see _nic_medians)
 _COMMON_MIN_NICS = 8  # NICs with a shift needed to tell a fleet-wide rise (_common_rise)
+_TIE_SHARE = 0.9  # share of both links' timed flows in common that makes two links a tie
 
 
 @dataclass
@@ -60,6 +61,7 @@ class DelayFit:
     row_excess: np.ndarray  # per row: clock-corrected excess (NaN: no baseline yet)
     alarmed: np.ndarray  # per link (all): over the alarm threshold before explaining away
     clock_hosts: dict[int, float] = field(default_factory=dict)  # host number -> step ns
+    ties: dict[int, list[int]] = field(default_factory=dict)  # chosen link -> see _tied
     groups: list[GroupDelayFinding] = field(default_factory=list)  # see group_delay
 
 
@@ -192,6 +194,7 @@ class DelayModel:
         floor = cfg.delay_min_ns * max(1.0, (1.0 / span_s) ** 0.7)
         chosen: dict[int, float] = {}
         z_of: dict[int, float] = {}
+        ties: dict[int, list[int]] = {}
         med0, wt0, alarmed = None, None, None
         (e_link, e_row, e_w), _, _ = self._judged_entries(b)
         for _ in range(16):
@@ -208,11 +211,15 @@ class DelayModel:
             if alarmed is None:
                 alarmed = ok.copy()
             ok[list(chosen)] = False
+            ok[[c for t in ties.values() for c in t]] = False  # see _tied
             if not ok.any():
                 break
             best = self._most_consistent(b, e, ex, wt, z, ok)
             chosen[best] = float(ex[best])
             z_of[best] = float(z[best])
+            tied = self._tied(best, ok, wt, row_bins >= 0, (e_link, e_row, e_w))
+            if tied:
+                ties[best] = tied
             on = b.ent_link == best
             np.subtract.at(e, b.ent_row[on], b.ent_w[on] * ex[best])
             moved = np.unique(b.ent_row[on])
@@ -226,8 +233,28 @@ class DelayModel:
             wt0,
             d,
             alarmed,
+            ties=ties,
         )
         return fit, e, floor
+
+    def _tied(self, best: int, ok: np.ndarray, wt: np.ndarray, timed: np.ndarray, ent) -> list[int]:
+        """Other alarmed links whose timed flows are nearly the same as ``best``'s: nothing in
+        this window tells them apart (at start-up, while only some hosts' clocks are trusted,
+        a delayed uplink and one downlink may share every timed flow). Picking one of them
+        confidently blamed the wrong link half the time; they are reported together, each at
+        1/N (``attribution``), until flows that cross only one of them are timed."""
+        others = np.flatnonzero(ok)
+        others = others[others != best]
+        if others.size == 0:
+            return []
+        e_link, e_row, e_w = ent
+        on = e_link == best
+        mine = np.zeros(timed.size, bool)
+        mine[e_row[on][timed[e_row[on]]]] = True
+        hit = mine[e_row]
+        shared = np.bincount(e_link[hit], e_w[hit], self.n_links)
+        need = _TIE_SHARE * np.maximum(wt[others], wt[best])
+        return others[shared[others] >= need].tolist()
 
     def _judged_entries(self, b: FlowBatch) -> tuple[tuple, np.ndarray, np.ndarray]:
         """(link, row, weight) of the entries a link's statistic is taken over: its flows with

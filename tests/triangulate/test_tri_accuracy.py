@@ -271,7 +271,8 @@ def test_a_delayed_link_explained_away_is_not_learned_as_healthy() -> None:
     must not learn those windows as its healthy level: it did (on the lab its level rose to
     57 us and its spread to 92 us in 12 windows), and the same delay, injected again once every
     clock was trusted, went unreported. Here the timed flows are made an exact tie (leaf2 to
-    leaf0, and flows touching neither end) for the first 16 windows."""
+    leaf0, and flows touching neither end) for the first 16 windows. Nothing tells the two
+    links apart then: both are reported, each at confidence 1/2, not one of them confidently."""
     from fleetlens.topology import from_spec
 
     topo = from_spec("leafspine:hosts=8,nics=2,leaves=4,spines=2")
@@ -291,10 +292,13 @@ def test_a_delayed_link_explained_away_is_not_learned_as_healthy() -> None:
 
     faults = (f"{link}:delay_us=20:start_s=4,end_s=14", f"{link}:delay_us=20:start_s=20")
     steps = drive(topo, faults, seconds=24, seed=3, mutate=tie_first)
-    assert {link, "spine1->leaf0"} & steps[6].faulty(), steps[6].bad  # the tie, either side
+    for s in steps[5:14]:  # the tie: both sides, neither one confidently
+        assert s.reported() == s.faulty() == {link, "spine1->leaf0"}, s.bad
+        assert all(abs(v.confidence - 0.5) < 1e-6 for v in s.bad.values()), s.bad
+        assert all(abs(v.excess_delay_ns / 20_000 - 1) <= 0.2 for v in s.bad.values()), s.bad
     assert not steps[19].faulty(), steps[19].bad  # healed, and cleared
     for s in steps[20:]:  # without the fix: nothing reported
-        assert s.faulty() == {link}, s.bad
+        assert s.faulty() == {link} and s.bad[link].confidence > 0.99, s.bad
         assert abs(s.bad[link].excess_delay_ns / 20_000 - 1) <= 0.2
 
 
