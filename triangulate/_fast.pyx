@@ -19,9 +19,8 @@ numpy references in tests/triangulate/test_tri_fast.py).
 - :func:`path_matrix`, :func:`strip_access`: reported paths (list<string>) -> padded link
   numbers -> fabric links and whether the access links are implied;
 - :func:`route_hash`, :class:`U64Map`: the row hash of ``incidence._row_hash`` and hash -> route;
-- :func:`link_sums`, :func:`link_sums_diff`, :func:`decay_add`: per-window sums and the
-  long-horizon decay;
-- :func:`to_bins`, :func:`quantile_scan`: the grouped histogram quantiles of ``quantile``;
+- :func:`link_sums`, :func:`decay_add`: per-window sums and the long-horizon decay;
+- :func:`to_bins`, :func:`grouped_quantile`: the grouped histogram quantiles of ``quantile``;
 - :func:`group_rows`: a counting sort for the link -> rows inverse indexes.
 
 The machine is shared and memory-bound loops dominate: fresh multi-MB arrays page-fault, so
@@ -30,7 +29,7 @@ ahead.
 """
 
 from libc.math cimport floor, log, fabs, fmin, isfinite, NAN
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
 import numpy as np
@@ -357,45 +356,36 @@ def link_sums(const int64_t[::1] up, const int64_t[::1] dn, const int64_t[::1] r
               const double[::1] x, int64_t n_links, int64_t n_routes):
     """Per access link (up, down; index ``n_links`` is the no-link sentinel) and per route,
     the sum of ``x`` over the rows — the three ``bincount``s of ``Incidence.link_sums`` in one
-    pass, summed in row order like them."""
-    cdef int64_t i, n = x.shape[0]
+    pass. Rows come grouped by flow pair (a NIC's flows are adjacent), so the access links
+    repeat for long runs: a run is summed in a register and added once (adding into the same
+    array slot row after row waited on the slot's last store every row, twice as slow).
+    Equal to the bincounts for the integer packet counts; for other values the rounding
+    follows the run sums."""
+    cdef int64_t i, n = x.shape[0], cu = -1, cd = -1
     up_a = np.zeros(n_links + 1)
     dn_a = np.zeros(n_links + 1)
     rt_a = np.zeros(n_routes)
     cdef double[::1] su = up_a, sd = dn_a, sr = rt_a
+    cdef double au = 0.0, ad = 0.0, v
     with nogil:
         for i in range(n):
-            su[up[i]] += x[i]
-            sd[dn[i]] += x[i]
-            sr[route[i]] += x[i]
+            v = x[i]
+            if up[i] != cu:
+                if cu >= 0:
+                    su[cu] += au
+                cu, au = up[i], 0.0
+            au = au + v
+            if dn[i] != cd:
+                if cd >= 0:
+                    sd[cd] += ad
+                cd, ad = dn[i], 0.0
+            ad = ad + v
+            sr[route[i]] += v
+        if cu >= 0:
+            su[cu] += au
+        if cd >= 0:
+            sd[cd] += ad
     return up_a, dn_a, rt_a
-
-
-def link_sums_diff(const int64_t[::1] up, const int64_t[::1] dn, const int64_t[::1] route,
-                   const double[::1] new, const double[::1] old, int64_t n_links,
-                   int64_t n_routes, int64_t max_changed):
-    """:func:`link_sums` of ``new - old`` over the rows where it is not 0, or None when more
-    than ``max_changed`` rows changed (the caller sums ``new`` afresh then). Returns
-    (changed rows, up, down, route sums)."""
-    cdef int64_t i, n = new.shape[0], changed = 0
-    up_a = np.zeros(n_links + 1)
-    dn_a = np.zeros(n_links + 1)
-    rt_a = np.zeros(n_routes)
-    cdef double[::1] su = up_a, sd = dn_a, sr = rt_a
-    cdef double d
-    with nogil:
-        for i in range(n):
-            d = new[i] - old[i]
-            if d != 0.0:
-                changed += 1
-                if changed > max_changed:
-                    break
-                su[up[i]] += d
-                sd[dn[i]] += d
-                sr[route[i]] += d
-    if changed > max_changed:
-        return changed, None, None, None
-    return changed, up_a, dn_a, rt_a
 
 
 def baseline_update(double[::1] base, int64_t[::1] t, const int64_t[::1] at,
@@ -455,10 +445,11 @@ def decay(double[::1] sent, double[::1] lost, double gamma) -> None:
 
 def to_bins(const double[::1] v, double lin_ns, int64_t lin_bins, double log_growth,
             int64_t half):
-    """``quantile.bins_of``: signed log-linear bin per value, -1 for NaN and infinities."""
+    """``quantile.bins_of``: signed log-linear bin per value (int16: 2 * half + 1 bins), -1
+    for NaN and infinities."""
     cdef int64_t i, n = v.shape[0]
-    out_a = np.empty(n, np.int64)
-    cdef int64_t[::1] out = out_a
+    out_a = np.empty(n, np.int16)
+    cdef int16_t[::1] out = out_a
     cdef double a, lin, t, top = half - 1e-9, x, lg, m
     with nogil:
         for i in range(n):
@@ -478,60 +469,51 @@ def to_bins(const double[::1] v, double lin_ns, int64_t lin_bins, double log_gro
                 t = top
             t = floor(t + 0.5)
             if x > 0:
-                out[i] = <int64_t> t + half
+                out[i] = <int16_t> (<int64_t> t + half)
             elif x < 0:
-                out[i] = <int64_t> (-t) + half
+                out[i] = <int16_t> (<int64_t> (-t) + half)
             else:
                 out[i] = half
     return out_a
 
 
-def quantile_scan(const int64_t[::1] group, const int64_t[::1] bins, const double[::1] weight,
-                  int64_t n_groups, int64_t n_bins, double q):
-    """Per group: histogram over bins (rows with bin < 0 skipped), then the first bin whose
-    running sum reaches ``q`` of the total. Returns (bin, running sum through the bin before
-    it, its weight, total, target) per group — what ``quantile.group_quantile_bins``
-    interpolates. A group's histogram spans only its lowest to highest used bin (a dense
-    groups x bins array is tens of MB to zero and scan); the bins outside hold 0.0, which
-    leaves every running sum unchanged, so the result equals numpy's cumsum/argmax."""
-    cdef int64_t i, g, b, n = group.shape[0], size = 0
-    lo_a = np.full(n_groups, n_bins, np.int64)
-    hi_a = np.full(n_groups, -1, np.int64)
-    off_a = np.zeros(n_groups, np.int64)
-    cdef int64_t[::1] lo = lo_a, hi = hi_a, off = off_a
-    for i in range(n):  # checked loop: a bad group must raise like bincount, not corrupt
-        b = bins[i]
-        if b >= 0:
-            g = group[i]
-            if g < 0 or g >= n_groups or b >= n_bins:
-                raise ValueError(f"group {g} / bin {b} out of range")
-            if b < lo[g]:
-                lo[g] = b
-            if b > hi[g]:
-                hi[g] = b
-    for g in range(n_groups):
-        off[g] = size
-        if hi[g] >= lo[g]:
-            size += hi[g] - lo[g] + 1
-    hist_a = np.zeros(max(size, 1))
-    cdef double[::1] hist = hist_a
+def grouped_quantile(const int64_t[::1] ptr, const int64_t[::1] item, const double[::1] weight,
+                     const int16_t[::1] bins, int64_t n_bins, double q):
+    """Per group (its items ``ptr[g] .. ptr[g + 1]`` of ``item`` / ``weight``, listed group by
+    group): the histogram of ``bins[item]`` (items with bin < 0 skipped), then the first bin
+    whose running sum reaches ``q`` of the total. Returns (bin, running sum through the bin
+    before it, its weight, total, target) per group — what ``quantile.Groups.quantile``
+    interpolates; equal to numpy's cumsum/argmax over the items in this order (the reference
+    in ``quantile``). Items listed by group keep each histogram in one small array (the bins
+    are int16: a window's bins fit in cache), where scattering into all groups' histograms
+    missed the cache on every row."""
+    cdef int64_t n_groups = ptr.shape[0] - 1, g, k, b, lo, hi, hit, bad = 0
+    hist_a = np.zeros(max(n_bins, 1))
     at_a = np.zeros(n_groups, np.int64)
     before_a, inside_a = np.zeros(n_groups), np.zeros(n_groups)
     tot_a, target_a = np.zeros(n_groups), np.zeros(n_groups)
+    cdef double[::1] hist = hist_a
     cdef int64_t[::1] at = at_a
     cdef double[::1] before = before_a, inside = inside_a, tot = tot_a, target = target_a
     cdef double c, goal
-    cdef int64_t hit
     with nogil:
-        for i in range(n):
-            b = bins[i]
-            if b >= 0:
-                g = group[i]
-                hist[off[g] + b - lo[g]] += weight[i]
         for g in range(n_groups):
+            lo, hi = n_bins, -1
+            for k in range(ptr[g], ptr[g + 1]):
+                b = bins[item[k]]
+                if b < 0:
+                    continue
+                if b >= n_bins:
+                    bad += 1
+                    continue
+                hist[b] += weight[k]
+                if b < lo:
+                    lo = b
+                if b > hi:
+                    hi = b
             c = 0.0
-            for b in range(lo[g], hi[g] + 1):
-                c = c + hist[off[g] + b - lo[g]]
+            for b in range(lo, hi + 1):
+                c = c + hist[b]
             tot[g] = c
             target[g] = q * c
             goal = target[g] - 1e-12
@@ -540,19 +522,23 @@ def quantile_scan(const int64_t[::1] group, const int64_t[::1] bins, const doubl
                 hit = 0
             else:
                 c = 0.0
-                for b in range(lo[g], hi[g] + 1):
-                    c = c + hist[off[g] + b - lo[g]]
+                for b in range(lo, hi + 1):
+                    c = c + hist[b]
                     if c >= goal:
                         hit = b
                         break
             if hit <= 0:  # bin 0 (or never reached, NaN weights: argmax of all-False)
                 hit = 0
-                inside[g] = hist[off[g]] if lo[g] == 0 and hi[g] >= 0 else 0.0
+                inside[g] = hist[0] if lo == 0 and hi >= 0 else 0.0
                 c = inside[g]
             else:
-                inside[g] = hist[off[g] + hit - lo[g]]
+                inside[g] = hist[hit]
             at[g] = hit
             before[g] = c - inside[g]
+            for b in range(lo, hi + 1):
+                hist[b] = 0.0
+    if bad:
+        raise ValueError(f"{bad} bins out of range (n_bins {n_bins})")
     return at_a, before_a, inside_a, tot_a, target_a
 
 

@@ -41,7 +41,7 @@ from . import _fast
 from .config import TriangulateConfig
 from .group_delay import GroupDelay, GroupDelayFinding
 from .paths import SPORT_SPAN, FlowBatch
-from .quantile import bins_of, group_quantile_bins
+from .quantile import Groups, bins_of
 from .store import FlowStore, unique
 
 _SIGMA0_NS = 500.0  # healthy spread assumed before a link has history
@@ -85,6 +85,7 @@ class DelayModel:
         # with a baseline has no healthy level yet, and a sampled access link is noisy then)
         self.seen = np.zeros(n_links, np.int64)
         self._judged: tuple = ()  # see _judged_entries
+        self._by_nic: tuple = ()  # see _nic_groups
         self.group = GroupDelay(groups, n_links, cfg)
 
     def observe(self, b: FlowBatch) -> DelayFit:
@@ -102,7 +103,7 @@ class DelayModel:
         d = d - self._access_split(b, meds)
         fit, resid, floor = self._locate(b, d)
         fit.clock_hosts = clock
-        _, unknown, n_sure = self._judged_entries(b)
+        _, _, unknown, n_sure = self._judged_entries(b)
         unknown = unknown[np.isfinite(resid[b.ent_row[unknown]])]  # none in a first window
         if unknown.size:
             late = self._persistently_late(b, at, resid >= floor, unknown)
@@ -116,12 +117,21 @@ class DelayModel:
         """A NIC's in/out shift: a clock or its access link moves *every* flow of the NIC, a
         fabric link behind its leaf only the flows hashed across it (ECMP leaves others on
         other spines), so a low quantile — not the median — keeps fabric faults out of it."""
-        one = np.ones(b.n)
+        into, out_of = self._nic_groups(b)
         q, bins = _NIC_SHIFT_Q, bins_of(d)
-        med_in, n_in = group_quantile_bins(b.dst, bins, one, self.n_nics, q)
-        med_out, n_out = group_quantile_bins(b.src, bins, one, self.n_nics, q)
+        med_in, n_in = into.quantile(bins, q)
+        med_out, n_out = out_of.quantile(bins, q)
         enough = (n_in >= self.cfg.delay_min_flows) & (n_out >= self.cfg.delay_min_flows)
         return med_in, med_out, enough
+
+    def _nic_groups(self, b: FlowBatch) -> tuple[Groups, Groups]:
+        """The batch's rows by receiving and by sending NIC; kept while the batch's NIC
+        columns are the same arrays (the engine reuses them until the flows change)."""
+        got = self._by_nic
+        if not got or got[0] is not b.dst or got[1] is not b.src:
+            n = self.n_nics
+            got = self._by_nic = (b.dst, b.src, Groups(b.dst, n), Groups(b.src, n))
+        return got[2], got[3]
 
     @staticmethod
     def _common_rise(meds) -> float:
@@ -196,11 +206,9 @@ class DelayModel:
         z_of: dict[int, float] = {}
         ties: dict[int, list[int]] = {}
         med0, wt0, alarmed = None, None, None
-        (e_link, e_row, e_w), _, _ = self._judged_entries(b)
+        (e_link, e_row, e_w), by_link, _, _ = self._judged_entries(b)
         for _ in range(16):
-            med, wt = group_quantile_bins(
-                e_link, row_bins[e_row], e_w, self.n_links, cfg.delay_quantile
-            )
+            med, wt = by_link.quantile(row_bins, cfg.delay_quantile)
             if med0 is None:
                 med0, wt0 = med, wt
                 sigma = self._sigma(med, wt)
@@ -256,7 +264,7 @@ class DelayModel:
         need = _TIE_SHARE * np.maximum(wt[others], wt[best])
         return others[shared[others] >= need].tolist()
 
-    def _judged_entries(self, b: FlowBatch) -> tuple[tuple, np.ndarray, np.ndarray]:
+    def _judged_entries(self, b: FlowBatch) -> tuple[tuple, Groups, np.ndarray, np.ndarray]:
         """(link, row, weight) of the entries a link's statistic is taken over: its flows with
         a known path when it has enough of them. A flow whose path is unknown is spread over
         the ECMP candidates, and only the share of those flows that really crossed a delayed
@@ -270,7 +278,9 @@ class DelayModel:
         sure = b.ent_w >= 1.0 - 1e-9
         n_sure = np.bincount(b.ent_link[sure], minlength=self.n_links)
         use = sure | (n_sure < self.cfg.delay_min_flows)[b.ent_link]
-        out = (b.ent_link[use], b.ent_row[use], b.ent_w[use]), np.flatnonzero(~sure), n_sure
+        ent = b.ent_link[use], b.ent_row[use], b.ent_w[use]
+        by_link = Groups(ent[0], self.n_links, ent[2], item=ent[1])
+        out = ent, by_link, np.flatnonzero(~sure), n_sure
         self._judged = (b.ent_link, b.ent_w, b.ent_row, out)
         return out
 

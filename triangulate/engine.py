@@ -11,12 +11,12 @@ exponentially decayed per-flow counts (slow: 0.01 % loss needs tens of seconds o
 fit delay (``delay``), fold links into switches, NICs and hosts (``attribution``), and update
 the verdicts (``verdicts``).
 
-Cost: the flows repeat window after window, so the decoded layout, the per-link packet totals
-and the per-flow state stay aligned with the window's rows and are updated in place; the loss
-fits expand only lossy flows (and the flows of the links they pick); delay tomography runs on a
-fixed hash-sample of the flows when a window has more than ``delay_sample_rows`` of them (a
-delay fault moves *every* flow of its link, so a uniform sample of a few hundred flows per
-fabric link finds and sizes it as well as all of them).
+Cost: the flows repeat window after window, so the decoded layout and the per-flow state stay
+aligned with the window's rows and are updated in place; the loss fits expand only lossy
+flows (and the flows of the links they pick); delay tomography runs on a fixed hash-sample of
+the flows when a window has more than ``delay_sample_rows`` of them (a delay fault moves
+*every* flow of its link, so a uniform sample of a few hundred flows per fabric link finds
+and sizes it as well as all of them).
 """
 
 from __future__ import annotations
@@ -77,7 +77,6 @@ class Triangulator:
         self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})
         self.tracker = VerdictTracker(self.cfg)
         self.sending = np.zeros(p.n_nics)
-        self._sums: tuple = ()  # (token, sent, S) of the last window
         self._slow: tuple = ()  # (token, S) of the long-horizon counts
         self._sample: tuple = ()  # (token, rows, batch entries) of the delay sample
 
@@ -101,7 +100,7 @@ class Triangulator:
     # ---- one window -----------------------------------------------------------------------
     def _window(self, f: Frame) -> list[Verdict]:
         cfg = self.cfg
-        S = self._link_sums(f)
+        S = f.inc.link_sums(f.sent)
         fast = fit_incidence(
             f.inc, f.sent, f.lost, S,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,
@@ -123,23 +122,6 @@ class Triangulator:
             out += [Verdict(s, "link", "healthy", f.end_ns) for s in sorted(quiet)]
         self.tracker.forget_healthy()
         return out
-
-    def _link_sums(self, f: Frame) -> np.ndarray:
-        """Packets per link, ``A^T sent``; updated from the rows whose count changed (when
-        under 1/8 of them did: one pass, ``Incidence.link_sums_diff``)."""
-        last = self._sums
-        if last and last[0] == f.token:
-            got = f.inc.link_sums_diff(f.sent, last[1], -(-f.n // 8) - 1)
-            if got is not None:
-                changed, dS = got
-                if changed == 0:
-                    return last[2]
-                S = last[2] + dS
-                self._sums = (f.token, f.sent, S)
-                return S
-        S = f.inc.link_sums(f.sent)
-        self._sums = (f.token, f.sent, S)
-        return S
 
     def _slow_loss(self, f: Frame, fast: LossFit, S: np.ndarray) -> dict[int, tuple[float, float]]:
         """Long-horizon loss fit; its links count unless this window shows them healed."""

@@ -158,27 +158,13 @@ class Incidence:
         return Incidence(self.up[rows], self.dn[rows], self.route[rows], self.routes, self.n_links)
 
     def link_sums(self, x: np.ndarray) -> np.ndarray:
-        """``A^T x``: the three bincounts (up, down, route) in one Cython pass, summed in
-        the same order as numpy's."""
+        """``A^T x``: the three bincounts (up, down, route) in one Cython pass."""
         n = self.n_links
         up, dn, rt = _fast.link_sums(
             _c(self.up, np.int64), _c(self.dn, np.int64), _c(self.route, np.int64),
             _c(x, np.float64), n, len(self.routes),
         )  # fmt: skip
         return (up[:n] + dn[:n]) + self.routes.link_sum(rt)
-
-    def link_sums_diff(self, new: np.ndarray, old: np.ndarray, max_changed: int):
-        """(rows changed, ``A^T (new - old)`` over them), the same sums as
-        ``take(changed).link_sums((new - old)[changed])``; None when more than
-        ``max_changed`` rows changed."""
-        n = self.n_links
-        changed, up, dn, rt = _fast.link_sums_diff(
-            _c(self.up, np.int64), _c(self.dn, np.int64), _c(self.route, np.int64),
-            _c(new, np.float64), _c(old, np.float64), n, len(self.routes), max_changed,
-        )  # fmt: skip
-        if up is None:
-            return None
-        return changed, (up[:n] + dn[:n]) + self.routes.link_sum(rt)
 
     def entries(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(row, link, weight) entries; rows numbered by position in ``rows`` when given."""

@@ -38,27 +38,46 @@ def from_bin(b: np.ndarray) -> np.ndarray:
 
 
 def bins_of(value: np.ndarray) -> np.ndarray:
-    """Bin of each value, -1 for NaN (computed once, reused when values are gathered)."""
+    """Bin of each value (int16), -1 for NaN (computed once, reused when values are gathered)."""
     v = np.ascontiguousarray(value, np.float64).reshape(-1)
     out = _fast.to_bins(v, _LIN_NS, _LIN_BINS, _LOG_GROWTH, _HALF)
     return out.reshape(np.shape(value))
 
 
+class Groups:
+    """A fixed grouping of items (flows by NIC, judged entries by link), listed group by group
+    once (a stable counting sort) so that every quantile over it (one per window and pass)
+    reads each group's items together. ``item``: each member's position in the ``bins``
+    arrays it is later asked about (default: its own position)."""
+
+    def __init__(
+        self,
+        group: np.ndarray,
+        n_groups: int,
+        weight: np.ndarray | None = None,
+        item: np.ndarray | None = None,
+    ) -> None:
+        order, self.ptr = _fast.group_rows(np.ascontiguousarray(group, np.int64), n_groups)
+        self.item = order if item is None else np.asarray(item, np.int64)[order]
+        w = np.ones(group.size) if weight is None else np.asarray(weight, np.float64)[order]
+        self.weight = np.ascontiguousarray(w)
+
+    def quantile(self, bins: np.ndarray, q: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+        """(weighted ``q`` quantile per group, total weight per group) of the items' values,
+        given by their :func:`bins_of`; NaN where a group has no weight."""
+        at, before, inside, tot, target = _fast.grouped_quantile(
+            self.ptr, self.item, self.weight, np.ascontiguousarray(bins, np.int16), N_BINS, q
+        )
+        # linear interpolation inside the bin, in bin coordinates (per group: numpy is fine)
+        frac = np.clip((target - before) / np.maximum(inside, 1e-300), 0.0, 1.0)
+        return np.where(tot > 0, from_bin(at - 0.5 + frac), np.nan), tot
+
+
 def group_quantile_bins(
     group: np.ndarray, bins: np.ndarray, weight: np.ndarray, n_groups: int, q: float = 0.5
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(weighted ``q`` quantile per group, total weight per group) of values given by their
-    :func:`bins_of`; NaN where a group has no weight."""
-    at, before, inside, tot, target = _fast.quantile_scan(
-        _i64(group), _i64(bins), np.ascontiguousarray(weight, np.float64), n_groups, N_BINS, q
-    )
-    # linear interpolation inside the bin, in bin coordinates (per group: numpy is fine)
-    frac = np.clip((target - before) / np.maximum(inside, 1e-300), 0.0, 1.0)
-    return np.where(tot > 0, from_bin(at - 0.5 + frac), np.nan), tot
-
-
-def _i64(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, np.int64)
+    """One quantile over a grouping used once (:class:`Groups` for a repeated one)."""
+    return Groups(group, n_groups, weight).quantile(bins, q)
 
 
 def _reference_group_quantile_bins(
