@@ -74,6 +74,10 @@ class Attributor:
         nic_no = {n: i for i, n in enumerate(self.nic_ids)}
         self.host_nics = {h: [nic_no[n.id] for n in ns] for h, ns in topo.nics_by_host.items()}
         self.host_names = list(topo.hosts)
+        host_no = {h: i for i, h in enumerate(self.host_names)}
+        self.n_hosts = len(self.host_names)
+        self.nic_host = np.array([host_no[n.host] for n in topo.nics], np.int64)
+        self.host_size = np.bincount(self.nic_host, minlength=self.n_hosts)
         self.nic_host_name = [n.host for n in topo.nics]
         self.siblings = siblings(groups, len(link_ids))
         self.access = np.zeros(len(link_ids), bool)
@@ -202,9 +206,11 @@ class Attributor:
         a different leaf, so N independent link faults at once are far less likely than the
         host itself (a stalled agent loses acks and stamps late on every NIC)."""
         out = []
-        for h, nics in self.host_nics.items():
-            if len(nics) < 2:
-                continue
+        all_out = np.bincount(self.nic_host, bad[self.nic_up], self.n_hosts) == self.host_size
+        all_in = np.bincount(self.nic_host, bad[self.nic_down], self.n_hosts) == self.host_size
+        one_sided = (all_out | all_in) & (self.host_size >= 2)  # the loop only over those
+        for h in [self.host_names[i] for i in np.flatnonzero(one_sided)]:
+            nics = self.host_nics[h]
             for side, way in ((self.nic_up[nics], "out"), (self.nic_down[nics], "in")):
                 if not bad[side].all():
                     continue

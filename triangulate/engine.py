@@ -256,7 +256,9 @@ class Triangulator:
         cfg = self.cfg
         if x.links:
             rows = f.inc.rows_of(np.array(x.links, np.int64))
-            d_rows = np.unique(db.ent_row[np.isin(db.ent_link, x.links)])
+            on = np.zeros(self.paths.n_links, bool)
+            on[x.links] = True
+            d_rows = np.unique(db.ent_row[on[db.ent_link]])
         else:  # a host clock event: every row to or from the host
             hosts = np.array([h == x.subject for h in self.paths.nic_host_name])
             rows = np.flatnonzero(hosts[f.src] | hosts[f.dst])
