@@ -413,12 +413,18 @@ def baseline_update(double[::1] base, int64_t[::1] t, const int64_t[::1] at,
 
 
 def decay_add(double[::1] sent, double[::1] lost, const double[::1] f_sent,
-              const double[::1] f_lost, double gamma, double floor_lost, double keep_sent):
+              const double[::1] f_lost, double gamma, double floor_lost, double keep_sent,
+              int64_t[::1] lossy_now, int64_t[::1] lossy_all):
     """``sent = sent * gamma + f_sent`` and the same for ``lost`` (lost below ``floor_lost``
-    set to 0), in place; returns whether every flow still has ``sent >= keep_sent``."""
-    cdef int64_t i, n = sent.shape[0]
+    set to 0), in place. Returns (every flow still has ``sent >= keep_sent``, rows with
+    ``f_lost > 0``, rows with ``lost > 0`` after): those rows, in order, are written to the
+    start of ``lossy_now`` / ``lossy_all`` (each sized like ``sent``) — the lossy rows both
+    loss fits start from, found in this pass rather than in two more over the flows."""
+    cdef int64_t i, n = sent.shape[0], k_now = 0, k_all = 0
     cdef bint keep_all = True
     cdef double s, v
+    if lossy_now.shape[0] < n or lossy_all.shape[0] < n:
+        raise ValueError("lossy row buffers too small")
     with nogil:
         for i in range(n):
             s = sent[i] * gamma
@@ -431,7 +437,13 @@ def decay_add(double[::1] sent, double[::1] lost, const double[::1] f_sent,
             lost[i] = v
             if not (s >= keep_sent):
                 keep_all = False
-    return keep_all
+            if f_lost[i] > 0:
+                lossy_now[k_now] = i
+                k_now += 1
+            if v > 0:
+                lossy_all[k_all] = i
+                k_all += 1
+    return keep_all, k_now, k_all
 
 
 def decay(double[::1] sent, double[::1] lost, double gamma) -> None:

@@ -78,6 +78,8 @@ class Triangulator:
         self.tracker = VerdictTracker(self.cfg)
         self.sending = np.zeros(p.n_nics)
         self._slow: tuple = ()  # (token, S) of the long-horizon counts
+        self._dropped = False  # the last _decay dropped flows from the long-horizon counts
+        self._lossy_rows = np.empty((2, 0), np.int64)  # decay_add's output buffers
         self._sample: tuple = ()  # (token, rows, batch entries) of the delay sample
 
     def __call__(
@@ -101,11 +103,12 @@ class Triangulator:
     def _window(self, f: Frame) -> list[Verdict]:
         cfg = self.cfg
         S = f.inc.link_sums(f.sent)
+        gamma, lossy_now, lossy_all = self._decay(f)
         fast = fit_incidence(
             f.inc, f.sent, f.lost, S,
-            cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,
+            cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy_now,
         )  # fmt: skip
-        extra = self._slow_loss(f, fast, S)
+        extra = self._slow_loss(f, fast, S, gamma, lossy_all)
         db = self._delay_batch(f)
         dfit = self.delay.observe(db)
         silent = self._silent(f)
@@ -123,16 +126,23 @@ class Triangulator:
         self.tracker.forget_healthy()
         return out
 
-    def _slow_loss(self, f: Frame, fast: LossFit, S: np.ndarray) -> dict[int, tuple[float, float]]:
-        """Long-horizon loss fit; its links count unless this window shows them healed."""
-        cfg = self.cfg
+    def _decay(self, f: Frame) -> tuple[float, np.ndarray | None, np.ndarray | None]:
+        """The long-horizon per-flow counts decayed and this window added: (the decay
+        factor, this window's lossy rows, the decayed counts' lossy rows — each None when
+        this pass did not find them)."""
         dt = max(f.end_ns - f.start_ns, 1) * 1e-9
-        gamma = math.exp(-dt / cfg.loss_decay_s)
+        gamma = math.exp(-dt / self.cfg.loss_decay_s)
         acc = self.acc
         sent, lost = acc.cols["sent"], acc.cols["lost"]
         if acc.aligned(f.key):  # the usual case: the same flows as before, in the same order
             # decay, add this window, floor the lost counts: one pass (``_fast.decay_add``)
-            keep_all = _fast.decay_add(sent, lost, f.sent, f.lost, gamma, _LOST_FLOOR, 0.05)
+            if self._lossy_rows.shape[1] < f.n:
+                self._lossy_rows = np.empty((2, f.n), np.int64)
+            now, every = self._lossy_rows
+            keep_all, k_now, k_all = _fast.decay_add(
+                sent, lost, f.sent, f.lost, gamma, _LOST_FLOOR, 0.05, now, every
+            )
+            lossy_now, lossy_all = now[:k_now].copy(), every[:k_all].copy()
         else:
             _fast.decay(sent, lost, gamma)
             at = acc.locate(f.key)
@@ -141,22 +151,33 @@ class Triangulator:
             lost[at] += f.lost
             lost[lost < _LOST_FLOOR] = 0.0  # long gone; keeps the lossy set small
             keep_all = bool(np.all(sent >= 0.05))
-        n_before = len(acc)
-        if not keep_all:
+            lossy_now = lossy_all = None
+        self._dropped = not keep_all
+        if not keep_all:  # rows move: the lossy rows found are not theirs any more
             acc.drop(sent >= 0.05)
+            lossy_all = None
+        return gamma, lossy_now, lossy_all
+
+    def _slow_loss(
+        self, f: Frame, fast: LossFit, S: np.ndarray, gamma: float, lossy: np.ndarray | None
+    ) -> dict[int, tuple[float, float]]:
+        """Long-horizon loss fit (on the counts ``_decay`` updated); its links count unless
+        this window shows them healed."""
+        cfg = self.cfg
+        acc = self.acc
         sent, lost = acc.cols["sent"], acc.cols["lost"]
         aligned = acc.aligned(f.key)
         inc = f.inc if aligned else self._acc_incidence()
         last = self._slow
         token = (f.token, aligned)
-        if last and last[0] == token and len(acc) == n_before:
+        if last and last[0] == token and not self._dropped:
             S_slow = gamma * last[1] + S
         else:
             S_slow = inc.link_sums(sent)
         self._slow = (token, S_slow)
         slow = fit_incidence(
             inc, sent, lost, S_slow,
-            cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,
+            cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
         )  # fmt: skip
         out: dict[int, tuple[float, float]] = {}
         fast_set = set(fast.links.tolist())

@@ -211,10 +211,13 @@ def fit_incidence(
     threshold: float = 12.0,
     min_lost: float = 2.0,
     max_links: int = 64,
+    lossy: np.ndarray | None = None,
 ) -> LossFit:
-    """:func:`fit_loss` on a factorized incidence; ``S = inc.link_sums(sent)``."""
+    """:func:`fit_loss` on a factorized incidence; ``S = inc.link_sums(sent)``; ``lossy``:
+    the rows with ``lost > 0`` in order, when the caller has them."""
     n = inc.n_links
-    lossy = np.flatnonzero(lost > 0)
+    if lossy is None:
+        lossy = np.flatnonzero(lost > 0)
     f = _local(inc, lossy, sent, lost, S, n, p0)
     O = f.O  # noqa: E741 - lossless rows add nothing
     chosen, rate = np.empty(0, np.int64), np.empty(0)

@@ -426,10 +426,16 @@ def test_decay_add_equals_numpy() -> None:
     want_s += f_sent
     want_l += f_lost
     want_l[want_l < 1e-3] = 0.0
-    keep = _fast.decay_add(sent, lost, f_sent, f_lost, 0.97, 1e-3, 0.05)
+    now, every = np.full(1000, -1, np.int64), np.full(1000, -1, np.int64)
+    keep, k_now, k_all = _fast.decay_add(sent, lost, f_sent, f_lost, 0.97, 1e-3, 0.05, now, every)
     np.testing.assert_array_equal(sent, want_s)
     np.testing.assert_array_equal(lost, want_l)
     assert keep == bool(np.all(want_s >= 0.05))
+    np.testing.assert_array_equal(now[:k_now], np.flatnonzero(f_lost > 0))
+    np.testing.assert_array_equal(every[:k_all], np.flatnonzero(want_l > 0))
+    assert 0 < k_now < k_all < 1000
+    with pytest.raises(ValueError):
+        _fast.decay_add(sent, lost, f_sent, f_lost, 0.97, 1e-3, 0.05, now[:10], every)
 
 
 def test_store_sort_keeps_values_and_aligns() -> None:
