@@ -20,7 +20,9 @@ subjects to report (links, switches, NICs, hosts), each with what implicated it.
   is reported, each with confidence 1/N (the uniform prior) — an honest "one of these N"
   instead of a confident arbitrary pick. The drain decisions are the same whichever sibling it
   is (all NICs of that leaf), and a single reported path resolves it. Delay found on such a
-  group (``group_delay``) is reported the same way.
+  group (``group_delay``) is reported the same way, and so are the fabric links that share
+  every timed flow with a delayed link (``delay``'s ties: at start-up, with only some clocks
+  trusted).
 """
 
 from __future__ import annotations
