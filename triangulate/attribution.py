@@ -55,7 +55,14 @@ class Finding:
 
 class Attributor:
     def __init__(
-        self, topo: Topology, link_ids: list[str], groups: list[np.ndarray], nic_up, nic_down, cfg
+        self,
+        topo: Topology,
+        link_ids: list[str],
+        groups: list[np.ndarray],
+        nic_up: np.ndarray,
+        nic_down: np.ndarray,
+        nic_host: np.ndarray,  # host number (in ``topo.hosts``) of each NIC
+        cfg,
     ) -> None:
         self.topo, self.cfg = topo, cfg
         self.link_ids = link_ids
@@ -76,9 +83,8 @@ class Attributor:
         nic_no = {n: i for i, n in enumerate(self.nic_ids)}
         self.host_nics = {h: [nic_no[n.id] for n in ns] for h, ns in topo.nics_by_host.items()}
         self.host_names = list(topo.hosts)
-        host_no = {h: i for i, h in enumerate(self.host_names)}
         self.n_hosts = len(self.host_names)
-        self.nic_host = np.array([host_no[n.host] for n in topo.nics], np.int64)
+        self.nic_host = nic_host
         self.host_size = np.bincount(self.nic_host, minlength=self.n_hosts)
         self.nic_host_name = [n.host for n in topo.nics]
         self.siblings = siblings(groups, len(link_ids))

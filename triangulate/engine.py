@@ -73,12 +73,11 @@ class Triangulator:
         nic_host = np.array([host_no[h] for h in p.nic_host_name], np.int64)
         groups = ecmp_groups(topo, {lk: i for i, lk in enumerate(p.link_ids)})
         self.delay = DelayModel(p.n_links, p.n_nics, nic_host, groups, self.cfg)
-        self.attrib = Attributor(topo, p.link_ids, groups, p.nic_up, p.nic_down, self.cfg)
+        self.attrib = Attributor(topo, p.link_ids, groups, p.nic_up, p.nic_down, nic_host, self.cfg)
         self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})
         self.tracker = VerdictTracker(self.cfg)
         self.sending = np.zeros(p.n_nics)
         self._slow: tuple = ()  # (token, S) of the long-horizon counts
-        self._dropped = False  # the last _decay dropped flows from the long-horizon counts
         self._lossy_rows = np.empty((2, 0), np.int64)  # decay_add's output buffers
         self._sample: tuple = ()  # (token, rows, batch entries) of the delay sample
 
@@ -152,10 +151,9 @@ class Triangulator:
             lost[lost < _LOST_FLOOR] = 0.0  # long gone; keeps the lossy set small
             keep_all = bool(np.all(sent >= 0.05))
             lossy_now = lossy_all = None
-        self._dropped = not keep_all
-        if not keep_all:  # rows move: the lossy rows found are not theirs any more
+        if not keep_all:  # rows move: the lossy rows found and the slow sums are stale
             acc.drop(sent >= 0.05)
-            lossy_all = None
+            lossy_all, self._slow = None, ()
         return gamma, lossy_now, lossy_all
 
     def _slow_loss(
@@ -170,10 +168,9 @@ class Triangulator:
         inc = f.inc if aligned else self._acc_incidence()
         last = self._slow
         token = (f.token, aligned)
-        if last and last[0] == token and not self._dropped:
-            S_slow = gamma * last[1] + S
-        else:
-            S_slow = inc.link_sums(sent)
+        # the same flows as last window: its sums decayed, plus this window's
+        fresh = not (last and last[0] == token)
+        S_slow = inc.link_sums(sent) if fresh else gamma * last[1] + S
         self._slow = (token, S_slow)
         slow = fit_incidence(
             inc, sent, lost, S_slow,

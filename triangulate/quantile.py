@@ -73,17 +73,11 @@ class Groups:
         return np.where(tot > 0, from_bin(at - 0.5 + frac), np.nan), tot
 
 
-def group_quantile_bins(
-    group: np.ndarray, bins: np.ndarray, weight: np.ndarray, n_groups: int, q: float = 0.5
-) -> tuple[np.ndarray, np.ndarray]:
-    """One quantile over a grouping used once (:class:`Groups` for a repeated one)."""
-    return Groups(group, n_groups, weight).quantile(bins, q)
-
-
 def _reference_group_quantile_bins(
     group: np.ndarray, bins: np.ndarray, weight: np.ndarray, n_groups: int, q: float = 0.5
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The numpy definition of :func:`group_quantile_bins` (tests compare the two)."""
+    """The numpy definition of ``Groups(group, n_groups, weight).quantile(bins, q)`` (tests
+    compare the two)."""
     ok = bins >= 0
     cell = group[ok] * N_BINS + bins[ok]
     hist = np.bincount(cell, weight[ok], n_groups * N_BINS).reshape(n_groups, N_BINS)

@@ -18,9 +18,9 @@ from fleetlens.triangulate.engine import Triangulator
 from fleetlens.triangulate.incidence import Incidence, RouteTable, _reference_row_hash, _row_hash
 from fleetlens.triangulate.paths import SPORT_SPAN, PathModel, _same_strings
 from fleetlens.triangulate.quantile import (
+    Groups,
     _reference_group_quantile_bins,
     bins_of,
-    group_quantile_bins,
     to_bin,
 )
 from fleetlens.triangulate.store import FlowStore, unique
@@ -370,12 +370,12 @@ def test_bins_and_group_quantiles_equal_numpy() -> None:
     g[g == 7] = 8  # an empty group
     for w in (np.ones(v.size), rng.random(v.size), np.where(g == 3, 0.0, 1.0)):
         for q in (0.5, 0.2, 0.0, 1.0):
-            got = group_quantile_bins(g, b, w, 52, q)
+            got = Groups(g, 52, w).quantile(b, q)
             want = _reference_group_quantile_bins(g, b, w, 52, q)
             np.testing.assert_array_equal(got[0], want[0])
             np.testing.assert_array_equal(got[1], want[1])
     with pytest.raises(ValueError):
-        group_quantile_bins(np.array([60]), np.array([3]), np.ones(1), 52)
+        Groups(np.array([60]), 52).quantile(np.array([3]))
 
 
 def test_route_hash_and_unique_equal_numpy() -> None:

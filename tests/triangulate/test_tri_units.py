@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 from fleetlens.triangulate.loss import fit_loss, poisson_llr
 from fleetlens.triangulate.paths import PathModel
-from fleetlens.triangulate.quantile import bins_of, group_quantile_bins
+from fleetlens.triangulate.quantile import Groups, bins_of
 from fleetlens.triangulate.store import FlowStore
 from tri_helpers import small
 
@@ -18,7 +18,7 @@ def test_grouped_quantile_matches_numpy_median() -> None:
     rng = np.random.default_rng(0)
     g = rng.integers(0, 5, 4000)
     v = np.concatenate([rng.normal(0, 800, 2000), rng.exponential(30_000, 2000)])
-    med, tot = group_quantile_bins(g, bins_of(v), np.ones(v.size), 6)
+    med, tot = Groups(g, 6).quantile(bins_of(v))
     for k in range(5):
         ref = np.median(v[g == k])
         assert abs(med[k] - ref) <= max(60.0, 0.03 * abs(ref)), (k, med[k], ref)
