@@ -286,7 +286,7 @@ class Agent:
                 self._set_clock(ch.clock)
             if ch.up is not None:
                 self.path.apply(ch.up)  # type: ignore[union-attr]
-            self.builder.paths.update(ch.paths)
+            self.builder.learn_paths(ch.paths)
 
     def _rebuild(self, plan: HostPlan | None, nics: list[LocalNic] | None = None) -> None:
         plan = plan or self.path.plan  # type: ignore[union-attr]

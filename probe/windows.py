@@ -17,6 +17,10 @@ moved fleet time back across the boundary) counts in the next open window. Per f
 - one-way delay in fleet time (``rx_fleet - tx_fleet``, both probes of every pair) as
   min/p50/p99/max, nearest-rank percentiles;
 - the lower convex hull of the pure ``(tx0 raw, rx0 raw - tx0 raw)`` points.
+
+Flows of a NIC pair whose discovered paths are the same are one record, under the group's
+lowest source port, over all of their probes (``fleetlens.pathgroups``): a pair's ~50 ports
+then make as many records as it has paths. A flow whose path is not known has its own.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from fleetlens.probe.fastpath import (
 )
 
 from fleetlens.hull import lower_hull_rows
+from fleetlens.pathgroups import path_ids, representatives
 from fleetlens.records import WINDOW_SCHEMA, ClockModel
 
 DEFAULT_PURITY_NS = 1_000  # software stamps on a quiet veth: |gap error| p99 ~ 0.5 µs
@@ -82,9 +87,21 @@ class WindowBuilder:
         self.purity_ns = purity_ns
         self._pending: list[dict[str, np.ndarray]] = []
         self.paths: dict[int, list[str]] = {}  # flow id -> discovered path
+        pairs = [f"{a}>{b}" for a, b in zip(flows.src_nic, flows.dst_nic, strict=True)]
+        self._pair = np.unique(np.array(pairs, str), return_inverse=True)[1].reshape(-1)
+        self._rep = np.arange(len(flows))  # flow id -> the flow reporting for its path
         self.ledger = PairLedger()
         self._ends: list[tuple[int, int]] = []  # (window index, pairs sent when it ended)
         self._closed = -(1 << 62)  # every window up to this index has been popped
+
+    def learn_paths(self, paths: dict[int, list[str]]) -> None:
+        """Discovered paths (flow id -> links): later records group flows by them."""
+        if not paths:
+            return
+        self.paths.update(paths)
+        found = [self.paths.get(f) for f in range(len(self.flows))]
+        ids = path_ids([None if p is None else tuple(p) for p in found], {})
+        self._rep = representatives(self._pair, self.flows.sport, ids)
 
     def add(self, samples: dict[str, np.ndarray], clock: ClockModel, now_raw_ns: int) -> None:
         """Stamp the samples with their window, using the clock model current at this moment."""
@@ -130,7 +147,7 @@ class WindowBuilder:
         return self._summarise({k: v[done] for k, v in s.items()})
 
     def _summarise(self, s: dict[str, np.ndarray]) -> pa.Table:
-        key = s["window"] * len(self.flows) + s["flow"]
+        key = s["window"] * len(self.flows) + self._rep[s["flow"]]
         groups, g = np.unique(key, return_inverse=True)
         n = groups.size
         win, flow = groups // len(self.flows), groups % len(self.flows)

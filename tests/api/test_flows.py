@@ -46,7 +46,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     inventory = tmp / "topology.json"
     topo.save(inventory)
     epoch = (time.time_ns() // WIN - 20) * WIN  # recent past: not "from the future"
-    cfg = sim.SimConfig(paths_known=True, faults=("leaf0->spine1:loss=0.2",), epoch_ns=epoch)
+    # a row per port (not per path): flows enough to page through, half of them hidden below
+    cfg = sim.SimConfig(
+        paths_known=True, merge_paths=False, faults=("leaf0->spine1:loss=0.2",), epoch_ns=epoch
+    )
     simulator = sim.Simulator(topo, cfg, seed=5)
     server = start_server(tmp, inventory)
     sent = []

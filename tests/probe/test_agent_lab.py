@@ -37,11 +37,15 @@ DELAY_TOL_US = 30.0
 DELAY_TOL_SHARE = 0.15
 
 
+Flow = tuple[str, str, int]
+
+
 @dataclass
 class Run:
     lab: Lab
     windows: pa.Table
-    planned: set[tuple[str, str, int]]
+    planned: set[Flow]
+    reps: dict[Flow, Flow]  # planned flow -> the flow its path group reports under
     t_fault: int
     t_heal: int
     delay_us: tuple[float, float]  # measured just after injection and just before heal
@@ -60,26 +64,43 @@ def _wait_for_windows(url: str, timeout_s: float = 20) -> None:
     raise AssertionError("no window reached the collector")
 
 
-def _wait_for_paths(url: str, planned: set[tuple[str, str, int]], timeout_s: float = 30) -> None:
-    """Until the collector holds a window with a path for every planned flow."""
+def _path_groups(lab: Lab, planned: set[Flow]) -> dict[Flow, Flow]:
+    """Per planned flow, the flow its window rows come under once every path is known: the
+    lowest source port of its NIC pair on the same kernel path (``fleetlens.pathgroups``)."""
+    first: dict[tuple, Flow] = {}
+    reps: dict[Flow, Flow] = {}
+    with PathOracle(lab) as oracle:
+        for f in sorted(planned):  # a group's first flow here is its lowest port
+            reps[f] = first.setdefault((f[0], f[1], *oracle.path(*f)), f)
+    return reps
+
+
+def _recent_flows(url: str, since: str) -> list[dict]:
+    out: list[dict] = []
+    total = 1
+    while len(out) < total:
+        r = httpx.get(f"{url}/v1/flows", params={"since": since, "limit": 1000, "offset": len(out)})
+        r.raise_for_status()
+        total, page = int(r.headers["X-Total-Count"]), r.json()
+        if not page:
+            break
+        out += page
+    return out
+
+
+def _wait_for_paths(url: str, reps: set[Flow], timeout_s: float = 30) -> None:
+    """Until every path group has a row with its path, and the newest windows hold no row
+    without one (a flow whose path is not known yet reports on a row of its own)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with_path: set[tuple[str, str, int]] = set()
-        total, offset = 1, 0
-        while offset < total:
-            r = httpx.get(
-                f"{url}/v1/flows", params={"since": "-1m", "limit": 1000, "offset": offset}
-            )
-            r.raise_for_status()
-            total, page = int(r.headers["X-Total-Count"]), r.json()
-            with_path |= {(f["src_nic"], f["dst_nic"], f["sport"]) for f in page if f["path"]}
-            offset += len(page) or total
-        if planned <= with_path:
+        with_path = {(f["src_nic"], f["dst_nic"], f["sport"])
+                     for f in _recent_flows(url, "-1m") if f["path"]}  # fmt: skip
+        recent = _recent_flows(url, "-3s")
+        if reps <= with_path and recent and all(f["path"] for f in recent):
             return
         time.sleep(0.5)
-    raise AssertionError(
-        f"flows without a path after {timeout_s} s: {sorted(planned - with_path)[:5]}"
-    )
+    raise AssertionError(f"path groups without a path after {timeout_s} s: "
+                         f"{sorted(reps - with_path)[:5]}")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +115,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             }
             extra = ["--clock-offset-ns", str(OFFSETS_NS[host])] if host in OFFSETS_NS else []
             stack.start_agent(host, *extra)
+        reps = _path_groups(lab, planned)
         _wait_for_windows(stack.url)
         # The first traceroutes take 2-5 s on a busy box (a fixed 5 s clean period left some
         # flows without a pathful window in CI): wait for every path, then 3 s clean.
-        _wait_for_paths(stack.url, planned)
+        _wait_for_paths(stack.url, set(reps.values()))
         time.sleep(3)
         t_fault = time.time_ns()
         faults.add_loss(lab, LOSS_LINK, 20)
@@ -119,7 +141,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         store.close()
         decisions = [work / "agents" / h / "decision.json" for h in lab.topo.hosts]
         delay_us = (min(delay.measured_us or 0.0, late_us), max(delay.measured_us or 0.0, late_us))
-        yield Run(lab, windows, planned, t_fault, t_heal, delay_us, codes, decisions)
+        yield Run(lab, windows, planned, reps, t_fault, t_heal, delay_us, codes, decisions)
 
 
 def _flows(t: pa.Table) -> list[tuple[str, str, int]]:
@@ -138,8 +160,12 @@ def _between(run: Run, start_ns: int, end_ns: int) -> pa.Table:
 
 
 def test_agents_exit_cleanly_and_every_planned_flow_reports(run: Run) -> None:
+    """Each planned flow reports, on a row of its own until its path is known, then through
+    its path group: from the fault on (every path known), exactly one row per group."""
     assert run.exit_codes == dict.fromkeys(run.lab.topo.hosts, 0)
-    assert run.planned and run.planned <= set(_flows(run.windows))
+    groups = set(run.reps.values())
+    assert run.planned and groups < run.planned  # 2 spines: a pair's ~8 ports make <= 2 rows
+    assert groups == set(_flows(_between(run, run.t_fault, 2**63 - 1)))
     keys = list(zip(_flows(run.windows), run.windows["start_ns"].to_pylist(), strict=True))
     assert len(keys) == len(set(keys)), "a window was stored twice"
     assert all(p.exists() for p in run.decision_files)
@@ -219,10 +245,11 @@ def test_injected_clock_offsets_shift_raw_delays_by_exactly_their_difference(run
 
 
 def test_discovered_paths_equal_the_kernels(run: Run) -> None:
-    """Paris traceroute per flow: every flow's windows carry its path, equal to ``lab path``."""
+    """Paris traceroute per flow: every path group's windows carry its path, equal to
+    ``lab path`` (so are those of the groups formed while paths were still being learned)."""
     rows = _between(run, 0, run.t_fault).select(["src_nic", "dst_nic", "sport", "path"]).to_pylist()
     learned = {(r["src_nic"], r["dst_nic"], r["sport"]): r["path"] for r in rows if r["path"]}
-    assert set(learned) == run.planned
+    assert set(run.reps.values()) <= set(learned)
     with PathOracle(run.lab) as oracle:
         for (src, dst, sport), path in learned.items():
             assert path == oracle.path(src, dst, sport), (src, dst, sport)

@@ -80,3 +80,38 @@ def test_without_an_end_mark_the_grace_still_closes_windows() -> None:
     assert b.pop_complete(T0 + SEC + 699_000_000, grace_ns=700_000_000) is None
     t = b.pop_complete(T0 + SEC + 700_000_000, grace_ns=700_000_000)
     assert t is not None and t["start_ns"].to_pylist() == [T0]
+
+
+def test_flows_of_a_pair_on_one_path_are_one_record_over_all_their_probes() -> None:
+    obj = lambda *v: np.array(v, dtype=object)  # noqa: E731
+    flows = FlowTable(
+        obj("h00/eth0", "h00/eth0", "h00/eth0", "h00/eth0", "h00/eth0"),
+        obj("h01/eth0", "h01/eth0", "h01/eth0", "h01/eth0", "h02/eth0"),
+        np.array([40003, 40001, 40002, 40004, 40001], np.int32),
+        obj(*["software"] * 5),
+    )
+    b = WindowBuilder(flows, SEC)
+    up0 = ["h00/eth0->leaf0", "leaf0->spine0", "spine0->leaf1", "leaf1->h01/eth0"]
+    up1 = ["h00/eth0->leaf0", "leaf0->spine1", "spine1->leaf1", "leaf1->h01/eth0"]
+    # flows 0 and 1 share a path, flow 2 takes the other spine, flow 3's path is not known,
+    # flow 4 goes to another NIC over the same links as far as they go (its own pair)
+    b.learn_paths({0: up0, 1: up0, 2: up1, 4: up0[:2]})
+    s = _samples(list(range(5)), [T0 + 100 + i * 1_000_000 for i in range(5)])
+    s["flow"] = np.arange(5, dtype=np.uint32)
+    s["rx0_fleet"] = s["rx0_fleet"] + np.array([0, 500, 0, 0, 0])  # flow 1 arrived later
+    b.add(s, CLOCK, T0 + SEC)
+    t = b.pop_complete(T0 + 3 * SEC, grace_ns=700_000_000)
+    assert t is not None
+    rows = sorted(t.select(["dst_nic", "sport", "sent", "owd_min_ns", "owd_max_ns"]).to_pylist(),
+                  key=lambda r: (r["dst_nic"], r["sport"]))  # fmt: skip
+    assert [(r["dst_nic"], r["sport"], r["sent"]) for r in rows] == [
+        ("h01/eth0", 40001, 4),  # flows 0 and 1, under the lower port
+        ("h01/eth0", 40002, 2),
+        ("h01/eth0", 40004, 2),
+        ("h02/eth0", 40001, 2),
+    ]
+    assert (rows[0]["owd_min_ns"], rows[0]["owd_max_ns"]) == (300, 800)
+    paths = {r["sport"]: r["path"] for r in t.to_pylist() if r["dst_nic"] == "h01/eth0"}
+    assert paths == {40001: up0, 40002: up1, 40004: None}
+    hulls = {(r["dst_nic"], r["sport"]): r["hull_t_ns"] for r in t.to_pylist()}
+    assert hulls[("h01/eth0", 40001)] == [T0 + 100, T0 + 1_000_100]  # both flows' points

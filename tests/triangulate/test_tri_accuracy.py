@@ -237,7 +237,9 @@ def test_never_reported_paths_no_delay_alarm_under_load() -> None:
 
 def _null_some_paths(share: float):
     """A window mutator: the path of a fixed ``share`` of the flows is never reported (path
-    discovery failed for them, as ICMP policing does in the lab)."""
+    discovery failed for them, as ICMP policing does in the lab). Use with per-port rows
+    (``merge_paths=False``): the agent reports each flow whose path it lacks on a row of its
+    own."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -259,7 +261,7 @@ def test_delay_with_some_paths_unknown_is_the_link() -> None:
     topo = from_spec("leafspine:hosts=8,nics=2,leaves=4,spines=2")
     link = "leaf2->spine1"
     steps = drive(topo, (f"{link}:delay_us=200:start_s=3",), seconds=5, seed=1,
-                  mutate=_null_some_paths(0.8))  # fmt: skip
+                  mutate=_null_some_paths(0.8), merge_paths=False)  # fmt: skip
     assert all(not s.bad for s in steps[:3]), [s.bad for s in steps[:3]]
     assert steps[-1].faulty() == {link} and steps[-1].reported() == {link}, steps[-1].bad
     assert abs(steps[-1].bad[link].excess_delay_ns / 200_000 - 1) <= 0.2
