@@ -80,6 +80,7 @@ class Triangulator:
         self._slow: tuple = ()  # (token, S) of the long-horizon counts
         self._lossy_rows = np.empty((2, 0), np.int64)  # decay_add's output buffers
         self._sample: tuple = ()  # (token, rows, batch entries) of the delay sample
+        self._seen: tuple = (b"", frozenset())  # see _observed
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, Verdict]
@@ -242,8 +243,11 @@ class Triangulator:
 
     def _blamed(self) -> np.ndarray:
         """NICs under a current non-healthy NIC or host verdict."""
-        bad = {s for s, t in self.tracker.tracks.items() if t.state != "healthy"}
+        tracks = self.tracker.tracks.items()
+        bad = {s for s, t in tracks if t.state != "healthy" and t.kind in ("nic", "host")}
         p = self.paths
+        if not bad:
+            return np.zeros(p.n_nics, bool)
         return np.array(
             [
                 nic in bad or host in bad
@@ -274,9 +278,7 @@ class Triangulator:
         cfg = self.cfg
         if x.links:
             rows = f.inc.rows_of(np.array(x.links, np.int64))
-            on = np.zeros(self.paths.n_links, bool)
-            on[x.links] = True
-            d_rows = np.unique(db.ent_row[on[db.ent_link]])
+            d_rows = self._in_sample(rows)
         else:  # a host clock event: every row to or from the host
             hosts = np.array([h == x.subject for h in self.paths.nic_host_name])
             rows = np.flatnonzero(hosts[f.src] | hosts[f.dst])
@@ -289,12 +291,24 @@ class Triangulator:
         labels = [self.paths.flow_label(k) for k in keys[: cfg.evidence_flows]]
         return Evidence(x.kind, x.strength, x.loss, x.delay_ns, labels, int(keys.size))
 
-    def _observed(self, fast: LossFit) -> set[str]:
-        seen = np.flatnonzero(fast.sent > 0)
-        ids = self.paths.link_ids
-        out = {ids[i] for i in seen.tolist()}
-        out |= {s for s, t in self.tracker.tracks.items() if t.kind != "link"}
-        return out
+    def _in_sample(self, rows: np.ndarray) -> np.ndarray:
+        """The delay batch's rows (``_delay_batch``) among the frame's sorted ``rows``."""
+        sample = self._sample[1]
+        if sample is None:
+            return rows
+        at = np.searchsorted(sample, rows)
+        hit = at < sample.size
+        hit[hit] = sample[at[hit]] == rows[hit]
+        return at[hit]
+
+    def _observed(self, fast: LossFit) -> frozenset[str]:
+        """Links with probes this window, and every tracked NIC, host and switch."""
+        seen = (fast.sent > 0).tobytes()
+        if self._seen[0] != seen:  # the same links window after window: one set of ids
+            ids = self.paths.link_ids
+            self._seen = (seen, frozenset(ids[i] for i in np.flatnonzero(fast.sent > 0)))
+        devices = {s for s, t in self.tracker.tracks.items() if t.kind != "link"}
+        return self._seen[1] | devices
 
 
 def _link_ids(topo: Topology) -> list[str]:

@@ -172,6 +172,12 @@ def test_fat_tree_sampled_delay_names_no_extra_links() -> None:
     assert all(not s.bad for s in steps[:3]), [s.bad for s in steps[:3]]
     assert steps[3].reported() == {core}, steps[3].bad
     assert abs(steps[3].bad[core].excess_delay_ns / 3_000 - 1) <= 0.2, steps[3].bad[core]
+    # its evidence: late flows of the sample, every one of them through the link
+    t = steps[3].window.windows
+    path = {f"{s}>{d}:{p}": x for s, d, p, x in zip(*(t[c].to_pylist() for c in
+            ("src_nic", "dst_nic", "sport", "path")), strict=True)}  # fmt: skip
+    ev = steps[3].bad[core]
+    assert ev.flows and all(core in path[f] for f in ev.flows), ev.flows
 
 
 def test_never_reported_paths_give_the_ecmp_set_not_a_confident_pick() -> None:
