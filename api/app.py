@@ -424,14 +424,15 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
         limit: Limit = 100,
         offset: Offset = 0,
     ) -> list[m.FlowOut]:
-        """Per probe flow (src NIC, dst NIC, source port), totals over the windows lying wholly
-        inside [since, until): windows, probes sent and received, the smallest and the median
-        window-minimum one-way delay, the median of the window medians, and the newest known
-        path. Ordered by src_nic, dst_nic, sport (stable for paging a past period);
-        X-Total-Count gives the number of flows. Read from the raw windows (retention keeps
-        them for a limited time; older periods have only per-pair minute rollups, see
-        /v1/pairs). This is the evidence ``fleetlens audit`` fits its loss and delay
-        tomography on."""
+        """Per probe flow (src NIC, dst NIC, source port; once an agent knows its paths, the
+        ports of a pair that share a path report as one flow under the lowest of them), totals
+        over the windows lying wholly inside [since, until): windows, probes sent and
+        received, the smallest and the median window-minimum one-way delay, the median of the
+        window medians, and the newest known path. Ordered by src_nic, dst_nic, sport
+        (stable for paging a past period); X-Total-Count gives the number of flows. Read from
+        the raw windows (retention keeps them for a limited time; older periods have only
+        per-pair minute rollups, see /v1/pairs). This is the evidence ``fleetlens audit`` fits
+        its loss and delay tomography on."""
         s, u = _time_range(c, since, until, 3600 * 10**9)
         if s < c.store.raw_floor_ns:  # those windows are gone: totals would silently shrink
             raise ApiError(

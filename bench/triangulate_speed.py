@@ -14,6 +14,10 @@ state) and, on the same windows, two baselines:
 - with ``--against REV``: the engine as it was at git revision REV (its ``triangulate/``
   files extracted into a temporary package), so a speed-up is measured in one command.
 
+Windows hold a row per path (the agents' ``fleetlens.pathgroups``: 0.93 M rows on the
+reference fabric); ``--per-port`` gives a row per source port instead (6.0 M rows), as agents
+reported before path rows.
+
 ``--host-order`` hands them over with the source hosts' blocks in a fresh order every window,
 as the collector reads its store (each host's upload is one block, hosts upload in their own
 order): the NIC-id columns then differ from the last window's and are looked up row by row.
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "--host-order", action="store_true",
         help="source hosts' blocks of rows in a random order per window (as the collector reads)",
     )  # fmt: skip
+    ap.add_argument("--per-port", action="store_true", help="a row per source port, not per path")
     ap.add_argument("--no-memory", action="store_true", help="skip the traced twin engines")
     ap.add_argument(
         "--fresh-pages", action="store_true",
@@ -162,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     topo = from_spec(args.topo)
     link = next(lk.id for lk in topo.links if lk.tier == "fabric")
     t0 = time.time()
-    sim = Simulator(topo, SimConfig(paths_known=True, faults=(f"{link}:loss=0.01",)), seed=1)
+    cfg = SimConfig(paths_known=True, merge_paths=not args.per_port, faults=(f"{link}:loss=0.01",))
+    sim = Simulator(topo, cfg, seed=1)
     print(f"{args.topo}: {len(topo.nics)} NICs, {len(topo.links)} links, {sim.n_flows} flows "
           f"(simulator setup {time.time() - t0:.0f} s)")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
