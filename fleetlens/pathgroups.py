@@ -39,10 +39,11 @@ def representatives(pair: np.ndarray, sport: np.ndarray, path_id: np.ndarray) ->
     return rep
 
 
-def path_ids(paths: list[tuple[str, ...] | None], known: dict[tuple[str, ...], int]) -> np.ndarray:
-    """A path id per flow (``UNKNOWN`` for None), interning new paths into ``known``."""
+def path_ids(paths: list[list[str] | None]) -> np.ndarray:
+    """A path id per flow: equal paths get equal ids, ``UNKNOWN`` for None."""
+    known: dict[tuple[str, ...], int] = {}
     out = np.full(len(paths), UNKNOWN, np.int64)
     for i, p in enumerate(paths):
         if p is not None:
-            out[i] = known.setdefault(p, len(known))
+            out[i] = known.setdefault(tuple(p), len(known))
     return out

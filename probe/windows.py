@@ -99,8 +99,7 @@ class WindowBuilder:
         if not paths:
             return
         self.paths.update(paths)
-        found = [self.paths.get(f) for f in range(len(self.flows))]
-        ids = path_ids([None if p is None else tuple(p) for p in found], {})
+        ids = path_ids([self.paths.get(f) for f in range(len(self.flows))])
         self._rep = representatives(self._pair, self.flows.sport, ids)
 
     def add(self, samples: dict[str, np.ndarray], clock: ClockModel, now_raw_ns: int) -> None:
