@@ -21,9 +21,10 @@ class TriangulateConfig:
     delay_z: float = 6.0  # excess must also be this many healthy std devs above normal
     delay_min_flows: int = 4  # flows a link needs in a window for a delay statistic
     delay_ewma: float = 0.1  # weight of a clean window in a link's healthy delay level
-    # bigger windows: delay runs on a fixed 1/2^k hash-sample (the reference fabric's 0.93 M
-    # path rows: a half, ~57 rows of ~12 probes per access-link direction)
-    delay_sample_rows: int = 500_000
+    # bigger windows: delay runs on a fixed 1/2^k hash-sample of at most this many rows (the
+    # reference fabric: a half of its 0.93 M path rows, ~57 rows of ~12 probes per access-
+    # link direction; an eighth of 6 M port rows when paths are never known, as before)
+    delay_sample_rows: int = 800_000
     baseline_slack_ns_per_s: float = 2.0  # trailing-min baseline creeps up this fast
     clock_step_min_ns: float = 5_000.0  # a NIC's in/out delay shift this big = clock event
     # attribution
