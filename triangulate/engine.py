@@ -303,10 +303,11 @@ class Triangulator:
 
     def _observed(self, fast: LossFit) -> frozenset[str]:
         """Links with probes this window, and every tracked NIC, host and switch."""
-        seen = (fast.sent > 0).tobytes()
+        mask = fast.sent > 0
+        seen = mask.tobytes()
         if self._seen[0] != seen:  # the same links window after window: one set of ids
             ids = self.paths.link_ids
-            self._seen = (seen, frozenset(ids[i] for i in np.flatnonzero(fast.sent > 0)))
+            self._seen = (seen, frozenset(ids[i] for i in np.flatnonzero(mask)))
         devices = {s for s, t in self.tracker.tracks.items() if t.kind != "link"}
         return self._seen[1] | devices
 

@@ -93,9 +93,9 @@ def test_flows_of_a_pair_on_one_path_are_one_record_over_all_their_probes() -> N
     b = WindowBuilder(flows, SEC)
     up0 = ["h00/eth0->leaf0", "leaf0->spine0", "spine0->leaf1", "leaf1->h01/eth0"]
     up1 = ["h00/eth0->leaf0", "leaf0->spine1", "spine1->leaf1", "leaf1->h01/eth0"]
-    # flows 0 and 1 share a path, flow 2 takes the other spine, flow 3's path is not known,
-    # flow 4 goes to another NIC over the same links as far as they go (its own pair)
-    b.learn_paths({0: up0, 1: up0, 2: up1, 4: up0[:2]})
+    # flows 0 and 1 share a path, flow 2 takes the other spine, flow 3's path is not known;
+    # flow 4 reports the same path as 0 and 1 but is another pair: a row of its own
+    b.learn_paths({0: up0, 1: up0, 2: up1, 4: up0})
     s = _samples(list(range(5)), [T0 + 100 + i * 1_000_000 for i in range(5)])
     s["flow"] = np.arange(5, dtype=np.uint32)
     s["rx0_fleet"] = s["rx0_fleet"] + np.array([0, 500, 0, 0, 0])  # flow 1 arrived later
