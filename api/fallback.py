@@ -1,51 +1,43 @@
-"""The engines the background loops call, and the simplest honest placeholders for them.
+"""The triangulation a collector runs without an inventory: lossy flows on reported paths.
 
-Clock sync is ``fleetlens.sync.HuygensSync``; the triangulation engine plugs in here too, by
-matching these signatures:
-
-- ``SolveClocks(windows, topology, prev) -> list[ClockModel]``
-- ``Triangulate(windows, topology, prev_verdicts) -> list[Verdict]``
-
-``windows`` is an Arrow table in ``WINDOW_SCHEMA`` holding the newest windows; ``prev`` maps a
-host (or a verdict subject) to the previous output. Until then the collector runs the
-PLACEHOLDER triangulation below, which does not pretend to be more than it is.
+Without a topology there is no link model to fit, only the paths agents discovered
+(traceroute). A link that every flow crossing it sees lossy is the simplest honest reading of
+that evidence; it says nothing about delay and cannot tell apart links that always appear
+together. With an inventory the collector runs ``fleetlens.triangulate.Triangulator``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetlens.ids import is_nic_id, split_link_id, split_nic_id
-from fleetlens.records import ClockModel, Decision, DrainEntry, Verdict
+from fleetlens.records import Verdict
 from fleetlens.topology import Topology
 
-SolveClocks = Callable[[pa.Table, Topology | None, dict[str, ClockModel]], list[ClockModel]]
-Triangulate = Callable[[pa.Table, Topology | None, dict[str, Verdict]], list[Verdict]]
+
+@dataclass(frozen=True)
+class LossyPathFallback:
+    """A :class:`~fleetlens.engines.Triangulate` over the paths agents report, for a
+    collector without an inventory (no topology to run tomography on)."""
+
+    lossy_threshold: float  # a flow's loss rate above this makes it lossy
+
+    def __call__(
+        self, windows: pa.Table, topology: Topology | None, prev: dict[str, Verdict], /
+    ) -> list[Verdict]:
+        return lossy_path_verdicts(windows, prev, self.lossy_threshold)
 
 
-def hosts_in(windows: pa.Table) -> set[str]:
-    nics = pc.unique(pa.concat_arrays([_flat(windows["src_nic"]), _flat(windows["dst_nic"])]))
-    return {split_nic_id(n)[0] for n in nics.to_pylist()}
-
-
-def _flat(col: pa.ChunkedArray) -> pa.Array:
-    return col.combine_chunks() if col.num_chunks else pa.array([], col.type)
-
-
-def placeholder_lossy_path_triangulation(
-    windows: pa.Table,
-    topology: Topology | None,
-    prev: dict[str, Verdict],
-    lossy_threshold: float = 0.05,
+def lossy_path_verdicts(
+    windows: pa.Table, prev: dict[str, Verdict], lossy_threshold: float
 ) -> list[Verdict]:
-    """PLACEHOLDER for tomography: a link crossed only by lossy flows (loss above the threshold)
-    whose path is known is ``faulty`` when two or more flows say so, ``suspect`` with one;
-    every other link crossed by a known path is ``healthy``. Delay is not examined. Links with
-    no evidence this round keep their previous verdict."""
+    """A link crossed only by lossy flows whose path is known is ``faulty`` when two or more
+    flows say so, ``suspect`` with one; every other link crossed by a known path is
+    ``healthy``. Delay is not examined. Links with no evidence this round keep their previous
+    verdict."""
     t = windows.filter(pc.and_(pc.is_valid(windows["path"]), pc.greater(windows["sent"], 0)))
     if t.num_rows == 0:
         return list(prev.values())
@@ -101,43 +93,4 @@ def _evidence(
                 strict=True,
             )
         ]
-    return out
-
-
-def decisions_from_verdicts(
-    verdicts: list[Verdict], hosts: list[str], now_ns: int
-) -> list[Decision]:
-    """Drain a NIC when its own verdict or one of its access links is faulty. Never drains every
-    NIC of a host: with nothing healthy left to fail over to, draining only hurts."""
-    drain: dict[str, dict[str, DrainEntry]] = {h: {} for h in hosts}
-    for v in verdicts:
-        if v.state != "faulty":
-            continue
-        for nic in _nics_of(v):
-            host = split_nic_id(nic)[0]
-            reason = f"{v.kind} {v.subject} faulty (loss {v.loss_rate:.1%}, evidence {v.evidence})"
-            drain.setdefault(host, {}).setdefault(nic, DrainEntry(nic, reason, v.since_ns))
-    return [
-        Decision(h, now_ns, sorted(d.values(), key=lambda e: e.nic_id)) for h, d in drain.items()
-    ]
-
-
-def _nics_of(v: Verdict) -> list[str]:
-    if v.kind == "nic":
-        return [v.subject]
-    if v.kind == "link":
-        try:
-            return [n for n in split_link_id(v.subject) if is_nic_id(n)]
-        except ValueError:
-            return []
-    return []
-
-
-def cap_drain(decisions: list[Decision], nics_per_host: dict[str, int]) -> list[Decision]:
-    """Apply the never-drain-everything rule once the host's NIC count is known."""
-    out = []
-    for d in decisions:
-        total = nics_per_host.get(d.host_id, 0)
-        drains_all = total > 0 and len(d.drain) >= total
-        out.append(Decision(d.host_id, d.generated_ns, []) if drains_all else d)
     return out
