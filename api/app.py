@@ -23,10 +23,10 @@ from fleetlens.api import flows as fq
 from fleetlens.api import models as m
 from fleetlens.api import queries as q
 from fleetlens.api.config import MINUTE_NS
+from fleetlens.api.metrics import EXPOSITION_TYPE
 from fleetlens.api.service import Collector
 from fleetlens.api.timeparse import TimeParamError, parse_duration, parse_instant
 from fleetlens.api.writer import Backpressure
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
@@ -74,7 +74,7 @@ def _auth(collector: Collector, allowed: tuple[str, ...]) -> Callable:
         status, detail = _verify(creds, tokens, allowed)
         if status:
             if "ingest" in allowed and "read" not in allowed:
-                collector.metrics.rejected.labels("auth").inc()
+                collector.metrics.reject("auth")
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             raise ApiError(status, detail, "authorization", headers)
 
@@ -162,7 +162,7 @@ def create_app(collector: Collector, start: bool = True) -> FastAPI:
     @app.get("/metrics", dependencies=metrics_deps, tags=["ops"], responses=ERRORS,
              response_class=Response)  # fmt: skip
     def metrics() -> Response:
-        return Response(generate_latest(c.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(c.metrics.exposition(), media_type=EXPOSITION_TYPE)
 
     return app
 
@@ -225,20 +225,20 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
             try:
                 batch = await run_in_threadpool(_decode_and_check, c, body, ctype)
             except BatchError as e:
-                c.metrics.rejected.labels(e.reason).inc()
+                c.metrics.reject(e.reason)
                 status = {"content_type": 415, "decode": 400}.get(e.reason, 422)
                 raise ApiError(status, str(e), e.field) from None
             del body
         try:
             fut = c.submit(batch)
         except Backpressure as e:
-            c.metrics.rejected.labels("backpressure").inc()
+            c.metrics.reject("backpressure")
             raise ApiError(429, str(e), None, {"Retry-After": str(int(e.retry_after_s))}) from None
         try:
             # shield: a client hanging up must not cancel the write (a retry is deduplicated).
             stored = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), 120)
         except Exception as e:
-            c.metrics.rejected.labels("write_error").inc()
+            c.metrics.reject("write_error")
             raise ApiError(503, f"batch not stored: {e}", None, {"Retry-After": "5"}) from None
         return m.IngestOut(
             batch_id=batch.batch_id, host_id=batch.host_id, windows=batch.rows, stored=stored
@@ -282,13 +282,13 @@ async def _read_body(request: Request, c: Collector) -> bytes:
     limit = c.settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        c.metrics.rejected.labels("too_large").inc()
+        c.metrics.reject("too_large")
         raise ApiError(413, f"body larger than {limit} bytes", "body")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            c.metrics.rejected.labels("too_large").inc()
+            c.metrics.reject("too_large")
             raise ApiError(413, f"body larger than {limit} bytes", "body")
         chunks.append(chunk)
     c.metrics.bytes.inc(size)
