@@ -26,7 +26,7 @@ def _flags() -> list[tuple[str, Flag, Any]]:
     ]
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetlens collector", description=__doc__)
     for name, flag, default in _flags():
         if default is False:
@@ -58,7 +58,7 @@ def _token(env: str, path: Path | None) -> str | None:
 
 
 def settings_from_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
-    a = _parser().parse_args(argv)
+    a = parser().parse_args(argv)
     given = {}
     for name, flag, _ in _flags():
         value = getattr(a, name)
