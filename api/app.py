@@ -23,18 +23,16 @@ from fleetlens.api import flows as fq
 from fleetlens.api import models as m
 from fleetlens.api import queries as q
 from fleetlens.api.config import MINUTE_NS
+from fleetlens.api.metrics import EXPOSITION_TYPE
 from fleetlens.api.service import Collector
 from fleetlens.api.timeparse import TimeParamError, parse_duration, parse_instant
 from fleetlens.api.writer import Backpressure
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 
 from fleetlens.batch import CT_ARROW, CT_JSON, CT_MSGPACK, BatchError, decode_batch
 from fleetlens.ids import split_link_id
-from fleetlens.plan import host_plan
-from fleetlens.records import Decision
 
 
 class NicConvertor(Convertor):
@@ -76,7 +74,7 @@ def _auth(collector: Collector, allowed: tuple[str, ...]) -> Callable:
         status, detail = _verify(creds, tokens, allowed)
         if status:
             if "ingest" in allowed and "read" not in allowed:
-                collector.metrics.rejected.labels("auth").inc()
+                collector.metrics.reject("auth")
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
             raise ApiError(status, detail, "authorization", headers)
 
@@ -153,18 +151,18 @@ def create_app(collector: Collector, start: bool = True) -> FastAPI:
 
     @app.get("/healthz", response_model=m.HealthOut, tags=["ops"])
     def healthz() -> m.HealthOut:
-        alive = c.writer.alive()
+        h = c.health()
         return m.HealthOut(
-            status="ok" if alive else "degraded",
-            writer_alive=alive,
-            queue_depth=c.writer.depth(),
-            writer_lag_seconds=c.writer.lag_s(),
+            status="ok" if h.alive else "degraded",
+            writer_alive=h.alive,
+            queue_depth=h.queue_depth,
+            writer_lag_seconds=h.lag_s,
         )
 
     @app.get("/metrics", dependencies=metrics_deps, tags=["ops"], responses=ERRORS,
              response_class=Response)  # fmt: skip
     def metrics() -> Response:
-        return Response(generate_latest(c.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(c.metrics.exposition(), media_type=EXPOSITION_TYPE)
 
     return app
 
@@ -227,20 +225,20 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
             try:
                 batch = await run_in_threadpool(_decode_and_check, c, body, ctype)
             except BatchError as e:
-                c.metrics.rejected.labels(e.reason).inc()
+                c.metrics.reject(e.reason)
                 status = {"content_type": 415, "decode": 400}.get(e.reason, 422)
                 raise ApiError(status, str(e), e.field) from None
             del body
         try:
-            fut = c.writer.submit_batch(batch)
+            fut = c.submit(batch)
         except Backpressure as e:
-            c.metrics.rejected.labels("backpressure").inc()
+            c.metrics.reject("backpressure")
             raise ApiError(429, str(e), None, {"Retry-After": str(int(e.retry_after_s))}) from None
         try:
             # shield: a client hanging up must not cancel the write (a retry is deduplicated).
             stored = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), 120)
         except Exception as e:
-            c.metrics.rejected.labels("write_error").inc()
+            c.metrics.reject("write_error")
             raise ApiError(503, f"batch not stored: {e}", None, {"Retry-After": "5"}) from None
         return m.IngestOut(
             batch_id=batch.batch_id, host_id=batch.host_id, windows=batch.rows, stored=stored
@@ -252,11 +250,7 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
         """An agent announces its host and the NICs it discovered."""
         nics = [n.model_dump() for n in body.nics]
         meta = body.model_dump(include={"ts_source", "metrics_port", "agent_version"})
-        fut = c.writer.submit_call(lambda s: s.register_host(body.host_id, nics, meta), block=True)
-        await asyncio.wrap_future(fut)
-        await run_in_threadpool(c.refresh_known_nics)
-        c.arrivals.registered(body.host_id, time.time_ns())  # its first window is waited for
-        c.metrics.registrations.inc()
+        await run_in_threadpool(c.register, body.host_id, nics, meta)
         ids = [f"{body.host_id}/{n['ifname']}" for n in nics]
         return m.RegisterOut(host_id=body.host_id, nics=ids, known_nics=len(c.known_nics()))
 
@@ -270,8 +264,7 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
             )
         if host_id not in c.topology.nics_by_host or not c.topology.nics_by_host[host_id]:
             raise ApiError(404, f"host {host_id!r} is not in the inventory", "host_id")
-        s = c.settings
-        p = host_plan(c.topology, host_id, s.plan_peers, s.plan_seed, c.state.clocks.get(host_id))
+        p = c.plan(host_id)
         d = asdict(p)
         d["clock"] = q.clock_out(c, p.clock)
         d["entries"] = [dict(e, sports=list(e["sports"])) for e in d["entries"]]
@@ -289,13 +282,13 @@ async def _read_body(request: Request, c: Collector) -> bytes:
     limit = c.settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        c.metrics.rejected.labels("too_large").inc()
+        c.metrics.reject("too_large")
         raise ApiError(413, f"body larger than {limit} bytes", "body")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            c.metrics.rejected.labels("too_large").inc()
+            c.metrics.reject("too_large")
             raise ApiError(413, f"body larger than {limit} bytes", "body")
         chunks.append(chunk)
     c.metrics.bytes.inc(size)
@@ -345,7 +338,7 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
             raise ApiError(404, f"unknown link {link_id!r}", "link_id")
         s, u = _time_range(c, since, until, 3600 * 10**9)
         base = q.link_out(c, link_id)
-        v = c.state.verdicts.get(link_id)
+        v = c.published.verdicts.get(link_id)
         return m.LinkDetailOut(
             **base.model_dump(),
             evidence_flows=v.flows if v else [],
@@ -379,7 +372,7 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
              tags=["clocks"])  # fmt: skip
     def clocks(response: Response, limit: Limit = 100, offset: Offset = 0) -> list[m.ClockOut]:
         """Current clock model per host."""
-        out = [q.clock_out(c, cm) for _, cm in sorted(c.state.clocks.items())]
+        out = [q.clock_out(c, cm) for _, cm in sorted(c.published.clocks.items())]
         return _page(out, limit, offset, response)
 
     @app.get("/v1/pairs/{src_nic:nic}/{dst_nic:nic}/owd", response_model=m.OwdOut,
@@ -453,25 +446,17 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
             raise ApiError(422, f"unknown hosts: {unknown[:10]}", "hosts")
         hosts = sorted(set(body.hosts))
         now = time.time_ns()
-        await asyncio.wrap_future(c.writer.submit_call(lambda s: s.save_job(body.name, hosts, now)))
+        await asyncio.wrap_future(c.save_job(body.name, hosts, now))
         return m.JobOut(name=body.name, hosts=hosts, created=now)
 
     @app.get("/v1/jobs/{name}/impact", response_model=m.ImpactOut, dependencies=deps,
              responses=ERRORS, tags=["jobs"])  # fmt: skip
     def job_impact(name: str) -> m.ImpactOut:
         """The bad links and NICs the job's traffic crosses."""
-        row = c.store.read().execute("SELECT hosts FROM jobs WHERE name = ?", [name]).fetchone()
-        if row is None:
+        imp = c.job_impact(name)
+        if imp is None:
             raise ApiError(404, f"unknown job {name!r}", "name")
-        hosts = list(row[0])
-        job_nics = [n for h in hosts for n in q.nics(c, h)]
-        crossed = q.job_links(c, [n.nic_id for n in job_nics])
-        bad = [q.link_out(c, lk) for lk in sorted(crossed)]
-        return m.ImpactOut(
-            name=name, hosts=hosts, links_crossed=len(crossed),
-            bad_links=[x for x in bad if x.state != "healthy"],
-            bad_nics=[n for n in job_nics if n.state != "healthy"],
-        )  # fmt: skip
+        return q.impact_out(c, name, sorted(imp.hosts + imp.unknown_hosts), imp)
 
     @app.get("/v1/decisions/{host_id}", response_model=m.DecisionOut, dependencies=[agent_auth],
              responses=ERRORS, tags=["decisions"])  # fmt: skip
@@ -479,5 +464,4 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
         """The NICs this host's LinkPass should drain, with reasons."""
         if host_id not in set(c.known_hosts()):
             raise ApiError(404, f"unknown host {host_id!r}", "host_id")
-        d = c.state.decisions.get(host_id) or Decision(host_id, time.time_ns(), [])
-        return m.DecisionOut(**asdict(d))
+        return m.DecisionOut(**asdict(c.decision(host_id)))

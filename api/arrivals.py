@@ -1,10 +1,9 @@
 """When a window generation is ready for the clock solve: every live agent's upload is in.
 
-The collector used to solve on a fixed 1 s tick, so a window waited up to a whole tick after
-its last upload (and a tick could fall between two agents' uploads and solve half a window).
-Agents now upload a window a few ms after it ends (``probe/windows.py``), so the collector
-solves as soon as the uploads of a window generation (windows with the same ``start_ns``) are
-in from every host expected to send it:
+Agents upload a window a few ms after it ends (``probe/windows.py``), so the collector solves
+as soon as the uploads of a window generation (windows with the same ``start_ns``) are in from
+every host expected to send it, rather than on a fixed tick (which would make a window wait up
+to a tick after its last upload, or solve half a window when it fell between two uploads):
 
 - every host that sent the previous generation (a steady fleet), and
 - every host whose agent registered and has sent no earlier window since (an agent starting
@@ -13,17 +12,17 @@ in from every host expected to send it:
   Waiting for one that only starts probing in a later window costs little: that window
   completes about when this one times out, and both are solved then; not waiting for one that
   did probe in this window would solve it without that host's first data and cost a whole
-  window (measured on the lab: agents register while the first window runs). The simulator
-  replays past windows after registering its hosts, so registration times say nothing about
-  which window a host sends first.
+  window (agents register while the first window runs). The simulator replays past windows
+  after registering its hosts, so registration times say nothing about which window a host
+  sends first.
 
 With nobody to expect (a collector that just restarted: no registrations, no previous window)
 a generation is never complete early: it waits for the time-out, as a single upload says
 nothing about the others still coming.
 
 A generation nobody completes (an agent died, an upload is late) is ready ``max_wait_ns``
-after it ended anyway: the regular loop tick picks it up, as before. The solve is handed
-windows up to the newest ready generation only, so it never solves a half-uploaded one.
+after it ended anyway: the regular loop tick picks it up. The solve is handed windows up to
+the newest ready generation only, so it never solves a half-uploaded one.
 """
 
 from __future__ import annotations

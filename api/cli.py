@@ -6,40 +6,49 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any
 
-from fleetlens.api.config import DAY_NS, HOUR_NS, Settings
+from fleetlens.api.config import Flag, Settings
+
+# Field annotation -> argparse type for flags given in the field's own unit.
+_TYPES: dict[str, type] = {"int": int, "int | None": int, "float": float, "str | None": str,
+                           "Path": Path}  # fmt: skip
 
 
-def _parser() -> argparse.ArgumentParser:
+def _flags() -> list[tuple[str, Flag, Any]]:
+    """(field name, flag, default) of every Settings field given on the command line."""
+    return [
+        (f.name, f.metadata["flag"], None if f.default is MISSING else f.default)
+        for f in fields(Settings)
+        if "flag" in f.metadata
+    ]
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetlens collector", description=__doc__)
-    p.add_argument("--db", required=True, type=Path, help="DuckDB file (created if missing)")
+    for name, flag, default in _flags():
+        if default is False:
+            p.add_argument(flag.name, dest=name, action="store_true", help=flag.help)
+            continue
+        kind = float if flag.per_unit else _TYPES[str(_annotation(name))]
+        shown = default / flag.per_unit if flag.per_unit and default is not None else default
+        helped = f"{flag.help} (default %(default)s)".lstrip() if shown is not None else flag.help
+        p.add_argument(
+            flag.name, dest=name, type=kind, help=helped, required=flag.required,
+            default=None if flag.required else shown,
+            metavar=flag.name[2:].upper().replace("-", "_"),  # as if dest were the flag's name
+        )  # fmt: skip
     p.add_argument("--listen", default="127.0.0.1:8470", help="HOST:PORT (default %(default)s)")
-    p.add_argument(
-        "--inventory", help="fleet inventory (YAML/JSON) or a spec like leafspine:hosts=8"
-    )
     p.add_argument("--ingest-token-file", type=Path, help="file holding the ingest bearer token")
     p.add_argument("--read-token-file", type=Path, help="file holding the read bearer token")
-    p.add_argument("--insecure-no-auth", action="store_true", help="no tokens (local lab only)")
-    p.add_argument("--public-metrics", action="store_true", help="serve /metrics without a token")
-    p.add_argument("--raw-retention-hours", type=float, default=24.0)
-    p.add_argument("--agg-retention-days", type=float, default=30.0)
-    p.add_argument("--batch-id-retention-minutes", type=float, default=60.0,
-                   help="a retried batch within this time is stored once")  # fmt: skip
-    p.add_argument("--max-future-seconds", type=float, default=5.0, help="allowed clock skew")
-    p.add_argument("--queue-batches", type=int, default=256, help="writer queue bound (batches)")
-    p.add_argument("--queue-rows", type=int, default=4_000_000, help="writer queue bound (rows)")
-    p.add_argument("--loop-interval", type=float, default=1.0, help="seconds between loop rounds")
-    p.add_argument(
-        "--background-loss", type=float, default=1e-6,
-        help="per-link loss triangulation treats as normal (raise it where the measurement "
-        "itself loses that much, e.g. a loaded software-timestamping lab)",
-    )  # fmt: skip
-    p.add_argument("--retention-interval", type=float, default=60.0)
-    p.add_argument("--duckdb-threads", type=int, help="DuckDB worker threads (default: all cores)")
-    p.add_argument("--duckdb-memory-limit", help="e.g. 4GB (default: DuckDB's 80%% of RAM)")
     p.add_argument("--log-level", default="warning")
     return p
+
+
+def _annotation(name: str) -> object:
+    return next(f.type for f in fields(Settings) if f.name == name)
 
 
 def _token(env: str, path: Path | None) -> str | None:
@@ -49,26 +58,17 @@ def _token(env: str, path: Path | None) -> str | None:
 
 
 def settings_from_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
-    a = _parser().parse_args(argv)
-    return Settings(
-        db_path=a.db,
-        inventory=a.inventory,
+    a = parser().parse_args(argv)
+    given = {}
+    for name, flag, _ in _flags():
+        value = getattr(a, name)
+        given[name] = int(value * flag.per_unit) if flag.per_unit and value is not None else value
+    settings = Settings(
+        **given,
         ingest_token=_token("FLEETLENS_INGEST_TOKEN", a.ingest_token_file),
         read_token=_token("FLEETLENS_READ_TOKEN", a.read_token_file),
-        insecure_no_auth=a.insecure_no_auth,
-        public_metrics=a.public_metrics,
-        raw_retention_ns=int(a.raw_retention_hours * HOUR_NS),
-        agg_retention_ns=int(a.agg_retention_days * DAY_NS),
-        batch_id_retention_ns=int(a.batch_id_retention_minutes * 60e9),
-        max_future_ns=int(a.max_future_seconds * 1e9),
-        queue_max_batches=a.queue_batches,
-        queue_max_rows=a.queue_rows,
-        loop_interval_s=a.loop_interval,
-        background_loss=a.background_loss,
-        retention_interval_s=a.retention_interval,
-        duckdb_threads=a.duckdb_threads,
-        duckdb_memory_limit=a.duckdb_memory_limit,
-    ), a
+    )
+    return settings, a
 
 
 def main(argv: list[str]) -> int:

@@ -1,8 +1,8 @@
 """How window rows are laid out in DuckDB, and back.
 
-DuckDB's LIST columns cost more to insert than all other columns together (measured in
-bench/collector_bench.py: ~0.8 M rows per writer CPU-second with lists, ~1.3 M without).
-So the three list columns are stored as BLOBs, converted without a per-row Python loop:
+DuckDB's LIST columns cost more to insert than all other columns together
+(``bench/collector_bench.py`` measures the writer both ways). So the three list columns are
+stored as BLOBs, converted without a per-row Python loop:
 
 - ``hull_t_ns`` / ``hull_owd_ns``: the int64 values little-endian, back to back (the Arrow
   list's value buffer reinterpreted as a binary array: same bytes, offsets × 8);

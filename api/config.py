@@ -1,43 +1,82 @@
-"""Collector settings: one typed record, filled by the CLI (and directly by tests/benches)."""
+"""Collector settings: one typed record, the single source of every default.
+
+``fleetlens collector`` builds its command-line options from the fields that carry a
+:class:`Flag` (``cli.py``): the flag's name, help and unit live beside the field, and a flag
+given in a coarser unit (hours, seconds) is converted to the field's (ns). Tests and benches
+fill the record directly.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from fleetlens.triangulate.config import TriangulateConfig
 
 MINUTE_NS = 60_000_000_000
 HOUR_NS = 3600 * 1_000_000_000
 DAY_NS = 24 * HOUR_NS
+SECOND_NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a setting is given on the command line: ``--name VALUE`` (or a switch for a bool).
+    ``per_unit``: the field's value for one unit of the flag's (e.g. HOUR_NS: the flag is in
+    hours, the field in ns)."""
+
+    name: str
+    help: str = ""
+    per_unit: int | None = None
+    required: bool = False
+
+
+def flag(default: Any, name: str, help: str = "", per_unit: int | None = None) -> Any:
+    """A field with a default and a command-line flag."""
+    return field(default=default, metadata={"flag": Flag(name, help, per_unit)})
 
 
 @dataclass
 class Settings:
-    db_path: Path
-    inventory: str | None = None
-    ingest_token: str | None = None
+    db_path: Path = field(metadata={"flag": Flag("--db", "DuckDB file (created if missing)",
+                                                 required=True)})  # fmt: skip
+    inventory: str | None = flag(
+        None, "--inventory", "fleet inventory (YAML/JSON) or a spec like leafspine:hosts=8"
+    )
+    ingest_token: str | None = None  # from the environment or --ingest-token-file (cli.py)
     read_token: str | None = None
-    insecure_no_auth: bool = False
-    public_metrics: bool = False
-    raw_retention_ns: int = DAY_NS
-    agg_retention_ns: int = 30 * DAY_NS
+    insecure_no_auth: bool = flag(False, "--insecure-no-auth", "no tokens (local lab only)")
+    public_metrics: bool = flag(False, "--public-metrics", "serve /metrics without a token")
+    raw_retention_ns: int = flag(DAY_NS, "--raw-retention-hours", "", HOUR_NS)
+    agg_retention_ns: int = flag(30 * DAY_NS, "--agg-retention-days", "", DAY_NS)
     # How long a batch id is remembered: a retry within this time is stored once.
-    batch_id_retention_ns: int = HOUR_NS
+    batch_id_retention_ns: int = flag(
+        HOUR_NS, "--batch-id-retention-minutes",
+        "a retried batch within this time is stored once", MINUTE_NS,
+    )  # fmt: skip
     # Agents send fleet time; allow this much clock skew before calling a window "from the future".
-    max_future_ns: int = 5_000_000_000
-    queue_max_batches: int = 256
-    queue_max_rows: int = 4_000_000
+    max_future_ns: int = flag(5 * SECOND_NS, "--max-future-seconds", "allowed clock skew",
+                              SECOND_NS)  # fmt: skip
+    queue_max_batches: int = flag(256, "--queue-batches", "writer queue bound (batches)")
+    queue_max_rows: int = flag(4_000_000, "--queue-rows", "writer queue bound (rows)")
     max_body_bytes: int = 64 * 1024 * 1024
     ingest_concurrency: int = 16  # bodies read/decoded at once (memory bound: 16 x 64 MiB)
-    loop_interval_s: float = 1.0
+    loop_interval_s: float = flag(1.0, "--loop-interval", "seconds between loop rounds")
     # The clock solve runs as soon as every live agent has uploaded a window generation
     # (api/arrivals.py), or this long after the window ended (a dead or late agent).
     solve_max_wait_ns: int = 1_000_000_000
     # An agent that registered counts as starting (its first window is waited for) this long.
     agent_starting_ns: int = 10_000_000_000
-    retention_interval_s: float = 60.0
+    retention_interval_s: float = flag(60.0, "--retention-interval",
+                                       "seconds between retention passes")  # fmt: skip
     # The loops look at windows that started within this span before the newest one.
     loop_lookback_ns: int = 2_000_000_000
-    background_loss: float = 1e-6  # per-link loss triangulation treats as normal
+    background_loss: float = flag(
+        TriangulateConfig.background_loss, "--background-loss",
+        "per-link loss triangulation treats as normal (raise it where the measurement "
+        "itself loses that much, e.g. a loaded software-timestamping lab)",
+    )  # fmt: skip
     # A window goes to triangulation (once: it is judged once) when every agent expected to
     # send it has (api/arrivals.py) and an earlier window was judged, or when both its end
     # and its first rows are this long ago ...
@@ -50,10 +89,14 @@ class Settings:
     max_points: int = 10_000
     plan_peers: int = 16
     plan_seed: int = 0
-    # Loss rate above which a flow counts as lossy for the placeholder triangulation.
+    # Loss rate above which a flow counts as lossy for the fallback triangulation.
     lossy_flow_threshold: float = 0.05
-    duckdb_threads: int | None = None
-    duckdb_memory_limit: str | None = None
+    duckdb_threads: int | None = flag(
+        None, "--duckdb-threads", "DuckDB worker threads (default: all cores)"
+    )
+    duckdb_memory_limit: str | None = flag(
+        None, "--duckdb-memory-limit", "e.g. 4GB (default: DuckDB's 80%% of RAM)"
+    )
 
     def auth_enabled(self) -> bool:
         return not self.insecure_no_auth

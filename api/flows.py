@@ -1,6 +1,7 @@
 """``GET /v1/flows``: per-flow totals over a period, the evidence of ``fleetlens audit``.
 
-One GROUP BY over the raw windows (flows need the source port, which the minute rollups drop).
+One aggregation over the raw windows (``Store.flow_totals``: flows need the source port,
+which the minute rollups drop).
 A window counts when it lies wholly inside [since, until) — the audit's rule, so a remote
 audit sees exactly the evidence a local one reads from the DuckDB file.
 
@@ -19,22 +20,10 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
-from fleetlens.api.codec import blob_to_list
 from fleetlens.api.models import FlowOut
 from fleetlens.api.service import Collector
 
 TTL_S = 60.0
-
-_FLOWS_SQL = """
-SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
-       sum(received)::BIGINT AS received, min(owd_min_ns) AS owd_min_ns,
-       median(owd_min_ns) AS owd_min_median_ns, median(owd_p50_ns) AS owd_p50_ns,
-       arg_max(path, start_ns) FILTER (WHERE path IS NOT NULL) AS path
-FROM windows
-WHERE start_ns >= $since AND start_ns + duration_ns <= $until
-GROUP BY src_nic, dst_nic, sport
-ORDER BY src_nic, dst_nic, sport
-"""
 
 
 @dataclass
@@ -56,7 +45,7 @@ def _period(c: Collector, since: int, until: int) -> pa.Table:
         hit = _last if _last is not None and _last.key == key and _last.expires > now else None
     if hit is not None:
         return hit.table
-    t = c.store.read().sql(_FLOWS_SQL, params={"since": since, "until": until}).to_arrow_table()
+    t = c.store.flow_totals(since, until)
     with _lock:
         _last = _Entry(key, now + TTL_S, t)
     return t
@@ -68,7 +57,6 @@ def flows(
     """(total flows in the period, one page ordered by src NIC, dst NIC, source port)."""
     t = _period(c, since, until)
     page = t.slice(offset, limit) if offset < t.num_rows else t.slice(0, 0)
-    # Decode after fetching: the link dictionary is then at least as new as the rows read.
-    paths = c.store.links.decode(blob_to_list(page["path"], pa.int32())).to_pylist()
+    paths = c.store.decode_paths(page["path"]).to_pylist()  # after fetching the rows
     rows = page.drop_columns(["path"]).to_pylist()
     return t.num_rows, [FlowOut(**r, path=p) for r, p in zip(rows, paths, strict=True)]

@@ -16,17 +16,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import (
+    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     disable_created_metrics,
+    generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from fleetlens.records import STATES, ClockModel, Verdict
 
+EXPOSITION_TYPE = CONTENT_TYPE_LATEST
 # The collector's own process: the *_created series only double the scrape size.
 disable_created_metrics()
 
@@ -258,3 +261,11 @@ class Metrics:
 
     def add_state(self, state: StateCollector) -> None:
         self.registry.register(state)
+
+    def reject(self, reason: str) -> None:
+        """Count one refused ingest or registration request (``REJECT_REASONS``)."""
+        self.rejected.labels(reason).inc()
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format (``EXPOSITION_TYPE``)."""
+        return generate_latest(self.registry)

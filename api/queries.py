@@ -1,21 +1,30 @@
-"""Read side of the REST API: links, NICs, hosts, clocks, pair history, job impact.
+"""Read side of the REST API: the collector's state and stored rows as response models.
 
-Current state (verdicts, clocks, decisions) is served from the collector's memory, which the
-loops keep equal to the newest stored rows; history and pair series come from DuckDB through
-a per-thread read cursor.
+Current state (verdicts, clocks, decisions) is served from the collector's published state,
+which equals the newest stored rows; history and pair series come from the store. Lists are
+filtered and ordered on light rows and built into models for the requested page only (fleets
+have tens of thousands of links and NICs).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-import pyarrow.compute as pc
-from fleetlens.api.config import MINUTE_NS
-from fleetlens.api.models import ClockOut, HostOut, LinkHistoryPoint, LinkOut, NicOut, OwdPoint
+from fleetlens.api.models import (
+    ClockOut,
+    HostOut,
+    ImpactOut,
+    LinkHistoryPoint,
+    LinkOut,
+    NicOut,
+    OwdPoint,
+)
 from fleetlens.api.service import Collector
+from fleetlens.triangulate import JobImpact
 
-from fleetlens.ids import is_nic_id, link_id, split_link_id, split_nic_id
+from fleetlens.ids import is_nic_id, split_link_id, split_nic_id
 from fleetlens.records import STATES, ClockModel, Verdict
 
 _SEVERITY = {s: i for i, s in enumerate(STATES)}
@@ -35,7 +44,7 @@ def link_tier(c: Collector, link: str) -> str:
 
 def link_out(c: Collector, link: str) -> LinkOut:
     a, b = split_link_id(link)
-    v = c.state.verdicts.get(link)
+    v = c.published.verdicts.get(link)
     return LinkOut(
         link_id=link, a=a, b=b, tier=link_tier(c, link),
         state=v.state if v else "healthy", since=v.since_ns if v else None,
@@ -45,7 +54,7 @@ def link_out(c: Collector, link: str) -> LinkOut:
 
 
 def all_link_ids(c: Collector) -> list[str]:
-    ids = {s for s, v in c.state.verdicts.items() if v.kind == "link"}
+    ids = {s for s, v in c.published.verdicts.items() if v.kind == "link"}
     if c.topology:
         ids |= set(c.topology.link_by_id)
     return sorted(ids)
@@ -58,7 +67,7 @@ def links(
     hurting". Models are built for the page only (fleets have tens of thousands of links)."""
     rows = []
     for lk in all_link_ids(c):
-        v = c.state.verdicts.get(lk)
+        v = c.published.verdicts.get(lk)
         st = v.state if v else "healthy"
         if (state and st != state) or (tier and link_tier(c, lk) != tier):
             continue
@@ -68,36 +77,22 @@ def links(
 
 
 def link_known(c: Collector, link: str) -> bool:
-    return link in c.state.verdicts or bool(c.topology and link in c.topology.link_by_id)
+    return link in c.published.verdicts or bool(c.topology and link in c.topology.link_by_id)
 
 
 def link_history(
     c: Collector, link: str, since: int, until: int, limit: int, offset: int
 ) -> list[LinkHistoryPoint]:
-    rows = (
-        c.store.read()
-        .execute(
-            """SELECT updated_ns, state, since_ns, excess_delay_ns, loss_rate, confidence, evidence
-           FROM verdicts WHERE subject = ? AND updated_ns >= ? AND updated_ns < ?
-           ORDER BY updated_ns DESC LIMIT ? OFFSET ?""",
-            [link, since, until, limit, offset],
-        )
-        .fetchall()
-    )
+    rows = c.store.link_history(link, since, until, limit, offset)
     keys = ("updated", "state", "since", "excess_delay_ns", "loss_rate", "confidence", "flows")
     return [LinkHistoryPoint(**dict(zip(keys, r, strict=True))) for r in rows]
 
 
 # ---- NICs and hosts ------------------------------------------------------------------------
-def registered_nics(c: Collector) -> dict[str, tuple[str, str]]:
-    rows = c.store.read().execute("SELECT nic_id, ifname, ip FROM nics").fetchall()
-    return {r[0]: (r[1], r[2]) for r in rows}
-
-
 def nic_verdicts(c: Collector) -> dict[str, list[Verdict]]:
     """Verdicts that concern each NIC: its own, and those of its access links."""
     out: dict[str, list[Verdict]] = {}
-    for v in c.state.verdicts.values():
+    for v in c.published.verdicts.values():
         if v.kind == "nic":
             out.setdefault(v.subject, []).append(v)
         elif v.kind == "link":
@@ -124,7 +119,7 @@ class NicRow:
 
 
 def nic_rows(c: Collector, host: str | None = None) -> list[NicRow]:
-    reg = registered_nics(c)
+    reg = c.store.registered_nics()
     inv = c.topology.nic_by_id if c.topology else {}
     concern = nic_verdicts(c)
     out = []
@@ -157,19 +152,14 @@ def clock_out(c: Collector, m: ClockModel) -> ClockOut:
     return ClockOut(
         host_id=m.host_id, offset_ns=m.offset_ns, drift_ppb=m.drift_ppb,
         error_bound_ns=m.error_bound_ns, synced=m.synced, t0_ns=m.t0_ns,
-        updated=c.state.clock_updated.get(m.host_id),
-        delay_evidence_from=c.state.clock_trusted_ns.get(m.host_id),
+        updated=c.published.clock_updated.get(m.host_id),
+        delay_evidence_from=c.clock_gate.trusted_from_ns.get(m.host_id),
     )  # fmt: skip
 
 
 def hosts(c: Collector, state: str | None, limit: int, offset: int) -> tuple[int, list[HostOut]]:
     """(total matching, one page); models only for the page (fleets have 10^4 hosts)."""
-    rows = (
-        c.store.read()
-        .execute("SELECT host_id, registered_ns, agent_version, ts_source FROM hosts")
-        .fetchall()
-    )
-    meta = {r[0]: r[1:] for r in rows}
+    meta = c.store.registered_hosts()
     by_host = {h: list(g) for h, g in itertools.groupby(nic_rows(c), key=lambda n: n.host_id)}
     listed = []
     for h in sorted(set(c.known_hosts()) | set(meta)):
@@ -179,7 +169,7 @@ def hosts(c: Collector, state: str | None, limit: int, offset: int) -> tuple[int
     out = []
     for h, st in listed[offset : offset + limit]:
         reg, version, ts = meta.get(h, (None, None, None))
-        clock = c.state.clocks.get(h)
+        clock = c.published.clocks.get(h)
         out.append(
             HostOut(
                 host_id=h, state=st, nics=[nic_out(n) for n in by_host.get(h, [])],
@@ -191,44 +181,8 @@ def hosts(c: Collector, state: str | None, limit: int, offset: int) -> tuple[int
 
 
 # ---- one pair's one-way-delay series ---------------------------------------------------------
-_OWD_SQL = """
-WITH raw AS (
-    SELECT $since + (start_ns - $since) // $step * $step AS t, count(*) AS windows,
-           sum(sent) AS sent, sum(received) AS received, min(owd_min_ns) AS mn,
-           median(owd_p50_ns) AS p50, max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
-    FROM windows
-    WHERE src_nic = $src AND dst_nic = $dst AND start_ns >= $raw_lo AND start_ns < $until
-    GROUP BY 1),
-agg AS (
-    SELECT $since + (greatest(minute_ns, $since) - $since) // $step * $step AS t,
-           sum(windows) AS windows, sum(sent) AS sent, sum(received) AS received,
-           min(owd_min_ns) AS mn, sum(owd_p50_ns * windows) / sum(windows) AS p50,
-           max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
-    FROM windows_minute
-    WHERE src_nic = $src AND dst_nic = $dst AND minute_ns >= $min_lo AND minute_ns < $split
-      -- a minute that raw rows also cover (split inside it) is read from raw only
-      AND (minute_ns + $minute <= $split OR $split >= $until)
-    GROUP BY 1)
-SELECT t, sum(windows)::BIGINT, sum(sent)::BIGINT, sum(received)::BIGINT, min(mn),
-       sum(p50 * windows) / sum(windows), max(p99), max(mx)
-FROM (SELECT * FROM raw UNION ALL SELECT * FROM agg)
-GROUP BY t ORDER BY t
-"""
-
-
 def pair_owd(c: Collector, src: str, dst: str, since: int, until: int, step: int) -> list[OwdPoint]:
-    """Minutes come from windows_minute, the rest from raw windows, split at a minute boundary
-    both tables cover: the rollup watermark when buckets are whole minutes from a minute
-    boundary (exact; a long history then reads ~60x fewer rows), else the oldest raw minute."""
-    store = c.store
-    aligned = since % MINUTE_NS == 0 and step % MINUTE_NS == 0
-    split = min(max(store.watermark_ns if aligned else store.raw_floor_ns, since), until)
-    params = {
-        "src": src, "dst": dst, "since": since, "until": until, "step": step,
-        "raw_lo": split, "split": split, "min_lo": since // MINUTE_NS * MINUTE_NS,
-        "minute": MINUTE_NS,
-    }  # fmt: skip
-    rows = store.read().execute(_OWD_SQL, params).fetchall()
+    rows = c.store.pair_series(src, dst, since, until, step)
     return [
         OwdPoint(
             t=t, windows=w, sent=s, received=r,
@@ -240,24 +194,11 @@ def pair_owd(c: Collector, src: str, dst: str, since: int, until: int, step: int
 
 
 # ---- jobs ------------------------------------------------------------------------------------
-def job_links(c: Collector, job_nics: list[str]) -> set[str]:
-    """Links the job's traffic can cross: every ECMP path between its NICs' leaves (from the
-    inventory) plus every link on the recently observed paths between its NICs."""
-    out: set[str] = set()
-    topo = c.topology
-    if topo:
-        inv = [topo.nic_by_id[n] for n in job_nics if n in topo.nic_by_id]
-        for n in inv:
-            out |= {link_id(n.id, n.leaf), link_id(n.leaf, n.id)}
-        leaves = sorted({n.leaf for n in inv})
-        for la, lb in itertools.permutations(leaves, 2):
-            for sw in topo.switch_paths(la, lb):
-                out |= {link_id(a, b) for a, b in itertools.pairwise(sw)}
-    if job_nics and c.state.max_start_ns is not None:
-        lo = c.state.max_start_ns - 300_000_000_000
-        seen = c.store.read_windows(
-            "start_ns >= ? AND list_contains(?, src_nic) AND list_contains(?, dst_nic)",
-            [lo, job_nics, job_nics],
-        )
-        out |= set(pc.unique(seen["path"].combine_chunks().flatten()).to_pylist())
-    return out
+def impact_out(c: Collector, name: str, hosts: Iterable[str], imp: JobImpact) -> ImpactOut:
+    """The bad links the job crosses, and the job's NICs that are not healthy."""
+    job_nics = [n for h in hosts for n in nics(c, h)]
+    return ImpactOut(
+        name=name, hosts=list(hosts), links_crossed=len(imp.crossed),
+        bad_links=[link_out(c, v.subject) for v in sorted(imp.links, key=lambda v: v.subject)],
+        bad_nics=[n for n in job_nics if n.state != "healthy"],
+    )  # fmt: skip

@@ -1,9 +1,15 @@
 """The DuckDB store: schema, the write operations (run by the single writer) and read queries.
 
-Writes happen only on the writer thread's connection (see ``writer.py``); reads use one cursor
-per reading thread, which DuckDB serves from a consistent snapshot (MVCC), so API reads never
-block ingest. Window rows are bulk-inserted from Arrow tables through DuckDB's Arrow scan,
-never row by row.
+Every SQL statement of the collector is here, behind a typed method; the other modules ask
+questions ("the newest clock model per host", "per-flow totals over a period") and never see
+SQL. Writes happen only on the writer thread's connection (see ``writer.py``); reads use one
+cursor per reading thread, which DuckDB serves from a consistent snapshot (MVCC), so API reads
+never block ingest. Window rows are bulk-inserted from Arrow tables through DuckDB's Arrow
+scan, never row by row.
+
+A store file can also be read by another process once no collector has it open (DuckDB locks
+the file): ``Store(path, read_only=True)`` opens it without writing the schema, and every read
+method works on it (the audit reads per-flow totals that way, from a copy of a live file).
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-from fleetlens.api.codec import BLOB_COLUMNS, LinkDict, from_storage, to_storage
+from fleetlens.api.codec import BLOB_COLUMNS, LinkDict, blob_to_list, from_storage, to_storage
 from fleetlens.api.config import HOUR_NS, MINUTE_NS
 
 from fleetlens.batch import Batch
-from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, Verdict
+from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, DrainEntry, Verdict
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS windows (
@@ -82,6 +88,44 @@ ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
 """
 
 
+# Per flow over a period (windows wholly inside it); the newest known path.
+_FLOW_TOTALS_SQL = """
+SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
+       sum(received)::BIGINT AS received, min(owd_min_ns) AS owd_min_ns,
+       median(owd_min_ns) AS owd_min_median_ns, median(owd_p50_ns) AS owd_p50_ns,
+       arg_max(path, start_ns) FILTER (WHERE path IS NOT NULL) AS path
+FROM windows
+WHERE start_ns >= $since AND start_ns + duration_ns <= $until
+GROUP BY src_nic, dst_nic, sport
+ORDER BY src_nic, dst_nic, sport
+"""
+
+# One pair's buckets, from raw windows from $raw_lo and from minute rollups before $split.
+_PAIR_SERIES_SQL = """
+WITH raw AS (
+    SELECT $since + (start_ns - $since) // $step * $step AS t, count(*) AS windows,
+           sum(sent) AS sent, sum(received) AS received, min(owd_min_ns) AS mn,
+           median(owd_p50_ns) AS p50, max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
+    FROM windows
+    WHERE src_nic = $src AND dst_nic = $dst AND start_ns >= $raw_lo AND start_ns < $until
+    GROUP BY 1),
+agg AS (
+    SELECT $since + (greatest(minute_ns, $since) - $since) // $step * $step AS t,
+           sum(windows) AS windows, sum(sent) AS sent, sum(received) AS received,
+           min(owd_min_ns) AS mn, sum(owd_p50_ns * windows) / sum(windows) AS p50,
+           max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
+    FROM windows_minute
+    WHERE src_nic = $src AND dst_nic = $dst AND minute_ns >= $min_lo AND minute_ns < $split
+      -- a minute that raw rows also cover (split inside it) is read from raw only
+      AND (minute_ns + $minute <= $split OR $split >= $until)
+    GROUP BY 1)
+SELECT t, sum(windows)::BIGINT, sum(sent)::BIGINT, sum(received)::BIGINT, min(mn),
+       sum(p50 * windows) / sum(windows), max(p99), max(mx)
+FROM (SELECT * FROM raw UNION ALL SELECT * FROM agg)
+GROUP BY t ORDER BY t
+"""
+
+
 _INSERT_COLS = ", ".join(WINDOW_SCHEMA.names)
 _I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
 _CLOCK_SCHEMA = pa.schema(
@@ -102,23 +146,33 @@ _VERDICT_SCHEMA = pa.schema(
 CHECKPOINT_THRESHOLD = "256MB"
 
 
-def connect(path: Path, threads: int | None = None, memory_limit: str | None = None):
-    config: dict[str, Any] = {"checkpoint_threshold": CHECKPOINT_THRESHOLD}
+def connect(
+    path: Path, threads: int | None = None, memory_limit: str | None = None, read_only: bool = False
+) -> duckdb.DuckDBPyConnection:
+    config: dict[str, Any] = {} if read_only else {"checkpoint_threshold": CHECKPOINT_THRESHOLD}
     if threads:
         config["threads"] = threads
     if memory_limit:
         config["memory_limit"] = memory_limit
-    con = duckdb.connect(str(path), config=config)
-    con.execute(SCHEMA)
+    con = duckdb.connect(str(path), read_only=read_only, config=config)
+    if not read_only:
+        con.execute(SCHEMA)
     return con
 
 
 class Store:
-    """Owns the DuckDB database; ``con`` is the writer's, ``read()`` a per-thread cursor."""
+    """Owns the DuckDB database; ``con`` is the writer's, ``read()`` a per-thread cursor.
+    ``read_only``: a file no collector has open (reads only; nothing is created)."""
 
-    def __init__(self, path: Path, threads: int | None = None, memory_limit: str | None = None):
+    def __init__(
+        self,
+        path: Path,
+        threads: int | None = None,
+        memory_limit: str | None = None,
+        read_only: bool = False,
+    ) -> None:
         self.path = Path(path)
-        self.con = connect(self.path, threads, memory_limit)
+        self.con = connect(self.path, threads, memory_limit, read_only)
         self._local = threading.local()
         self.links = self._load_links()
         row = self.con.execute("SELECT watermark_ns, raw_floor_ns FROM rollup").fetchone()
@@ -212,6 +266,127 @@ class Store:
         rows = rel.to_arrow_table()
         # Decode after fetching: the dictionary is then at least as new as the rows read.
         return from_storage(rows, self.links)
+
+    # ---- reads (any thread) -----------------------------------------------------------------
+    def newest_window_start(self) -> int | None:
+        # fetchall, not fetchone: an unfinished result would block the cursor's next read
+        return self.read().execute("SELECT max(start_ns) FROM windows").fetchall()[0][0]
+
+    def window_starts(self, after_ns: int) -> list[int]:
+        """The distinct window starts after ``after_ns``, oldest first."""
+        sql = "SELECT DISTINCT start_ns FROM windows WHERE start_ns > ? ORDER BY 1"
+        return [r[0] for r in self.read().execute(sql, [after_ns]).fetchall()]
+
+    def first_window_per_host(self, after_ns: int) -> dict[str, int]:
+        """Host -> the start of the first window it sent, of those starting after ``after_ns``."""
+        sql = (
+            "SELECT split_part(src_nic, '/', 1) AS h, min(start_ns) FROM windows "
+            "WHERE start_ns > ? AND src_nic IS NOT NULL GROUP BY 1"
+        )
+        return {h: t for h, t in self.read().execute(sql, [after_ns]).fetchall()}
+
+    def windows_between(self, lo_ns: int, hi_ns: int, without: tuple[str, ...] = ()) -> pa.Table:
+        """The windows starting in [lo_ns, hi_ns] (see :meth:`read_windows` for ``without``)."""
+        return self.read_windows("start_ns >= ? AND start_ns <= ?", [lo_ns, hi_ns], without)
+
+    def window_at(self, start_ns: int, without: tuple[str, ...] = ()) -> pa.Table:
+        """Every row of the window generation starting at ``start_ns``."""
+        return self.read_windows("start_ns = ?", [start_ns], without)
+
+    def links_on_paths(self, nics: list[str], since_ns: int) -> set[str]:
+        """Links on the paths of windows since ``since_ns`` between two of ``nics``."""
+        t = self.read_windows(
+            "start_ns >= ? AND list_contains(?, src_nic) AND list_contains(?, dst_nic)",
+            [since_ns, nics, nics],
+        )
+        return set(pc.unique(t["path"].combine_chunks().flatten()).to_pylist())
+
+    def latest_clocks(self) -> list[tuple[ClockModel, int]]:
+        """Each host's newest stored clock model, with when it was stored."""
+        sql = "SELECT arg_max(COLUMNS(*), updated_ns) FROM clocks GROUP BY host_id"
+        return [
+            (ClockModel(r[0], r[1], r[2], r[3], r[4], bool(r[5])), r[6])
+            for r in self.read().execute(sql).fetchall()
+        ]
+
+    def latest_verdicts(self) -> list[tuple[Verdict, int]]:
+        """Each subject's newest stored verdict, with when it was stored."""
+        sql = "SELECT arg_max(COLUMNS(*), updated_ns) FROM verdicts GROUP BY subject"
+        return [
+            (Verdict(*r[:8], list(r[8] or []), bool(r[9])), r[10])
+            for r in self.read().execute(sql).fetchall()
+        ]
+
+    def decisions(self) -> list[Decision]:
+        rows = self.read().execute("SELECT host_id, generated_ns, drain_json FROM decisions")
+        return [
+            Decision(h, gen, [DrainEntry(**e) for e in json.loads(drain)])
+            for h, gen, drain in rows.fetchall()
+        ]
+
+    def link_history(
+        self, link: str, since_ns: int, until_ns: int, limit: int, offset: int
+    ) -> list[tuple[int, str, int, float, float, float, int]]:
+        """(updated, state, since, excess delay, loss rate, confidence, evidence) of a link's
+        stored verdicts in [since, until), newest first."""
+        sql = """
+           SELECT updated_ns, state, since_ns, excess_delay_ns, loss_rate, confidence, evidence
+           FROM verdicts WHERE subject = ? AND updated_ns >= ? AND updated_ns < ?
+           ORDER BY updated_ns DESC LIMIT ? OFFSET ?"""
+        return self.read().execute(sql, [link, since_ns, until_ns, limit, offset]).fetchall()
+
+    def registered_nics(self) -> dict[str, tuple[str, str]]:
+        """NIC id -> (ifname, ip) of every NIC an agent registered."""
+        rows = self.read().execute("SELECT nic_id, ifname, ip FROM nics").fetchall()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def registered_hosts(self) -> dict[str, tuple[int, str | None, str | None]]:
+        """Host -> (registered_ns, agent_version, ts_source) of every registered host."""
+        sql = "SELECT host_id, registered_ns, agent_version, ts_source FROM hosts"
+        return {r[0]: (r[1], r[2], r[3]) for r in self.read().execute(sql).fetchall()}
+
+    def job_hosts(self, name: str) -> list[str] | None:
+        rows = self.read().execute("SELECT hosts FROM jobs WHERE name = ?", [name]).fetchall()
+        return list(rows[0][0]) if rows else None
+
+    def pair_series(
+        self, src: str, dst: str, since_ns: int, until_ns: int, step_ns: int
+    ) -> list[tuple[int, int, int, int, float, float, float, float]]:
+        """(t, windows, sent, received, owd min, p50, p99, max) per ``step_ns`` bucket of one
+        NIC pair. Minutes come from windows_minute, the rest from raw windows, split at a
+        minute boundary both tables cover: the rollup watermark when buckets are whole
+        minutes from a minute boundary (exact; a long history then reads ~60x fewer rows),
+        else the oldest raw minute."""
+        aligned = since_ns % MINUTE_NS == 0 and step_ns % MINUTE_NS == 0
+        split = min(max(self.watermark_ns if aligned else self.raw_floor_ns, since_ns), until_ns)
+        params = {
+            "src": src, "dst": dst, "since": since_ns, "until": until_ns, "step": step_ns,
+            "raw_lo": split, "split": split, "min_lo": since_ns // MINUTE_NS * MINUTE_NS,
+            "minute": MINUTE_NS,
+        }  # fmt: skip
+        return self.read().execute(_PAIR_SERIES_SQL, params).fetchall()
+
+    def flow_totals(self, since_ns: int, until_ns: int) -> pa.Table:
+        """Per probe flow (src NIC, dst NIC, source port), totals over the windows lying wholly
+        inside [since_ns, until_ns): ``windows``, ``sent``, ``received``, the smallest and the
+        median window-minimum one-way delay (``owd_min_ns``, ``owd_min_median_ns``), the
+        median of the window medians (``owd_p50_ns``) and the newest known ``path``, still
+        in storage form (decode it with :meth:`decode_paths`). Ordered by src_nic, dst_nic,
+        sport. Reads raw windows only: periods before ``raw_floor_ns`` come back short.
+
+        Works on the collector's store and on a file read by another process::
+
+            store = Store(copy_of_db, read_only=True)
+            t = store.flow_totals(since_ns, until_ns)
+            paths = store.decode_paths(t["path"])
+        """
+        params = {"since": since_ns, "until": until_ns}
+        return self.read().sql(_FLOW_TOTALS_SQL, params=params).to_arrow_table()
+
+    def decode_paths(self, stored: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """A ``path`` column as stored (link-dictionary indices) -> lists of link ids. Call it
+        after reading the rows: the dictionary is then at least as new as they are."""
+        return self.links.decode(blob_to_list(stored, pa.int32()))
 
     def insert_windows_raw(self, table: pa.Table) -> None:
         """Bulk insert without a batch id (benchmarks and retention tests)."""

@@ -1,6 +1,6 @@
 """The solve the collector runs every window: hulls in, one ClockModel per host out.
 
-``HuygensSync()`` instances are ``SolveClocks`` callables (``api/placeholders.py``) that keep
+``HuygensSync()`` instances are ``SolveClocks`` callables (``fleetlens/engines.py``) that keep
 the drift tracker between windows; ``solve_clocks`` is the stateless form, seeded only from
 the previous models it is handed.
 

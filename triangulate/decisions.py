@@ -5,15 +5,21 @@ going up from its leaf or coming down to it (in a fat-tree, the pod's aggregatio
 links too). A NIC is drained when it is faulty itself (or its host), when one of its access
 links or its leaf is faulty, or when a faulty fabric link / switch lies on those paths. A host
 never drains all its NICs: with nothing healthy left, the least affected ones stay up.
+
+Without a topology (a collector with no inventory) NICs are known only by id and links only
+from the paths agents report: :func:`decisions_by_nic` drains a NIC for its own verdict or a
+faulty link with the NIC at one end, and never every known NIC of a host.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
-from fleetlens.ids import split_link_id
+from fleetlens.ids import is_nic_id, link_id, split_link_id, split_nic_id
 from fleetlens.records import Decision, DrainEntry, Verdict
 from fleetlens.topology import Topology
 
@@ -100,6 +106,36 @@ def decisions(verdicts: list[Verdict], topology: Topology, now_ns: int) -> list[
     return out
 
 
+def decisions_by_nic(verdicts: list[Verdict], nics: Iterable[str], now_ns: int) -> list[Decision]:
+    """One Decision per host of the known ``nics`` (and per host of a drained NIC), for a
+    collector without a topology."""
+    per_host = Counter(split_nic_id(n)[0] for n in nics)
+    drain: dict[str, dict[str, DrainEntry]] = {h: {} for h in sorted(per_host)}
+    for v in verdicts:
+        if v.state != "faulty":
+            continue
+        reason = f"{v.kind} {v.subject} faulty (loss {v.loss_rate:.1%}, evidence {v.evidence})"
+        for nic in _nics_of(v):
+            entries = drain.setdefault(split_nic_id(nic)[0], {})
+            entries.setdefault(nic, DrainEntry(nic, reason, v.since_ns))
+    out = []
+    for host, entries in drain.items():
+        drained = sorted(entries.values(), key=lambda e: e.nic_id)
+        if 0 < per_host[host] <= len(drained):  # nothing healthy left to fail over to
+            drained = []
+        out.append(Decision(host, now_ns, drained))
+    return out
+
+
+def _nics_of(v: Verdict) -> list[str]:
+    """The NICs a verdict names: a NIC's own, or the NIC ends of a link."""
+    if v.kind == "nic":
+        return [v.subject]
+    if v.kind == "link":
+        return [n for n in _ends(v.subject) if is_nic_id(n)]
+    return []
+
+
 def _describe(v: Verdict) -> str:
     parts = []
     if v.loss_rate > 0:
@@ -116,6 +152,7 @@ class JobImpact:
     switches: list[Verdict] = field(default_factory=list)
     nics: list[Verdict] = field(default_factory=list)  # bad NICs / hosts of the job
     unknown_hosts: list[str] = field(default_factory=list)
+    crossed: set[str] = field(default_factory=set)  # every link the job's traffic can cross
 
     @property
     def impacted(self) -> bool:
@@ -123,25 +160,40 @@ class JobImpact:
 
 
 def job_impact(
-    verdicts: list[Verdict], topology: Topology, hosts: list[str], states=("faulty", "suspect")
+    verdicts: list[Verdict],
+    topology: Topology | None,
+    hosts: list[str],
+    states: tuple[str, ...] = ("faulty", "suspect"),
+    *,
+    nics: Iterable[str] = (),
+    observed: Iterable[str] = (),
 ) -> JobImpact:
-    """Bad links, switches and NICs on the paths between the job's hosts."""
-    known = [h for h in hosts if h in topology.nics_by_host]
-    imp = JobImpact(known, unknown_hosts=[h for h in hosts if h not in topology.nics_by_host])
-    nics = [n for h in known for n in topology.nics_by_host[h]]
-    nic_ids = {n.id for n in nics}
-    leaves = sorted({n.leaf for n in nics})
-    on_path: set[str] = set()
+    """Bad links, switches and NICs on the paths between the job's hosts.
+
+    The links crossed are the access links of the job's NICs in the topology, every ECMP path
+    between their leaves, and the ``observed`` links (those on the job's recently reported
+    probe paths); ``nics`` are job NICs known beyond the topology (registered by agents), so
+    a collector without an inventory still knows the job's hosts and access links."""
+    extra = set(nics)
+    in_topo = topology.nics_by_host if topology is not None else {}
+    extra_hosts = {split_nic_id(n)[0] for n in extra}
+    known = [h for h in hosts if h in in_topo or h in extra_hosts]
+    imp = JobImpact(known, unknown_hosts=[h for h in hosts if h not in known])
+    topo_nics = [n for h in known for n in in_topo.get(h, [])]
+    nic_ids = {n.id for n in topo_nics} | extra
+    imp.crossed = set(observed)
+    for n in topo_nics:
+        imp.crossed |= {link_id(n.id, n.leaf), link_id(n.leaf, n.id)}
+    leaves = sorted({n.leaf for n in topo_nics})
     switches: set[str] = set(leaves)
-    for a in leaves:
-        for b in leaves:
-            for p in topology.switch_paths(a, b) if a != b else []:
-                switches |= set(p)
-                on_path |= {f"{u}->{v}" for u, v in itertools.pairwise(p)}
+    for a, b in itertools.permutations(leaves, 2):
+        for p in topology.switch_paths(a, b) if topology is not None else []:
+            switches |= set(p)
+            imp.crossed |= {link_id(u, v) for u, v in itertools.pairwise(p)}
     for v in verdicts:
         if v.state not in states:
             continue
-        if v.kind == "link" and (v.subject in on_path or set(_ends(v.subject)) & nic_ids):
+        if v.kind == "link" and (v.subject in imp.crossed or set(_ends(v.subject)) & nic_ids):
             imp.links.append(v)
         elif v.kind == "switch" and v.subject in switches:
             imp.switches.append(v)

@@ -1,6 +1,6 @@
 """The engine facade: one callable the collector runs every window.
 
-``Triangulator(topology, config)`` instances satisfy ``fleetlens.api.placeholders.Triangulate``
+``Triangulator(topology, config)`` instances satisfy ``fleetlens.engines.Triangulate``
 (``(windows, topology, prev_verdicts) -> list[Verdict]``) and keep the state that spans windows:
 remembered paths, per-flow delay baselines, long-horizon loss evidence, link healthy levels,
 NIC sending rates and the verdict hysteresis.

@@ -203,4 +203,4 @@ def send_clean_window(
         },
         schema=WINDOW_SCHEMA,
     )  # fmt: skip
-    c.writer.submit_batch(Batch(f"{host}-{start}", host, t)).result(timeout=30)
+    c.submit(Batch(f"{host}-{start}", host, t)).result(timeout=30)

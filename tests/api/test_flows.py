@@ -8,12 +8,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from collector_helpers import INGEST, READ, Server, start_server
+from fleetlens.api.store import Store
 
 from fleetlens.records import WINDOW_SCHEMA
 from fleetlens.topology import leaf_spine
@@ -196,3 +198,25 @@ def test_read_token_required(fleet: Fleet) -> None:
         assert c.get("/v1/flows").status_code == 403
     with fleet.server.client("wrong") as c:
         assert c.get("/v1/flows").status_code == 401
+
+
+def test_a_copy_of_the_store_file_gives_the_same_totals(fleet: Fleet, tmp_path: Path) -> None:
+    """What the audit reads without a collector: the totals from a read-only Store opened on
+    a copy of the live file (with its write-ahead log) equal the windows sent."""
+    db = fleet.server.db
+    copy = tmp_path / "snapshot.duckdb"
+    copy.write_bytes(db.read_bytes())
+    wal = db.with_name(db.name + ".wal")
+    if wal.exists():
+        copy.with_name(copy.name + ".wal").write_bytes(wal.read_bytes())
+    since, until = fleet.epoch, fleet.epoch + N_WINDOWS * WIN
+    store = Store(copy, read_only=True)
+    try:
+        t = store.flow_totals(since, until)
+        paths = store.decode_paths(t["path"]).to_pylist()
+    finally:
+        store.close()
+    got = [
+        dict(r, path=p) for r, p in zip(t.drop_columns(["path"]).to_pylist(), paths, strict=True)
+    ]
+    _same(got, _expected(fleet.sent, since, until))

@@ -60,14 +60,13 @@ def _send(c: Collector, host: str, start: int) -> None:
 
 def _woken(c: Collector) -> bool:
     """Both background loops (triangulation, clocks) are woken, or neither."""
-    woken = {w.is_set() for w in c._wakes}
+    woken = set(c.loops.pending().values())
     assert len(woken) == 1, "one loop woken without the other"
     return woken.pop()
 
 
 def _sleep(c: Collector) -> None:
-    for w in c._wakes:
-        w.clear()
+    c.loops.clear()
 
 
 def _starts(c: Collector, now: int) -> set[int]:

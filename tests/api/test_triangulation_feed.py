@@ -12,9 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from collector_helpers import send_clean_window
+from fleetlens.api.clockgate import CLOCK_ADOPTION_NS
 from fleetlens.api.config import Settings
 from fleetlens.api.queries import clock_out
-from fleetlens.api.service import CLOCK_ADOPTION_NS, Collector, Engines
+from fleetlens.api.service import Collector, Engines
 
 from fleetlens.records import WINDOW_SCHEMA, ClockModel, Verdict, nic_hosts
 from fleetlens.topology import Topology, leaf_spine
@@ -38,7 +39,7 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
 
 def _round(c: Collector, start: int, after_end_s: float) -> int | None:
     c.run_round(start + SEC + int(after_end_s * SEC))
-    return c.state.triangulated_ns
+    return c.feed.triangulated_ns
 
 
 def test_a_late_upload_is_waited_for_and_a_dead_agent_only_once(collector: Collector) -> None:
@@ -98,12 +99,12 @@ def test_a_replayed_batch_is_not_judged_before_the_other_hosts_rows_come(
     for w in (start, start + SEC):
         send_clean_window(c, topo, topo.hosts[0], w)
     c.run_round(time.time_ns())
-    assert c.state.triangulated_ns is not None and c.state.triangulated_ns < start
+    assert c.feed.triangulated_ns is not None and c.feed.triangulated_ns < start
     for h in topo.hosts[1:]:
         for w in (start, start + SEC):
             send_clean_window(c, topo, h, w)
     c.run_round(now + c.settings.triangulate_settle_ns + SEC)
-    assert c.state.triangulated_ns == start + SEC
+    assert c.feed.triangulated_ns == start + SEC
 
 
 def test_what_is_judged_flows_to_live_hosts_with_delays_only_in_fleet_time(
@@ -130,7 +131,7 @@ def test_what_is_judged_flows_to_live_hosts_with_delays_only_in_fleet_time(
             send_clean_window(c, topo, host, T0, with_hull=True)
         c.run_round(T0 + 3 * SEC)
         assert not seen  # every flow's far end started this window: nothing to judge
-        c.state.clock_trusted_ns.update({h[0]: T0, h[1]: T0})
+        c.clock_gate.trust({h[0]: T0, h[1]: T0})
         for host in h:
             send_clean_window(c, topo, host, T0 + SEC, with_hull=True)
         c.run_round(T0 + 4 * SEC)
@@ -163,7 +164,7 @@ def test_without_an_inventory_the_placeholder_judges_the_reported_paths(tmp_path
         for host in topo.hosts:
             send_clean_window(c, topo, host, T0, received=50, path=bad)
         c.run_round(T0 + 3 * SEC)
-        got = c.state.verdicts.get(bad[0])
+        got = c.published.verdicts.get(bad[0])
     finally:
         c.stop()
     assert got is not None and got.state == "faulty", got
@@ -177,15 +178,15 @@ def test_one_way_delays_count_only_from_a_tight_synced_model_and_its_adoption(
     loose = ClockModel("h00", T0, 195_596.0, 0.0, 20_598.0, True)
     tight = ClockModel("h01", T0, -531_137.0, 16_057.0, 200.0, True)
     unsynced = ClockModel("h02", T0, 0.0, 0.0, None, False)
-    collector._note_trusted_clocks([loose, tight, unsynced], T0)
-    assert collector.state.clock_trusted_ns == {"h01": T0 + CLOCK_ADOPTION_NS}
+    collector.clock_gate.note_models([loose, tight, unsynced], T0)
+    assert collector.clock_gate.trusted_from_ns == {"h01": T0 + CLOCK_ADOPTION_NS}
     assert CLOCK_ADOPTION_NS >= 3 * SEC  # a control interval, a window, and slack
     served = {m.host_id: clock_out(collector, m).delay_evidence_from for m in (loose, tight)}
     assert served == {"h00": None, "h01": T0 + CLOCK_ADOPTION_NS}  # what /v1/clocks says
     later = ClockModel("h00", T0 + SEC, 204_371.0, 16_125.0, 67.0, True)
-    collector._note_trusted_clocks([later], T0 + SEC)
-    assert collector.state.clock_trusted_ns["h00"] == T0 + SEC + CLOCK_ADOPTION_NS
-    assert collector.state.clock_trusted_ns["h01"] == T0 + CLOCK_ADOPTION_NS  # kept
+    collector.clock_gate.note_models([later], T0 + SEC)
+    assert collector.clock_gate.trusted_from_ns["h00"] == T0 + SEC + CLOCK_ADOPTION_NS
+    assert collector.clock_gate.trusted_from_ns["h01"] == T0 + CLOCK_ADOPTION_NS  # kept
 
 
 def test_verdicts_are_published_before_the_clock_solve_and_without_it(tmp_path: Path) -> None:
@@ -198,7 +199,7 @@ def test_verdicts_are_published_before_the_clock_solve_and_without_it(tmp_path: 
     seen_at_solve: list[dict[str, Verdict]] = []
 
     def solve(windows: pa.Table, topology: Topology | None, prev: dict) -> list[ClockModel]:
-        seen_at_solve.append(dict(c.state.verdicts))
+        seen_at_solve.append(dict(c.published.verdicts))
         raise RuntimeError("solver failed")
 
     engines = Engines(solve_clocks=solve, triangulate=lambda *_: [bad])
@@ -216,7 +217,7 @@ def test_verdicts_are_published_before_the_clock_solve_and_without_it(tmp_path: 
     finally:
         c.stop()
     assert seen_at_solve == [{}, {bad.subject: bad}]  # published when the solve started
-    assert c.state.verdicts == {bad.subject: bad}
+    assert c.published.verdicts == {bad.subject: bad}
     assert (bad.subject, "faulty") in stored
     assert errors == 2
 
@@ -250,7 +251,7 @@ def test_triangulation_goes_on_while_a_clock_solve_is_stuck(tmp_path: Path) -> N
                 send_clean_window(c, topo, host, start + w * SEC)
             _until(lambda w=w: w == 0 or start + w * SEC in judged, f"window {w} judged")
         assert solving.is_set() and not release.is_set()  # all of it during one solve
-        assert "leaf0->spine1" in c.state.verdicts  # published, not held for the solve
+        assert "leaf0->spine1" in c.published.verdicts  # published, not held for the solve
         lag = {s.name: s.value for s in c.metrics.verdict_lag.collect()[0].samples}
         age = c.metrics.registry.get_sample_value("fleetlens_triangulated_window_age_seconds")
     finally:

@@ -101,10 +101,10 @@ def test_loop_state_survives_restart(tmp_path: Path, inventory: Path) -> None:
     first.stop()
     again = Collector(settings)
     try:
-        assert again.state.verdicts == {"leaf0->spine0": v_new}
-        assert again.state.clocks == {"h01": clock}
-        assert again.state.clock_updated["h01"] == 200
-        assert again.state.decisions["h01"] == drain
+        assert again.published.verdicts == {"leaf0->spine0": v_new}
+        assert again.published.clocks == {"h01": clock}
+        assert again.published.clock_updated["h01"] == 200
+        assert again.published.decisions["h01"] == drain
     finally:
         again.stop()
 

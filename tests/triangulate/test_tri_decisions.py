@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetlens.triangulate.decisions import _nic_exposure, decisions, job_impact
+from fleetlens.triangulate.decisions import _nic_exposure, decisions, decisions_by_nic, job_impact
 from tri_helpers import drive, small
 
 from fleetlens.records import Decision, Verdict
@@ -61,6 +61,28 @@ def test_job_impact_lists_only_what_the_job_crosses() -> None:
     assert [v.subject for v in imp.switches] == ["spine3"]
     assert imp.unknown_hosts == ["nohost"] and imp.impacted
     assert not job_impact(vs, TOPO, ["h16", "h17"]).links
+
+
+def test_without_a_topology_a_nic_drains_for_itself_or_its_access_links() -> None:
+    """No inventory: NICs known by id (registered), links only from reported paths."""
+    nics = ["h00/eth0", "h00/eth1", "h01/eth0"]
+    vs = [_v("h00/eth0->sw7"), _v("sw7->sw9"), _v("h00/eth1->sw8", state="suspect"),
+          _v("h01/eth0", "nic"), _v("h05/eth3->sw7")]  # fmt: skip
+    ds = decisions_by_nic(vs, nics, 5)
+    assert [d.host_id for d in ds] == ["h00", "h01", "h05"]  # every known host, then others
+    # h01's only NIC would drain: kept up; h05 is not known, so nothing caps it
+    assert _drained(ds) == {"h00": ["h00/eth0"], "h05": ["h05/eth3"]}
+    assert ds[0].drain[0].reason == "link h00/eth0->sw7 faulty (loss 1.0%, evidence 10)"
+
+
+def test_job_impact_without_a_topology_reads_the_nics_and_observed_paths() -> None:
+    vs = [_v("h00/eth0->sw7"), _v("sw7->sw9"), _v("sw3->sw4"), _v("h00/eth1", "nic")]
+    imp = job_impact(vs, None, ["h00", "h01", "h09"], nics=["h00/eth0", "h00/eth1", "h01/eth0"],
+                     observed={"h00/eth0->sw7", "sw7->sw9", "sw9->h01/eth0"})  # fmt: skip
+    assert imp.hosts == ["h00", "h01"] and imp.unknown_hosts == ["h09"]
+    assert sorted(v.subject for v in imp.links) == ["h00/eth0->sw7", "sw7->sw9"]
+    assert [v.subject for v in imp.nics] == ["h00/eth1"]
+    assert imp.crossed == {"h00/eth0->sw7", "sw7->sw9", "sw9->h01/eth0"}
 
 
 def test_end_to_end_black_hole_drains_leaf_nics() -> None:
