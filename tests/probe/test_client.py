@@ -5,11 +5,13 @@ keeps its connection, survives the collector closing it, and sends the token and
 from __future__ import annotations
 
 import http.server
+import itertools
 import json
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -21,6 +23,19 @@ BAD = [
     b"[1, 2]",  # not an object
     b"not json",
 ]
+
+
+@contextmanager
+def _serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An HTTP server on loopback in a thread, for the ``with`` body; its URL."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_port}"
+    finally:
+        srv.shutdown()
+        th.join(5)
 
 
 @pytest.fixture
@@ -38,14 +53,8 @@ def garbage() -> Iterator[tuple[str, list[bytes]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_port}", answers
-    finally:
-        srv.shutdown()
-        th.join(5)
+    with _serving(Handler) as url:
+        yield url, answers
 
 
 @pytest.mark.parametrize("body", BAD)
@@ -79,14 +88,19 @@ def recorder() -> Iterator[tuple[str, list[dict[str, object]]]]:
     """A server that records each request (path, token, connection) and answers ``status``
     (default 200) with ``n`` rows, or with the page ``offset``/``limit`` of ``total`` rows."""
     seen: list[dict[str, object]] = []
+    connections = itertools.count()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive
 
+        def setup(self) -> None:  # once per connection
+            super().setup()
+            self.conn_no = next(connections)
+
         def do_GET(self) -> None:
             path, _, query = self.path.partition("?")
             params = dict(p.split("=", 1) for p in query.split("&") if p)
-            seen.append({"path": path, "params": params, "conn": id(self.connection),
+            seen.append({"path": path, "params": params, "conn": self.conn_no,
                          "auth": self.headers.get("authorization")})  # fmt: skip
             status = int(params.get("status", 200))
             offset = int(params.get("offset", 0))
@@ -103,14 +117,8 @@ def recorder() -> Iterator[tuple[str, list[dict[str, object]]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_port}", seen
-    finally:
-        srv.shutdown()
-        th.join(5)
+    with _serving(Handler) as url:
+        yield url, seen
 
 
 def test_one_connection_token_and_parameters(recorder) -> None:  # type: ignore[no-untyped-def]
