@@ -109,7 +109,9 @@ def make_batches(
 
 
 # ---- writer alone ---------------------------------------------------------------------------
-def bench_writer(work: Path, batches: list[tuple[int, pa.Table]], threads: int) -> float:
+def bench_writer(
+    work: Path, batches: list[tuple[int, pa.Table]], threads: int
+) -> tuple[float, float]:
     store = Store(work / "writer.duckdb", threads=threads)
     writer = Writer(store, max_batches=len(batches) + 1, max_rows=1 << 62)
     writer.start()

@@ -269,7 +269,8 @@ class CollectorClient:
 
     def link_history(self, link_id: str, since_ns: int, until_ns: int) -> list[Json]:
         """A link's verdict history in [since, until), newest first, every page."""
-        path, out = f"/v1/links/{_seg(link_id)}", []
+        path = f"/v1/links/{_seg(link_id)}"
+        out: list[Json] = []
         while True:
             d = self.get_object(path, since=since_ns, until=until_ns, limit=PAGE, offset=len(out))
             page = d.get("history", [])
