@@ -1,12 +1,13 @@
 """The client of the collector's REST API, for agents, the simulator, the demo, the audit and
 the tests: a typed method per endpoint over a small keep-alive HTTP/1.1 transport (stdlib only).
 
-Stdlib only because the agent uses it: an agent host installs no httpx (whose import alone cost
-~70 ms of CPU before the first probe, ``http.client`` ~14 ms). :class:`HttpClient` holds one
-connection, reopened after any error; a request on a connection the collector had already
-closed is retried once on a fresh one (every call here is idempotent: uploads carry their batch
-id). Threads sharing a client take turns on that connection: a caller that posts from several
-threads at once gives each thread its own client.
+Stdlib only because the agent uses it before its first probe, where every millisecond of import
+delays the clock sync of its host (httpx's import costs several times ``http.client``'s), and an
+agent host installs no httpx at all. :class:`HttpClient` holds one connection, reopened after
+any error; a request on a connection the collector had already closed is retried once on a
+fresh one (every call here is idempotent: uploads carry their batch id). Threads sharing a
+client take turns on that connection: a caller that posts from several threads at once gives
+each thread its own client.
 
 Every failure of a call is a :class:`CollectorError`: no answer (``status`` None), an answer
 other than the expected status (``status`` set), or an answer that is not what the endpoint
