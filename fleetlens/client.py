@@ -158,9 +158,7 @@ class CollectorClient:
         body, headers = None, {}
         if json_body is not None:
             body, headers = json.dumps(json_body).encode(), {"content-type": "application/json"}
-        r = self.request(method, path, body, headers, **params)
-        if not 200 <= r.status_code < 300:
-            raise CollectorError(f"{method} {path}: {r.status_code} {r.text[:300]}", r.status_code)
+        r = _ok(self.request(method, path, body, headers, **params), method, path)
         try:
             return r.json()
         except ValueError as e:
@@ -206,10 +204,7 @@ class CollectorClient:
 
     def metrics_text(self) -> str:
         """``/metrics`` in the Prometheus text format."""
-        r = self.request("GET", "/metrics")
-        if r.status_code != 200:
-            raise CollectorError(f"GET /metrics: {r.status_code} {r.text[:300]}", r.status_code)
-        return r.text
+        return _ok(self.request("GET", "/metrics"), "GET", "/metrics").text
 
     # ---- agents (ingest token) ------------------------------------------------------------
     def register(
@@ -295,8 +290,7 @@ class CollectorClient:
     def flow_count(self, since_ns: int, until_ns: int) -> int:
         """How many flows ``/v1/flows`` has for [since, until) (its X-Total-Count)."""
         r = self.request("GET", "/v1/flows", since=since_ns, until=until_ns, limit=1)
-        if r.status_code != 200:
-            raise CollectorError(f"GET /v1/flows: {r.status_code} {r.text[:300]}", r.status_code)
+        _ok(r, "GET", "/v1/flows")
         try:
             return int(r.headers["X-Total-Count"])
         except (KeyError, TypeError, ValueError):
@@ -323,6 +317,13 @@ def clock_model(host_id: str, d: Json) -> ClockModel:
         d.get("error_bound_ns"),
         bool(d.get("synced", False)),
     )
+
+
+def _ok(r: Response, method: str, path: str) -> Response:
+    """``r`` if it is a 2xx answer, else a CollectorError with its status and detail."""
+    if not 200 <= r.status_code < 300:
+        raise CollectorError(f"{method} {path}: {r.status_code} {r.text[:300]}", r.status_code)
+    return r
 
 
 def _seg(value: str) -> str:
