@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
-import httpx
 import numpy as np
 import pyarrow as pa
 from fleetlens.api.store import Store
 from fleetlens.api.writer import Writer
+from fleetlens.fixtures.collector import CollectorProcess, start_collector
 
 from fleetlens.batch import Batch, encode_batch
+from fleetlens.client import CollectorClient
 from fleetlens.plan import peer_pairs
 from fleetlens.records import WINDOW_SCHEMA
 from fleetlens.topology import from_spec
@@ -38,7 +37,6 @@ T0 = (time.time_ns() // 10**9 - 4 * 3600) * 10**9  # the big store's windows: th
 # Ingested windows are current (the last minute), as agents send them: older ones would be
 # "late" for the collector's per-minute rollup and take its (slower) merge path.
 T_INGEST = (time.time_ns() // 10**9 - 60) * 10**9
-FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
 
 
 class Fleet:
@@ -111,7 +109,9 @@ def make_batches(
 
 
 # ---- writer alone ---------------------------------------------------------------------------
-def bench_writer(work: Path, batches: list[tuple[int, pa.Table]], threads: int) -> float:
+def bench_writer(
+    work: Path, batches: list[tuple[int, pa.Table]], threads: int
+) -> tuple[float, float]:
     store = Store(work / "writer.duckdb", threads=threads)
     writer = Writer(store, max_batches=len(batches) + 1, max_rows=1 << 62)
     writer.start()
@@ -133,41 +133,11 @@ def bench_writer(work: Path, batches: list[tuple[int, pa.Table]], threads: int) 
 
 
 # ---- HTTP path ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_collector(db: Path, threads: int | None, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [FLEETLENS, "collector", "--db", str(db), "--listen", f"127.0.0.1:{port}",
-           "--inventory", SPEC, "--insecure-no-auth", "--public-metrics",
-           "--queue-rows", "8000000"]  # fmt: skip
+def start_bench_collector(db: Path, threads: int | None, log: Path) -> CollectorProcess:
+    args = ["--insecure-no-auth", "--public-metrics", "--queue-rows", "8000000"]
     if threads:
-        cmd += ["--duckdb-threads", str(threads)]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-        if proc.poll() is not None:
-            break
-    proc.kill()
-    raise RuntimeError(f"collector did not start: {log.read_text()[-2000:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        args += ["--duckdb-threads", str(threads)]
+    return start_collector(db, SPEC, args, log=log, timeout_s=60)
 
 
 def bench_http(
@@ -175,14 +145,14 @@ def bench_http(
 ) -> float:
     bodies = [encode_batch(f"h{h:03d}", t, f"h{i}") for i, (h, t) in enumerate(batches)]
     rows = sum(t.num_rows for _, t in batches)
-    proc, url = start_collector(work / "http.duckdb", threads, work / "http.log")
+    col = start_bench_collector(work / "http.duckdb", threads, work / "http.log")
     errors: list[str] = []
 
     def send(part: list[tuple[bytes, str]]) -> None:
-        with httpx.Client(base_url=url, timeout=120) as c:
+        with col.client(timeout_s=120) as c:
             for body, ctype in part:
                 while True:
-                    r = c.post("/v1/ingest", content=body, headers={"Content-Type": ctype})
+                    r = c.ingest(body, ctype)
                     if r.status_code != 429:
                         break
                     time.sleep(float(r.headers.get("Retry-After", "1")))
@@ -197,11 +167,12 @@ def bench_http(
         for w in workers:
             w.join()
         dt = time.perf_counter() - t0
-        text = httpx.get(url + "/metrics", timeout=120).text
+        with col.client(timeout_s=120) as c:
+            text = c.metrics_text()
         cpu = next(float(ln.split()[-1]) for ln in text.splitlines()
                    if ln.startswith("fleetlens_writer_busy_cpu_seconds_total"))  # fmt: skip
     finally:
-        stop(proc)
+        col.stop(timeout_s=60)
     if errors:
         raise RuntimeError(f"{len(errors)} batches failed, first: {errors[0][:300]}")
     print(f"HTTP ingest  : {rows:>11,} rows in {dt:6.2f} s = {rows / dt:>12,.0f} rows/s wall, "
@@ -251,26 +222,28 @@ def generate_store(db: Path, rows: int) -> tuple[str, str, int]:
     return src, dst, newest
 
 
-def latency(c: httpx.Client, path: str, params: dict, n: int) -> tuple[float, float]:
-    c.get(path, params=params).raise_for_status()  # warm
+def latency(c: CollectorClient, path: str, params: dict, n: int) -> tuple[float, float]:
+    """p50 and p99 in ms of ``GET path`` (the answer read, not decoded)."""
     times = []
-    for _ in range(n):
+    for i in range(n + 1):  # the first one warms up
         t0 = time.perf_counter()
-        r = c.get(path, params=params)
-        times.append(time.perf_counter() - t0)
-        r.raise_for_status()
+        r = c.request("GET", path, **params)
+        if i:
+            times.append(time.perf_counter() - t0)
+        if r.status_code != 200:
+            raise RuntimeError(f"GET {path}: {r.status_code} {r.text[:300]}")
     return float(np.percentile(times, 50) * 1e3), float(np.percentile(times, 99) * 1e3)
 
 
 def bench_api(work: Path, rows: int, n: int) -> None:
     db = work / "big.duckdb"
     src, dst, newest = generate_store(db, rows)
-    proc, url = start_collector(db, None, work / "api.log")
+    col = start_bench_collector(db, None, work / "api.log")
     try:
-        with httpx.Client(base_url=url, timeout=120) as c:
+        with col.client(timeout_s=120) as c:
             p50, p99 = latency(c, "/v1/links", {}, n)
             print(f"GET /v1/links (16.9k links, page 100) : p50 {p50:7.1f} ms   p99 {p99:7.1f} ms")
-            path = f"/v1/pairs/{src.replace('/', '%2F')}/{dst.replace('/', '%2F')}/owd"
+            path = f"/v1/pairs/{quote(src, safe='')}/{quote(dst, safe='')}/owd"
             minute = 60 * 10**9
             hour_ago = (newest - 3600 * 10**9) // minute * minute
             for label, params in (
@@ -279,12 +252,12 @@ def bench_api(work: Path, rows: int, n: int) -> None:
                 ("unaligned, step 10s (raw rows)",
                  {"since": hour_ago + 1, "until": newest + 1, "step": "10s"}),
             ):  # fmt: skip
-                pts = c.get(path, params=params).json()["points"]
+                pts = c.pair_owd(src, dst, **params)["points"]
                 p50, p99 = latency(c, path, params, n)
                 print(f"GET one-hour pair history, {label}, {len(pts)} points, {rows:,} rows: "
                       f"p50 {p50:7.1f} ms   p99 {p99:7.1f} ms")  # fmt: skip
     finally:
-        stop(proc)
+        col.stop(timeout_s=60)
 
 
 def main() -> int:

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetlens.probe.client import CollectorClient, CollectorError
 from fleetlens.probe.datapath import DataPath
 from fleetlens.probe.nics import LocalNic, discover, hardware_timestamping, link_states
 from fleetlens.probe.pathfind import PathFinder, PathSchedule, Trace
 from fleetlens.probe.windows import WindowBuilder
 
+from fleetlens.client import CollectorClient, CollectorError
 from fleetlens.ids import nic_id
 from fleetlens.records import TS_HARDWARE, TS_SOFTWARE, ClockModel, Decision, HostPlan
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from fleetlens.probe.upload import Uploader
 
 log = logging.getLogger("fleetlens.agent")
+AGENT_VERSION = "fleetlens-agent/0.1"  # sent when registering
 
 
 @dataclass
@@ -135,7 +136,7 @@ class Agent:
     def _register(self, nics: list[LocalNic]) -> None:
         src = TS_HARDWARE if all(n.ts_source == TS_HARDWARE for n in nics) else TS_SOFTWARE
         body = [{"ifname": n.ifname, "ip": n.ip} for n in nics]
-        self.client.register(self.cfg.host_id, body, src, self.cfg.metrics_port)
+        self.client.register(self.cfg.host_id, body, src, self.cfg.metrics_port, AGENT_VERSION)
 
     def _until_ok(self, what: str, call):  # type: ignore[no-untyped-def]
         """Retry a collector call until it works or we are stopped (collector not up yet)."""

@@ -15,6 +15,8 @@ from fleetlens.probe.agent import Agent, AgentConfig
 from fleetlens.probe.datapath import PRIMER_MODES
 from fleetlens.probe.nics import ROCE_DSCP
 
+from fleetlens.secrets import INGEST_TOKEN_ENV, read_secret
+
 log = logging.getLogger("fleetlens.agent")
 # Lab convenience only: every agent started without a key file shares it, and says so.
 _LAB_KEY_SEED = b"fleetlens-insecure-lab-key"
@@ -84,11 +86,7 @@ def main(argv: list[str]) -> int:
     )
     if not 0 <= a.dscp < 64:
         raise SystemExit("fleetlens agent: --dscp must be 0..63")
-    token = (
-        a.token_file.read_text().strip()
-        if a.token_file
-        else os.environ.get("FLEETLENS_INGEST_TOKEN")
-    )
+    token = read_secret(INGEST_TOKEN_ENV, a.token_file)
     addr, _, port = a.metrics.rpartition(":")
     cfg = AgentConfig(
         collector=a.collector, host_id=a.host_id, key=read_key(a.fleet_key_file), token=token,

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from fleetlens.probe.rest import HttpClient, HttpError
 
 from fleetlens.batch import CT_ARROW, encode_batch
+from fleetlens.client import CollectorClient, CollectorError
 
 log = logging.getLogger("fleetlens.agent.upload")
 
@@ -56,20 +56,16 @@ class Uploader:
         spill_max_bytes: int = 256 << 20,
         timeout_s: float = 5.0,
     ) -> None:
-        self.url = url.rstrip("/") + "/v1/ingest"
         self.host_id = host_id
         self.spill_dir = spill_dir
         self.mem_batches = mem_batches
         self.spill_max_bytes = spill_max_bytes
         self.stats = UploadStats()
-        self._headers = {"content-type": CT_ARROW}
-        if token:
-            self._headers["authorization"] = f"Bearer {token}"
         self._queue: deque[Pending] = deque()
         self._lock = threading.Condition()
         self._seq = 0
         self._stop = threading.Event()
-        self._client = HttpClient(url, timeout_s=timeout_s)
+        self._client = CollectorClient(url, token, timeout_s)
         spill_dir.mkdir(parents=True, exist_ok=True)
         self._recover_spilled()
         self._thread = threading.Thread(target=self._run, name="uploader", daemon=True)
@@ -151,8 +147,8 @@ class Uploader:
         """Send one batch; None when it is done with (stored or refused), else seconds to wait."""
         body = p.body if p.body is not None else p.path.read_bytes()  # type: ignore[union-attr]
         try:
-            r = self._client.request("POST", "/v1/ingest", body, self._headers)
-        except HttpError as e:
+            r = self._client.ingest(body, CT_ARROW)
+        except CollectorError as e:
             log.warning("collector unreachable (%s); %d batches waiting", e, len(self._queue))
             return 0.0
         if r.status_code == 429 or r.status_code >= 500:

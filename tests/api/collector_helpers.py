@@ -3,9 +3,7 @@ real DuckDB file, and a small vectorized window generator with known contents.""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +18,7 @@ import uvicorn
 from fleetlens.api.app import create_app
 from fleetlens.api.config import Settings
 from fleetlens.api.service import Collector
+from fleetlens.fixtures.collector import CollectorProcess, free_port, start_collector
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetlens.batch import Batch
@@ -31,58 +30,50 @@ FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
 WINDOW_NS = 1_000_000_000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Server:
-    url: str
-    db: Path
-    proc: subprocess.Popen
+    """A collector process and its inventory; ``client`` is a raw HTTP client, for tests of
+    what the API answers (status codes, headers, bodies) rather than what a caller gets."""
+
+    process: CollectorProcess
     inventory: Path
-    log: Path
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    @property
+    def db(self) -> Path:
+        return self.process.db
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.process.proc
+
+    @property
+    def log(self) -> Path:
+        return self.process.log
 
     def client(self, token: str | None = READ) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        self.process.stop(sig)
 
 
 def start_server(
     tmp: Path, inventory: Path, *extra: str, db: Path | None = None, env_tokens: bool = True
 ) -> Server:
+    """A collector on a free port with round loops every 0.2 s; ``env_tokens``: the test's
+    INGEST and READ tokens in its environment (else the caller passes token options)."""
     port = free_port()
-    db = db or tmp / "fleet.duckdb"
-    log = tmp / f"collector-{port}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")}
-    if env_tokens:
-        env.update(FLEETLENS_INGEST_TOKEN=INGEST, FLEETLENS_READ_TOKEN=READ)
-    cmd = [FLEETLENS, "collector", "--db", str(db), "--listen", f"127.0.0.1:{port}",
-           "--inventory", str(inventory), "--loop-interval", "0.2", *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", db, proc, inventory, log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"collector exited {proc.returncode}: {log.read_text()}")
-        try:
-            if httpx.get(server.url + "/healthz", timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            time.sleep(0.1)
-    server.stop(signal.SIGKILL)
-    raise RuntimeError(f"collector did not come up: {log.read_text()}")
+    proc = start_collector(
+        db or tmp / "fleet.duckdb", inventory, ["--loop-interval", "0.2", *extra],
+        tokens=(INGEST, READ) if env_tokens else None, port=port,
+        log=tmp / f"collector-{port}.log",
+    )  # fmt: skip
+    return Server(proc, inventory)
 
 
 def make_windows(

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ from typing import Any
 
 import httpx
 import yaml
+from fleetlens.fixtures.collector import free_port, stop_process, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -26,12 +25,6 @@ RULE_FILES = sorted((PROM_DIR / "rules").glob("*.yml"))
 
 sys.path.insert(0, str(DEPLOY / "grafana"))
 import generate  # noqa: E402, F401  (deploy/grafana/generate.py is a script, not a package)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def load_dashboards() -> dict[str, dict[str, Any]]:
@@ -131,28 +124,20 @@ class Prometheus:
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--storage.tsdb.retention.time=1h", "--web.enable-lifecycle",
         ]  # fmt: skip
-        with open(self.workdir / "prometheus.log", "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited; see {self.workdir}/prometheus.log")
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("prometheus did not become ready")
+        log = self.workdir / "prometheus.log"
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True)
+        wait_until_up(self.proc, self._ready, "prometheus", log, timeout_s=30)
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
         self.proc = None
 
     def query(self, expr: str) -> list[dict[str, Any]]:

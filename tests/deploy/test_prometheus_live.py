@@ -30,7 +30,6 @@ from deploy_helpers import (
     alert_signal,
     all_panels,
     dashboard_queries,
-    free_port,
     generate,
     load_dashboards,
     load_rules,
@@ -38,6 +37,7 @@ from deploy_helpers import (
     substitute,
     variable_values,
 )
+from fleetlens.fixtures.collector import start_collector, stop_process
 from prometheus_client.parser import text_string_to_metric_families
 
 # FLEETLENS_DEPLOY_NO_LAB=1 takes the non-root path as root too (to check it).
@@ -77,16 +77,6 @@ def _start_sim(url: str, workdir: Path) -> subprocess.Popen[bytes]:
     ]  # fmt: skip
     with open(workdir / "sim.log", "ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _wait_for(prom: Prometheus, expr: str, what: str, timeout_s: float = 60) -> None:
@@ -147,10 +137,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             time.sleep(10)
             faults.add_loss(lab, FAULT_LINK, 30)  # healed by the lab's teardown
         else:
-            port = free_port()
-            url, target, agents = f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", {}
-            es.enter_context(_collector(work, port))
-            es.callback(_stop, _start_sim(url, work))
+            col = es.enter_context(start_collector(work / "c.duckdb", SPEC, ["--insecure-no-auth"]))
+            url, target, agents = col.url, col.url.removeprefix("http://"), {}
+            es.callback(stop_process, _start_sim(url, work), timeout_s=10)
         prom = Prometheus(work, [target], _unlabel(agents))
         es.callback(prom.stop)
         _scrape_and_settle(prom, len(agents))
@@ -164,33 +153,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 def _unlabel(agents: dict[str, str]) -> dict[str, str]:
     """The scrape targets: UNLABELLED_HOST keyed by its bare address (no host label)."""
     return {(a.split(":")[0] if h == UNLABELLED_HOST else h): a for h, a in agents.items()}
-
-
-class _collector:
-    """``fleetlens collector`` on 127.0.0.1 (the non-root path), stopped by PID."""
-
-    def __init__(self, work: Path, port: int) -> None:
-        self.work, self.port = work, port
-
-    def __enter__(self) -> None:
-        argv = [
-            sys.executable, "-m", "fleetlens.cli", "collector", "--db",
-            str(self.work / "c.duckdb"), "--listen", f"127.0.0.1:{self.port}",
-            "--inventory", SPEC, "--insecure-no-auth",
-        ]  # fmt: skip
-        with open(self.work / "collector.log", "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).is_success:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError("collector did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        _stop(self.proc)
 
 
 def _needs_agents(expr: str) -> bool:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
-import httpx
 import pyarrow.parquet as pq
 import pytest
+from fleetlens.fixtures.collector import CollectorProcess, free_port, start_collector
 from fleetlens.fixtures.sim.cli import main
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import SIM_SCHEMA, Simulator
@@ -21,7 +17,6 @@ from fleetlens.fixtures.sim.engine import SIM_SCHEMA, Simulator
 from fleetlens.topology import Topology, from_spec
 
 SPEC = "leafspine:hosts=8,nics=2,leaves=4,spines=2"
-FLEETLENS = str(Path(sys.executable).with_name("fleetlens"))
 
 
 def test_cli_writes_windows_truth_and_topology(tmp_path: Path) -> None:
@@ -53,54 +48,24 @@ def test_cli_rejects_bad_input_clearly(tmp_path: Path, capsys) -> None:
     assert "unknown topology kind" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--topology", SPEC])  # neither --out nor --collector
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     assert main(["--topology", SPEC, "--seconds", "1", "--collector", dead, "--fast"]) == 1
     assert "refused" in capsys.readouterr().err.lower()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def collector(tmp_path: Path):
+def collector(tmp_path: Path) -> Iterator[CollectorProcess]:
     """A real `fleetlens collector` on 127.0.0.1 with a DuckDB file and ingest auth."""
     inv = tmp_path / "topo.json"
     from_spec(SPEC).save(inv)
-    port, db, log = _free_port(), tmp_path / "fleet.duckdb", tmp_path / "collector.log"
-    env = dict(os.environ, FLEETLENS_INGEST_TOKEN="sim-ingest", FLEETLENS_READ_TOKEN="sim-read")
-    cmd = [FLEETLENS, "collector", "--db", str(db), "--listen", f"127.0.0.1:{port}",
-           "--inventory", str(inv)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"collector exited: {log.read_text()}")
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"collector did not come up: {log.read_text()}")
-            time.sleep(0.1)
-        yield url, db, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+    with start_collector(tmp_path / "fleet.duckdb", inv, tokens=("sim-ingest", "sim-read")) as c:
+        yield c
 
 
-def test_stream_into_real_collector(collector, tmp_path: Path, capsys) -> None:
-    url, db, proc = collector
+def test_stream_into_real_collector(
+    collector: CollectorProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, db = collector.url, collector.db
     tok = tmp_path / "token"
     tok.write_text("sim-ingest\n")
     epoch = (time.time_ns() - 10 * 10**9) // 10**9 * 10**9  # recent, whole seconds
@@ -121,8 +86,7 @@ def test_stream_into_real_collector(collector, tmp_path: Path, capsys) -> None:
     capsys.readouterr()
     assert main(args) == 1
     assert "401" in capsys.readouterr().err
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(20)
+    collector.stop(timeout_s=20)  # its DuckDB file is ours to read once it has exited
     want = (
         Simulator(from_spec(SPEC), SimConfig(faults=(fault,), epoch_ns=epoch), seed=2)
         .run(3)
