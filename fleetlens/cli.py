@@ -16,8 +16,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "collector": ("fleetlens.api.cli", "run the collector (ingest, DuckDB, REST API, /metrics)"),
     "lab": ("fleetlens.fixtures.lab.cli", "build, fault and tear down the namespace lab fabric"),
     "sim": ("fleetlens.fixtures.sim.cli", "simulate a fleet-scale fabric with ground truth"),
-    "demo": ("fleetlens.demo", "the whole story end to end on the lab fabric (or --sim)"),
-    "audit": ("fleetlens.audit", "pre-handover validation of every link and NIC, with a report"),
+    "demo": ("fleetlens.demo.cli", "the whole story end to end on the lab fabric (or --sim)"),
+    "audit": (
+        "fleetlens.audit.cli",
+        "pre-handover validation of every link and NIC, with a report",
+    ),
 }
 
 

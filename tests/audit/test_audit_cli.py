@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetlens.audit import main
-from fleetlens.audit_data import RestReader, topology_from_rest
+from fleetlens.audit.cli import main
+from fleetlens.audit.data import RestReader, topology_from_rest
 from fleetlens.topology import from_spec
 
 CLI = [sys.executable, "-m", "fleetlens.cli", "audit"]

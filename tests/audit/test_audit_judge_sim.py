@@ -13,8 +13,9 @@ import pyarrow.compute as pc
 import pytest
 from fleetlens.fixtures.sim import SimConfig, Simulator
 
-from fleetlens.audit_data import aggregate_windows
-from fleetlens.audit_judge import Judgement, Thresholds, judge
+from fleetlens.audit.data import aggregate_windows
+from fleetlens.audit.judge import Judgement, judge
+from fleetlens.audit.options import Thresholds
 from fleetlens.topology import from_spec
 
 TOPO = "leafspine:hosts=16,nics=2,leaves=4,spines=4"

@@ -13,7 +13,7 @@ import pytest
 from fleetlens.fixtures.lab import netns
 from fleetlens.fixtures.lab.fabric import Lab
 
-from fleetlens.demo import SYNC_BOUND_NS
+from fleetlens.demo.lab import SYNC_BOUND_NS
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces")
 NAME = f"d{os.getpid() % 100000}"

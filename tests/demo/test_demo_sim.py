@@ -1,4 +1,4 @@
-"""``fleetlens demo --sim`` (fleetlens.demo_sim): the demo's story on the simulator, no root.
+"""``fleetlens demo --sim`` (fleetlens.demo.sim): the demo's story on the simulator, no root.
 
 A real collector subprocess (uvicorn on 127.0.0.1, DuckDB in a temporary directory) judges the
 simulated fleet; every claim is checked against the simulator's injected truth. The full
@@ -19,7 +19,8 @@ import pyarrow as pa
 import pytest
 from fleetlens.fixtures.sim import SimConfig, Simulator
 
-from fleetlens import demo_sim
+from fleetlens.demo import cli, collector, sim_agents
+from fleetlens.demo import sim as demo_sim
 from fleetlens.records import ClockModel
 from fleetlens.topology import leaf_spine
 
@@ -38,7 +39,7 @@ def _alive(pid: int) -> bool:
 def test_story_on_64_hosts_against_truth(tmp_path: Path) -> None:
     pids: list[int] = []
 
-    def note_pid(w: int, demo: demo_sim.SimDemo) -> None:
+    def note_pid(w: int, demo: demo_sim.SimFabric) -> None:
         assert demo.collector is not None and demo.collector.proc is not None
         pids.append(demo.collector.proc.pid)
 
@@ -74,14 +75,14 @@ def test_story_on_64_hosts_against_truth(tmp_path: Path) -> None:
 def test_collector_death_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
     pids: list[int] = []
 
-    def kill_collector(w: int, demo: demo_sim.SimDemo) -> None:
+    def kill_collector(w: int, demo: demo_sim.SimFabric) -> None:
         if w == 1:
             assert demo.collector is not None and demo.collector.proc is not None
             pids.append(demo.collector.proc.pid)
             os.kill(pids[0], signal.SIGKILL)  # the collector this test's run started
 
     cfg = demo_sim.SimDemoConfig(**{**SMALL, "hosts": 16, "nics": 1}, work_parent=tmp_path)
-    with pytest.raises(demo_sim.SimDemoError, match=r"collector (exited|unreachable)"):
+    with pytest.raises(collector.SimDemoError, match=r"collector (exited|unreachable)"):
         demo_sim.run_sim_demo(config=cfg, as_json=True, on_window=kill_collector)
     assert pids and not _alive(pids[0])
     assert list(tmp_path.iterdir()) == []
@@ -100,7 +101,7 @@ def test_bad_settings_fail_before_anything_starts(tmp_path: Path) -> None:
 
 
 def test_main_reports_an_error_exit(capsys: pytest.CaptureFixture[str]) -> None:
-    assert demo_sim.main(["--hosts", "16", "--fault-at", "9", "--heal-at", "3"]) == 1
+    assert cli.sim_main(["--hosts", "16", "--fault-at", "9", "--heal-at", "3"]) == 1
     assert "fault_at_s" in capsys.readouterr().err
 
 
@@ -123,10 +124,10 @@ def test_clock_errors_are_model_minus_truth_with_common_mode_removed() -> None:
         drift = 5_000.0  # the model's offset at raw = start + offset must be off + e + common
         at = off + e + common - drift * 1e-9 * (start + round(off) - t0)
         models[h] = ClockModel(h, t0, at, drift, 10.0, True)
-    got = demo_sim.clock_errors(models, truth, {"a", "b", "c"})
+    got = sim_agents.clock_errors(models, truth, {"a", "b", "c"})
     np.testing.assert_allclose(got, errs - errs.mean(), atol=1e-3)
     # A host never solved is not scored, and does not move the common mode of the others.
-    got = demo_sim.clock_errors(models, truth, {"a", "b"})
+    got = sim_agents.clock_errors(models, truth, {"a", "b"})
     assert np.isnan(got[2])
     np.testing.assert_allclose(got[:2], errs[:2] - errs[:2].mean(), atol=1e-3)
 
@@ -134,7 +135,7 @@ def test_clock_errors_are_model_minus_truth_with_common_mode_removed() -> None:
 def test_withhold_unsynced_owd_nulls_exactly_rows_touching_unsynced_hosts() -> None:
     topo, win = _window()
     ready = set(topo.hosts[:5])
-    out, n = demo_sim.withhold_unsynced_owd(win, ready)
+    out, n = sim_agents.withhold_unsynced_owd(win, ready)
     t = out.windows
     src = [s.split("/")[0] for s in t["src_nic"].to_pylist()]
     dst = [s.split("/")[0] for s in t["dst_nic"].to_pylist()]
@@ -147,7 +148,7 @@ def test_withhold_unsynced_owd_nulls_exactly_rows_touching_unsynced_hosts() -> N
     )
     assert t["received"].equals(win.windows["received"])  # loss counts untouched
     assert t["hull_t_ns"].equals(win.windows["hull_t_ns"])  # sync's input untouched
-    assert demo_sim.withhold_unsynced_owd(win, set(topo.hosts))[1] == 0
+    assert sim_agents.withhold_unsynced_owd(win, set(topo.hosts))[1] == 0
 
 
 def test_snap_starts_puts_rows_on_the_window_boundary() -> None:
@@ -156,5 +157,5 @@ def test_snap_starts_puts_rows_on_the_window_boundary() -> None:
     jitter = np.resize(np.array([-40_000_000, 0, 37, 49_000_000]), t.num_rows)
     col = t.schema.get_field_index("start_ns")
     shifted = t.set_column(col, "start_ns", pa.array(t["start_ns"].to_numpy() + jitter))
-    got = demo_sim.snap_starts(replace(win, windows=shifted)).windows
+    got = sim_agents.snap_starts(replace(win, windows=shifted)).windows
     assert set(got["start_ns"].to_pylist()) == {win.start_ns}

@@ -241,6 +241,8 @@ SELECT b.side, b.host, b.sec, b.loss, p.seconds, p.of_seconds,
 FROM bursts b JOIN per_host p USING (side, host)
 """
 
+_LINK_DICT_SQL = "SELECT link_id FROM link_dict ORDER BY idx"  # paths are stored as link numbers
+
 _FLOWS_SQL = """
 SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
        sum(received)::BIGINT AS received, median(owd_min_ns) AS owd,
@@ -342,9 +344,7 @@ def read_flows(
             "has it open: stop the collector or pass a copy"
         ) from None
     try:
-        links = LinkDict(
-            [r[0] for r in con.execute("SELECT link_id FROM link_dict ORDER BY idx").fetchall()]
-        )
+        links = LinkDict([r[0] for r in con.execute(_LINK_DICT_SQL).fetchall()])
         t, stalls = _aggregate(con, since_ns, until_ns, rule)
     finally:
         con.close()

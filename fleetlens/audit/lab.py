@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from pyroute2 import IPRoute
 
-from fleetlens.audit_data import AuditInputError
+from fleetlens.audit.data import AuditInputError
 from fleetlens.fixtures.lab import faults
 from fleetlens.fixtures.lab.fabric import Lab, default_mgmt_subnet
 from fleetlens.fixtures.lab.stack import Stack

@@ -1,13 +1,13 @@
 """The audit's judgement: every link and NIC validated or failed, with its evidence.
 
-Input: per-flow aggregates over the whole audit period (``audit_data.Flows``) and the
+Input: per-flow aggregates over the whole audit period (:class:`fleetlens.audit.data.Flows`) and the
 topology. A pre-handover audit has minutes of data, so instead of the collector's per-window
 verdicts (built to react in seconds) it fits the whole period at once:
 
 - **Loss**: the triangulation engine's sparse maximum-likelihood loss tomography
   (``fleetlens.triangulate.loss.fit_loss``) on every flow's total sent/lost, over the flow's
   learned path (or, for a flow whose path was never learned, spread over its ECMP candidates
-  by ``audit_paths``). A link fails when the fit blames it at a rate
+  by :mod:`fleetlens.audit.paths`). A link fails when the fit blames it at a rate
   of at least ``max_loss``.
 - **Delay**: a degraded link that was bad before the audit started has no clean baseline in
   time, so each flow is compared with the *other paths of the same NIC pair* over the same
@@ -37,20 +37,11 @@ import numpy as np
 import pyarrow as pa
 from scipy.stats import chi2
 
-from fleetlens.audit_data import Flows
-from fleetlens.audit_paths import FlowRows, TopoIndex, flow_rows
+from fleetlens.audit.data import Flows
+from fleetlens.audit.options import Thresholds
+from fleetlens.audit.paths import FlowRows, TopoIndex, flow_rows
 from fleetlens.topology import Topology
 from fleetlens.triangulate.loss import fit_loss
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    max_loss: float = 2e-3  # a link losing this share of probes fails
-    max_delay_ns: float = 20_000.0  # a fabric link adding this much one-way delay fails
-    background_loss: float = 1e-4  # loss the fit treats as normal (the measurement's own)
-    loss_llr: float = 12.0  # log-likelihood ratio a loss estimate needs
-    min_flows: int = 4  # flows a link needs for a delay statistic
-    min_probes: float = 1000.0  # probes a link/NIC needs to be validated at all
 
 
 @dataclass
