@@ -42,7 +42,7 @@ from fleetlens.probe.fastpath import (
 
 from fleetlens.pathgroups import path_ids, representatives
 from fleetlens.records import WINDOW_SCHEMA, ClockModel
-from fleetlens.summary import pad_rows, summarize
+from fleetlens.summary import WindowSummary, pad_rows, summarize
 
 DEFAULT_PURITY_NS = 1_000  # software stamps on a quiet veth: |gap error| p99 ~ 0.5 µs
 _ALL_STAMPS = FLAG_TX0 | FLAG_TX1 | FLAG_RX0 | FLAG_RX1
@@ -152,7 +152,7 @@ class WindowBuilder:
         groups, g = np.unique(key, return_inverse=True)
         n = groups.size
         win, flow = groups // len(self.flows), groups % len(self.flows)
-        summary = summarize(*_pair_rows(s, g.reshape(-1), n, self.purity_ns))
+        summary = summarize_samples(s, g.reshape(-1), n, self.purity_ns)
         cols = {
             "src_nic": pa.array(self.flows.src_nic[flow], pa.string()),
             "dst_nic": pa.array(self.flows.dst_nic[flow], pa.string()),
@@ -166,11 +166,11 @@ class WindowBuilder:
         return pa.table(cols, schema=WINDOW_SCHEMA)
 
 
-def _pair_rows(
+def summarize_samples(
     s: dict[str, np.ndarray], g: np.ndarray, n: int, purity_ns: int
-) -> tuple[np.ndarray, ...]:
-    """The samples as :func:`fleetlens.summary.summarize` takes them: one row per group ``g``;
-    the OWDs of both probes of every pair side by side."""
+) -> WindowSummary:
+    """The summary of the fast path's samples ``s``, one row per group ``0 <= g < n``; the
+    OWDs of both probes of every pair count."""
     fl = s["flags"]
 
     def has(flag: int) -> np.ndarray:
@@ -191,4 +191,4 @@ def _pair_rows(
         ok0,
         ok1,
     )
-    return sent, received, pure, t, y, np.hstack([owd0, owd1]), np.hstack([v0, v1])
+    return summarize(sent, received, pure, t, y, np.hstack([owd0, owd1]), np.hstack([v0, v1]))
