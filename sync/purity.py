@@ -23,15 +23,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetlens.records import TS_HARDWARE
-
-THRESHOLD_SOFTWARE_NS = 800
-THRESHOLD_HARDWARE_NS = 40
-
-
-def threshold_ns(ts_source: str) -> int:
-    return THRESHOLD_HARDWARE_NS if ts_source == TS_HARDWARE else THRESHOLD_SOFTWARE_NS
-
 
 def pure_mask(
     tx0: np.ndarray, tx1: np.ndarray, rx0: np.ndarray, rx1: np.ndarray, threshold: int
