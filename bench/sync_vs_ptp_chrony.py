@@ -28,7 +28,7 @@ the number of samples.
 - One CPU (``--cpu``, default the lowest one this process may use; ``--cpu -1``: no pinning):
   the bench and everything it starts run there, so that the two hosts' packets cross the veth
   chain on the same CPU. (It was added against a floor asymmetry that turned out to be
-  measured in fleet time, i.e. FleetLens's own error; see ``sync/README.md``.)
+  measured in fleet time, i.e. FleetLens's own error; see ``docs/notes/sync.md``.)
 
 Run as root: ``.venv/bin/python bench/sync_vs_ptp_chrony.py [--seconds 120] [--only ptp4l,...]``.
 Everything it starts is stopped by PID and the lab ``sy`` is torn down, also on errors.

@@ -35,7 +35,7 @@ class SyncConfig:
     # pooled fits: slope within this many tracked drift σ of the tracker's (at least
     # pool_bracket_ppb): over 32 windows a free slope tilts on its few extreme points
     pool_bracket_k: float = 3.0
-    pool_bracket_ppb: float = 2.0
+    pool_bracket_ppb: float = 2.0  # ... but never narrower than this
     # a window's slope rests on points about half its span apart, at least this far (s)
     slope_base_s: float = 0.5
     short_span_s: float = 0.6  # a host whose points span less than this is in a partial window
@@ -44,14 +44,14 @@ class SyncConfig:
     # alike-distributed the error's σ is ~0.7x their mean
     evidence_k: float = 0.7
     # residual-scale floors of the network solve: below these, edges are never outliers
-    floor_software_ns: float = 20.0
-    floor_hardware_ns: float = 5.0
+    floor_software_ns: float = 20.0  # software stamps scatter by tens of ns
+    floor_hardware_ns: float = 5.0  # PHC stamps by a few ns
     # drift floors: within-window wander (≈ 20 ppb/√s) dominates stamp noise in both modes
     drift_floor_software_ppb: float = 20.0
-    drift_floor_hardware_ppb: float = 20.0
-    # ---- purity (purity.py): idle software-stamped |rx gap - tx gap| p99 ≈ 500 ns; PHC ns ---
-    purity_software_ns: int = 800
-    purity_hardware_ns: int = 40
+    drift_floor_hardware_ppb: float = 20.0  # the same wander: stamps do not matter here
+    # ---- purity (purity.py; the simulator's defaults too) ---------------------------------
+    purity_software_ns: int = 800  # idle software gap errors p99 ≈ 500 ns; queues add µs
+    purity_hardware_ns: int = 40  # PHC stamps jitter by a few ns
     # ---- per-edge fit (edgefit.py) ---------------------------------------------------------
     slope_bracket: float = 1e-3  # ±1000 ppm around the prior: drift differences are ≤ 200 ppm
     bisections: int = 48  # halvings of the bracket: slope error < 1e-17 (≪ 1 ps per window)
@@ -78,13 +78,13 @@ class SyncConfig:
     # ---- drift tracking (tracking.py) ------------------------------------------------------
     # drift random walk (ppb²/s) to start from: ageing ~20 ppb/√s plus temperature steps
     q_drift: float = 50.0**2
-    q_min: float = 1.0  # bounds of the per-host adapted process noise
-    q_max: float = 4 * 50.0**2
+    q_min: float = 1.0  # bounds of the per-host adapted process noise: 1 ppb/√s ...
+    q_max: float = 4 * 50.0**2  # ... to 100 ppb/√s
     q_gain: float = 0.5  # process noise scales by exp(q_gain·ρ) per window (ρ: lag-1 corr.)
     gate_k: float = 5.0  # innovations beyond this many σ are not folded in unconfirmed
     adapt: float = 0.1  # weight of a new window in the running noise estimates (~10 windows)
     step_k: float = 8.0  # an offset innovation beyond this many σ (+ floor) is a clock step
-    step_floor_ns: float = 500.0
+    step_floor_ns: float = 500.0  # ... and beyond this: smaller jumps are followed, not restarted
     change_k: float = 3.0  # beyond this many σ the clock changed (not noise)
     confirm_rel: float = 0.5  # a confirming window agrees with the last surprise this closely
     change_s: float = 1.0  # s: a drift change seen only in the offset is taken to be this old

@@ -18,10 +18,11 @@ factor ``cos(atan b) > 1 − 1e-7``: the same line.
 
 Overlap (margin < 0) cannot happen with linear clocks and positive delays; it means a clock
 step or a timestamping fault inside the window. Those edges get a soft-margin fit (ν-SVM as a
-small LP with HiGHS, ν = 0.2: at most a fifth of the points may violate the margin), flagged
-``soft`` so the network solve trusts them less and the solver can tell an unstable host.
+small LP with HiGHS, ``soft_nu`` = 0.2: at most a fifth of the points may violate the
+margin), flagged ``soft`` so the network solve trusts them less and the solver can tell an
+unstable host.
 
-Slope: with points spanning less than ``MIN_SPAN_NS`` (0.2 s) the slope is too uncertain to
+Slope: with points spanning less than ``min_span_ns`` (0.2 s) the slope is too uncertain to
 use (a 100 ns noise over 0.2 s is 500 ppb); the edge then keeps the prior slope (from the
 previous drift estimates) and contributes to offsets only.
 """

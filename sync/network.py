@@ -21,10 +21,10 @@ window and one host stepping its clock does not drag everybody.
 
 Outliers (asymmetric paths, a bad link, a stepped clock inside the window): iteratively
 reweighted least squares. The residual scale is ``s = 1.4826·MAD`` (robust) with a floor;
-residuals beyond ``HUBER_K·s`` get Huber weights, beyond ``OUTLIER_K·s`` (and beyond the floor)
+residuals beyond ``huber_k·s`` get Huber weights, beyond ``outlier_k·s`` (and beyond the floor)
 the edge is flagged and removed (``reject=False``: Huber weights only, used for drifts, whose
 edge slopes scatter with the clocks' wander rather than with path faults). Hosts left with
-fewer than ``MIN_EDGES`` edges are dropped as unsynchronized: with two edges a conflict
+fewer than ``min_edges`` edges are dropped as unsynchronized: with two edges a conflict
 cannot be told apart from a wrong edge; with three the majority wins.
 """
 

@@ -2,65 +2,46 @@
 clocks allow it.
 
 Why: one 1 s window gives each direction of an edge ~100 pure probes, and the lowest of them
-sits above that direction's true floor by a random amount (on the lab's software stamps the
-per-window minimum one-way delay ranged 1.45–1.96 µs around a 1.44 µs floor). Half the
-difference of the two directions' excesses is the edge's offset error: σ ≈ 75 ns per window,
-independent from window to window. A max-margin line through the pooled hulls of the last
-``k`` windows rests on the lowest points of ``k`` windows in each direction, and its slope on
-points up to ``k`` s apart instead of half a second.
+sits above that direction's true floor by a random amount. Half the difference of the two
+directions' excesses is the edge's offset error, independent from window to window. A
+max-margin line through the pooled hulls of the last ``k`` windows rests on the lowest points
+of ``k`` windows in each direction, and its slope on points up to ``k`` s apart instead of
+half a second.
 
 When: pooling assumes the clock difference is a straight line over ``k`` windows. Real
 oscillators wander (temperature, ageing) and a stepped clock breaks the line, so each
-candidate span (``POOL_SIZES``) keeps, per edge, its last line, and every new window tests
-it: how far the window's points reach into the band between the two directions' floors that
-the line kept clear (``_intrusion``). A straight clock leaves the band clear (a point never
-sits below its direction's floor); a bent one shows as an intrusion. A running mean of the
-squared intrusions (weight ``SCORE_WEIGHT``) ranks the spans, the longer first among equals:
-scores within ``BEND_Z`` standard errors of the lowest count as equal, the error shrinking
-with the number of edges scored (``BEND_SCATTER``/√n). On two lab hosts (one edge) under a
-one-way flood the three spans scored 20, 20 and 21 ns; taking the 8-window one by that 1 ns
-put the pair 356 ns off at one window (its slope, free within the tracker's ±330 ppb,
-tilted by −75 ppb into the loaded direction's excess, where no new point can show it) while
-the 32-window one stayed within 30 ns (recorded run: p99 318 → 66 ns; idle 96 → 93 ns). On
-the simulator, whose clocks wander and step, the pooled spans' scores were 3–5 % worse than a
-single window's over 256 edges (64 hosts) and cost other hosts p99 166 ns when taken: one
-standard error (``BEND_Z`` 1) keeps them out there (1.5 did not), and at 4096 edges the
-threshold is 1.3 %. Two were tried on the recorded idle run: 46 ns, but the 64-host step test
-failed. Ties lean long, and a long span can be blind too: in another idle run a 32-window
-line rested on both directions' lowest points of window 4 (110 ns below the usual floors)
-and was carried by a slope 4–9 ppb off for 30 windows, 100–170 ns off, while new points only
-ever sat above it. Its prediction score was 3–4x the 8-window span's, so among tied pooled
-spans one that predicts ``SCORE_VETO`` times worse (rms) gives way to the shorter (that run:
-p99 144 → 46 ns; the other recorded runs and the simulator unchanged).
+candidate span (``SyncConfig.pool_sizes``) keeps, per edge, its last line, and every new
+window tests it: how far the window's points reach into the band between the two directions'
+floors that the line kept clear (``_intrusion``). A straight clock leaves the band clear (a
+point never sits below its direction's floor); a bent one shows as an intrusion. Queueing only
+lifts points, so one-way load cannot fake a bend. A running mean of the squared intrusions
+(weight ``score_weight``) ranks the spans, the longer first among equals: scores within
+``bend_z`` standard errors of the lowest count as equal, the error shrinking with the number
+of edges scored (``bend_scatter``/√n). Ties lean long, and a long span can be blind too: a
+line resting on one window's unusually low points, carried by a slope a few ppb off, is
+never crossed by new points. So among tied pooled spans one that predicts the next window
+``score_veto`` times worse (rms) gives way to the shorter.
+
 The span is chosen for the whole fleet, by the median over the edges, and used on every edge
-where it is allowed (see ``_pick``: per-edge scores are too noisy to choose by). A pooled fit
-whose points overlap (a step inside the span) is never used.
+where it is allowed (``_pick``): per-edge scores are too noisy to choose by, while the
+clocks' wander that decides the best span is a property of the oscillators, alike across the
+fleet. A pooled fit whose points overlap (a step inside the span) is never used.
 
 Each span is also scored by how well it predicted the next single window (carried by one
-common slope, the longest usable span's; each contribution capped at ``SCORE_CAP_NS``²):
-that score qualifies a span (``MIN_SCORED`` predictions since its last run of surprises)
-and gives the tracker each edge's noise, but no longer ranks the spans. It ranked them until
-a flood one way on two lab hosts showed why it cannot: the loaded direction's per-window
-floor sits higher than the other's, every window alike, so each single window is off by
-half the difference (−200 ns) and predicts its successor, off the same way, better than a
-32-window span that is right (−20 ns); the intrusion test is not fooled, because excess only
-ever hides a bend, never fakes one (replay of that run: p99 457 → 76 ns; the simulator's
-choice stays the single window).
+common slope, the longest usable span's; each contribution capped at ``score_cap_ns``²).
+That score qualifies a span (``min_scored`` predictions since its last run of surprises) and
+gives the tracker each edge's noise, but does not rank the spans: under one-way load the
+loaded direction's floor sits higher in every window alike, so each single window is off by
+half the difference and predicts its successor, off the same way, better than a pooled span
+that is right.
 
-Measured (1024-host simulator, software stamps, 20 ppb/√s wander plus drift steps, 12 s):
-choosing per edge, each span carried by its own slope, picked 8-window spans on 2/3 of the
-edges (a single window's slope, off by ~100 ppb, made its own prediction look bad) and the
-network edge p99 rose from 45 to 65–72 ns; per edge with a common slope the choice was a coin
-toss (edge p99 up to 124 ns); the fleet-wide choice keeps single windows there (the Kalman
-tracker does the averaging over windows).
+Only the max-margin geometry changes: each pooled direction is reduced to its hull first, so
+the fit's cost grows with the hull size, not with ``k``.
 
-Only the max-margin geometry changes: each pooled direction is reduced to
-its hull first, so the fit's cost grows with the hull size, not with ``k``.
-
-Cost: the collector keeps the last ``max(POOL_SIZES) − 1`` windows' hull points (about 32 B
-per point, a few points per flow and window): ~1.5 MB per window for 1024 hosts × 1 NIC × 8
-peers, but ~25 MB per window (0.8 GB for 31 windows) at 1024 hosts × 8 NICs × 16 peers, where
-a smaller largest span (``HuygensSync(pool_sizes=(1, 8))``) is the sensible setting.
+Cost: the collector keeps the last ``max(pool_sizes) − 1`` windows' hull points (about 32 B
+per point, a few points per flow and window): ~25 MB per window at 1024 hosts × 8 NICs × 16
+peers, where a smaller largest span (``SyncConfig(pool_sizes=(1, 8))``) is the sensible
+setting. The runs behind these choices: ``docs/notes/sync.md``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Steps per window:
    to 100 ms (±50 ms offsets). With drift differences up to 200 ppm that would move an edge's
    line by up to 20 µs, so each point's ``t`` is mapped to fleet time through the sender's
    current model. On the first window (no model) the solve is repeated with its own result
-   until the offsets used for the mapping agree with the solution within ``REMAP_NS`` (5 µs:
+   until the offsets used for the mapping agree with the solution within ``remap_ns`` (5 µs:
    a residual ≤ 200 ppm × 5 µs = 1 ns); two or three passes.
 3. Max-margin fit per NIC pair (:mod:`.edgefit`). Edges are NIC pairs, not host pairs, so a
    fault on one NIC's link shows up as disagreement between that host's NICs.
@@ -21,10 +21,10 @@ Steps per window:
    the tracker is given (a pairwise-only edge has no residual to show it).
 4. Hosts with most of their edges overlapping (a clock step or broken stamps inside the
    window) are left out of this window: they are reported unsynchronized, not guessed.
-   Soft-margin edges otherwise count with weight ``SOFT_WEIGHT``.
+   Soft-margin edges otherwise count with weight ``soft_weight``.
 5. Network effect (:mod:`.network`): robust weighted least squares for offsets, then drifts.
 6. Drift tracking, drift-change and step detection (:mod:`.tracking`); a host with
-   ``MIN_EDGES`` agreeing edges is trusted (a surprise is followed at once), others must
+   ``min_edges`` agreeing edges is trusted (a surprise is followed at once), others must
    repeat a surprise. Models out, ``synced`` only for hosts measured in this window.
    ``error_bound_ns`` is 3σ of the tracked offset.
 

@@ -2,16 +2,15 @@
 
 State per host: offset θ (ns, raw − fleet) at the time of the last update and drift δ (ppb,
 which is ns per s). Between updates θ grows by δ·dt; the drift itself wanders as a random walk
-with spectral density q ppb²/s, starting at ``Q_DRIFT`` (50 ppb/√s: oscillator ageing is ~20
-ppb/√s in the simulator and on commodity TCXOs, and temperature steps of a few hundred ppb
-every minute or so add about as much again) and adapted per host from the whiteness of its
-innovations (``_adapt_q``): two lab hosts on one real clock (true drift 0) went from p99 317–367
-ns (std 103–106) to 200 ns (std 56) idle; the 1024-host simulator was unchanged (26–35 ns).
-Each window's network solve is one measurement of (θ, δ) with the standard errors it reports.
-Agents extrapolate the published (θ, δ) between updates: that is the real-time mode.
+with spectral density q ppb²/s, starting at ``q_drift`` (50 ppb/√s: oscillator ageing is ~20
+ppb/√s on commodity TCXOs, and temperature steps of a few hundred ppb every minute or so add
+about as much again) and adapted per host from the whiteness of its innovations
+(``_adapt_q``). Each window's network solve is one measurement of (θ, δ) with the standard
+errors it reports. Agents extrapolate the published (θ, δ) between updates: that is the
+real-time mode.
 
-Clock steps: if the measured offset is more than ``STEP_K`` standard deviations of the
-innovation (and more than ``STEP_FLOOR_NS``) away from the prediction, the host's clock was
+Clock steps: if the measured offset is more than ``step_k`` standard deviations of the
+innovation (and more than ``step_floor_ns``) away from the prediction, the host's clock was
 stepped (or its oscillator jumped): the filter restarts from the measurement instead of
 averaging the step in slowly. One clean window after the step is therefore enough to
 re-converge. A false alarm only costs the averaging of one window. That holds for a
@@ -19,33 +18,30 @@ re-converge. A false alarm only costs the averaging of one window. That holds fo
 
 Measurement noise: the network solve's standard errors are lower bounds, but with one or two
 edges (a small lab) it knows nothing of the real scatter. Each host therefore keeps running
-estimates of its offset and drift measurement variances from its own innovations (``ADAPT``
+estimates of its offset and drift measurement variances from its own innovations (``adapt``
 ≈ 10 windows), so a noisy host is averaged over more windows. Only innovations within
-``CHANGE_K`` (3) standard deviations feed that estimate: a larger one is a change of the
-clock, not noise.
+``change_k`` standard deviations feed that estimate: a larger one is a change of the clock,
+not noise.
 
-Drift changes (temperature steps of a few hundred ppb): an innovation beyond ``CHANGE_K`` σ
+Drift changes (temperature steps of a few hundred ppb): an innovation beyond ``change_k`` σ
 widens the state's covariance by the squared innovation (offset and drift) before it is
-folded in, so the window is followed at once instead of averaged in over many. Before this,
-such innovations went into the running noise estimate: on the 1024-host simulator (software
-stamps, ~20 drift steps per window) a stepped host's noise estimate grew from 25 to 230 ns and
-its error stayed at 150–260 ns for five or six windows; the fleet p99 rose from ~30 ns to
-60–87 ns after the first steps and single hosts reached 260 ns. A 3σ false alarm only costs
-that host the averaging of one window (it takes its ~25 ns measurement as is).
+folded in, so the window is followed at once instead of averaged in over many; learnt as
+measurement noise instead, such steps would leave the host's error high for several windows.
+A false alarm only costs that host the averaging of one window.
 
-Confirmation: a measurement the network solve cross-checked (``trust``: the host has 3+
-edges that agree) is believed at once. A pairwise-only host (the two-host lab) has nothing to
-check its window against, and under load single windows there were off by 6–8 µs (one or two
-pure pairs per direction): its surprises (> ``CHANGE_K`` σ) count only when the next window
-surprises the same way. Unconfirmed, a 3–5σ innovation is folded in as usual (no widening),
-and a larger one — even step-sized — is not folded in (the host coasts); confirmed, the former
-widens the state and the latter restarts it (a step: a real 1 ms step is followed from the
-second window on, within the issue's 3). The confirming window must also agree with the first
-surprise (within ``CHANGE_K`` σ or ``CONFIRM_REL`` of the innovation): under load the lab had
-runs of wild windows on the same side (7.6 then 2.6 µs off), which restarted the filter.
+Confirmation: a measurement the network solve cross-checked (``trust``: the host has
+``min_edges`` or more edges that agree) is believed at once. A pairwise-only host (a two-host
+lab) has nothing to check its window against, and under load its single windows can be µs
+off (one or two pure pairs per direction): its surprises (> ``change_k`` σ) count only when
+the next window surprises the same way. Unconfirmed, a ``change_k``–``gate_k`` σ innovation is
+folded in as usual (no widening), and a larger one — even step-sized — is not folded in (the
+host coasts); confirmed, the former widens the state and the latter restarts it. The
+confirming window must also agree with the first surprise (within ``change_k`` σ or
+``confirm_rel`` of the innovation): runs of wild windows on the same side must not restart
+the filter.
 
 A host not measured in a window coasts on its prediction (its uncertainty grows) and is
-reported unsynchronized until measured again.
+reported unsynchronized until measured again. How these rules were found: ``docs/notes/sync.md``.
 """
 
 from __future__ import annotations
