@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetlens.hull import lower_hull_rows
+from fleetlens.summary import pad_rows
 
 from .config import SyncConfig
 from .edgefit import EdgeFits
@@ -382,21 +383,10 @@ def hull_reduce(
     """Keep only the points the max-margin fit can rest on: the lower hull of each edge's
     upper (lo→hi) points and the upper hull of its lower points. ``t`` is rounded to ns."""
     row = edge * 2 + (~upper)
-    yy = np.where(upper, y, -y)  # upper hull of the lower set = −(lower hull of −y)
-    order = np.argsort(row, kind="stable")
-    row, tt, yy = (
-        row[order],
-        np.rint(t[order]).astype(np.int64),
-        np.rint(yy[order]).astype(np.int64),
-    )
+    tt = np.rint(t).astype(np.int64)
+    yy = np.rint(np.where(upper, y, -y)).astype(np.int64)  # upper hull of y = −(lower of −y)
     rows = 2 * n_edges
-    count = np.bincount(row, minlength=rows)
-    width = max(int(count.max(initial=0)), 1)
-    col = np.arange(row.size) - (np.cumsum(count) - count)[row]
-    tm = np.zeros((rows, width), np.int64)
-    ym = np.zeros((rows, width), np.int64)
-    mask = np.zeros((rows, width), bool)
-    tm[row, col], ym[row, col], mask[row, col] = tt, yy, True
+    mask, (tm, ym) = pad_rows(row, rows, tt, yy)
     size, ht, hy = lower_hull_rows(tm, ym, mask)
     keep = np.arange(ht.shape[1]) < size[:, None]
     r_idx = np.repeat(np.arange(rows), size)
