@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow.compute as pc
 from fleetlens.api.config import Settings
 from fleetlens.api.store import Store
-from fleetlens.sync import HuygensSync
+from fleetlens.sync import HuygensSync, SyncConfig
 from fleetlens.sync.replay import replay
 from sync_vs_ptp_chrony import min_edges, pair_error
 
@@ -42,7 +42,7 @@ def errors(store: Store, topo: Topology) -> np.ndarray:
     """h01 − h00 offset error (ns) per solved window after the settling ones."""
     gens = [g for (g,) in store.read().sql("SELECT DISTINCT start_ns FROM windows ORDER BY 1")
             .fetchall()]  # fmt: skip
-    sync = HuygensSync(min_edges=min_edges(len(topo.hosts)))
+    sync = HuygensSync(SyncConfig(min_edges=min_edges(len(topo.hosts))))
 
     def read(lo: int, hi: int):
         return store.read_windows("start_ns >= ? AND start_ns <= ?", [lo, hi])

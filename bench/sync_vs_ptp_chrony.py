@@ -20,15 +20,15 @@ the number of samples.
   (``fleetlens.api``, uvicorn on the lab's management bridge) running ``HuygensSync`` every
   second; the error is the difference of the two hosts' published clock models evaluated at the
   same instant, per solved window. Two hosts give a single edge, so this is the pairwise
-  Huygens fit (``min_edges=1``); ``--hosts 4`` runs agents on four hosts (two NICs each, two
-  leaves) so the h00/h01 pair gets the network effect, the baselines unchanged. Also printed: the
-  time from the agents' start to the first synchronized model.
+  Huygens fit (``SyncConfig(min_edges=1)``); ``--hosts 4`` runs agents on four hosts (two NICs
+  each, two leaves) so the h00/h01 pair gets the network effect, the baselines unchanged. Also
+  printed: the time from the agents' start to the first synchronized model.
 - Load: a UDP flood from h00 to h01 across the fabric (a Python sender per core-ish, 1200-byte
   datagrams as fast as it can, to a port nobody listens on).
 - One CPU (``--cpu``, default the lowest one this process may use; ``--cpu -1``: no pinning):
   the bench and everything it starts run there, so that the two hosts' packets cross the veth
   chain on the same CPU. (It was added against a floor asymmetry that turned out to be
-  measured in fleet time, i.e. FleetLens's own error; see ``sync/README.md``.)
+  measured in fleet time, i.e. FleetLens's own error; see ``docs/notes/sync.md``.)
 
 Run as root: ``.venv/bin/python bench/sync_vs_ptp_chrony.py [--seconds 120] [--only ptp4l,...]``.
 Everything it starts is stopped by PID and the lab ``sy`` is torn down, also on errors.
@@ -182,9 +182,9 @@ class Recorder:
     """The SolveClocks the collector runs: HuygensSync, remembering every synced output."""
 
     def __init__(self) -> None:
-        from fleetlens.sync import HuygensSync
+        from fleetlens.sync import HuygensSync, SyncConfig
 
-        self.sync = HuygensSync(min_edges=min_edges(len(FABRIC_HOSTS)))
+        self.sync = HuygensSync(SyncConfig(min_edges=min_edges(len(FABRIC_HOSTS))))
         self.samples: list[tuple[float, float]] = []  # (monotonic s, error ns)
         # (monotonic s, this window's network-solve value before tracking, span pooled)
         self.detail: list[tuple[float, float, float]] = []

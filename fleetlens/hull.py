@@ -1,4 +1,4 @@
-"""Lower convex hulls of many small point sets at once, and per-row percentiles.
+"""Lower convex hulls of many small point sets at once.
 
 Rows are flow-windows (or an edge's pooled points), columns their points. The hull is Andrew's
 monotone chain, row by row in Cython (:mod:`fleetlens._hull`). The result equals
@@ -58,30 +58,3 @@ def _sorted_rows(
     y[bad] = np.take_along_axis(y[bad], order, axis=1)
     mask[bad] = np.take_along_axis(mask[bad], order, axis=1)
     return t, y, mask
-
-
-def row_stats(v: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Per-row count, min, p50, p99, max of ``v`` where ``valid`` (numpy 'linear' percentiles).
-
-    Rows with no valid value get NaN statistics.
-    """
-    s = np.sort(np.where(valid, v, np.inf), axis=1)
-    n = valid.sum(axis=1)
-    last = np.maximum(n - 1, 0)
-    rows = np.arange(v.shape[0])
-    out = [n, s[:, 0], _pct(s, last, 0.50), _pct(s, last, 0.99), s[rows, last]]
-    empty = n == 0
-    for a in out[1:]:
-        a[empty] = np.nan
-    return tuple(out)
-
-
-def _pct(s: np.ndarray, last: np.ndarray, q: float) -> np.ndarray:
-    pos = q * last
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, last)
-    rows = np.arange(s.shape[0])
-    a, b = s[rows, lo], s[rows, hi]
-    frac = pos - lo
-    with np.errstate(invalid="ignore"):
-        return np.where(frac > 0, a + (b - a) * frac, a)

@@ -18,6 +18,10 @@ other end (``base + 2j``) is the leaf's side of the access link.
 link that arrives at that interface. A router answering a traceroute from its inbound
 interface's address (``icmp_errors_use_inbound_ifaddr``) thereby names the link the probe
 came in on, which is how agents turn hop addresses into paths.
+
+:attr:`Topology.index` numbers hosts, NICs, switches and links densely (0..n-1 in topology
+order), once per topology: every vectorized engine (simulator, triangulation) indexes numpy
+arrays by these numbers and turns them back into ids only when it writes records.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ import ipaddress
 import itertools
 import json
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from fleetlens.ids import host_id, link_id, nic_id
@@ -77,6 +82,68 @@ class Link:
         return link_id(self.a, self.b)
 
 
+@dataclass(frozen=True)
+class DenseIndex:
+    """Dense integer numbers of a topology's hosts, NICs, switches and links, and the per-NIC
+    and per-link arrays built from them. -1 means "none" (e.g. a NIC without an access link,
+    or the NIC end of a link in ``link_tail``/``link_head``). Arrays are read-only."""
+
+    host_ids: tuple[str, ...]
+    nic_ids: tuple[str, ...]
+    switch_ids: tuple[str, ...]
+    link_ids: tuple[str, ...]
+    host: Mapping[str, int]  # id -> number, for each of the four kinds
+    nic: Mapping[str, int]
+    switch: Mapping[str, int]
+    link: Mapping[str, int]
+    nic_host: np.ndarray  # host number of each NIC
+    nic_leaf: np.ndarray  # switch number of each NIC's leaf
+    nic_up: np.ndarray  # link number of each NIC's access link towards its leaf
+    nic_down: np.ndarray  # ... and from its leaf
+    link_tail: np.ndarray  # switch number at each link's tail (-1: a NIC)
+    link_head: np.ndarray  # switch number at each link's head (-1: a NIC)
+    link_nic: np.ndarray  # the NIC of an access link (its tail if that is a NIC, else its head)
+
+    @classmethod
+    def build(cls, topo: Topology) -> DenseIndex:
+        hosts, nics = tuple(topo.hosts), tuple(n.id for n in topo.nics)
+        switches, links = tuple(s.id for s in topo.switches), tuple(lk.id for lk in topo.links)
+        host, nic, switch, link = (_numbers(ids) for ids in (hosts, nics, switches, links))
+        tail_nic = _lookup(nic, (lk.a for lk in topo.links))
+        head_nic = _lookup(nic, (lk.b for lk in topo.links))
+        return cls(
+            hosts, nics, switches, links, host, nic, switch, link,
+            nic_host=_frozen(_lookup(host, (n.host for n in topo.nics))),
+            nic_leaf=_frozen(_lookup(switch, (n.leaf for n in topo.nics))),
+            nic_up=_frozen(_last_link(tail_nic, len(nics))),
+            nic_down=_frozen(_last_link(head_nic, len(nics))),
+            link_tail=_frozen(_lookup(switch, (lk.a for lk in topo.links))),
+            link_head=_frozen(_lookup(switch, (lk.b for lk in topo.links))),
+            link_nic=_frozen(np.where(tail_nic >= 0, tail_nic, head_nic)),
+        )  # fmt: skip
+
+
+def _numbers(ids: tuple[str, ...]) -> dict[str, int]:
+    return {x: i for i, x in enumerate(ids)}
+
+
+def _lookup(numbers: Mapping[str, int], ids: Iterable[str]) -> np.ndarray:
+    return np.array([numbers.get(x, -1) for x in ids], np.int64)
+
+
+def _last_link(end_nic: np.ndarray, n_nics: int) -> np.ndarray:
+    """Per NIC, the (last) link whose given end is that NIC, -1 if none."""
+    out = np.full(n_nics, -1, np.int64)
+    links = np.flatnonzero(end_nic >= 0)
+    out[end_nic[links]] = links  # ascending links: the last one of a NIC wins
+    return out
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
 @dataclass
 class Topology:
     kind: str
@@ -91,6 +158,12 @@ class Topology:
     )
 
     # ---- lookups -------------------------------------------------------------------------
+    @cached_property
+    def index(self) -> DenseIndex:
+        """The dense numbering of this topology (built on first use; the topology's lists
+        must not change afterwards)."""
+        return DenseIndex.build(self)
+
     @cached_property
     def nic_by_id(self) -> dict[str, Nic]:
         return {n.id: n for n in self.nics}

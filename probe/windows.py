@@ -18,6 +18,8 @@ moved fleet time back across the boundary) counts in the next open window. Per f
   min/p50/p99/max, nearest-rank percentiles;
 - the lower convex hull of the pure ``(tx0 raw, rx0 raw - tx0 raw)`` points.
 
+The statistics and the hull are :func:`fleetlens.summary.summarize`, the simulator's too.
+
 Flows of a NIC pair whose discovered paths are the same are one record, under the group's
 lowest source port, over all of their probes (``fleetlens.pathgroups``): a pair's ~50 ports
 then make as many records as it has paths. A flow whose path is not known has its own.
@@ -38,9 +40,9 @@ from fleetlens.probe.fastpath import (
     FLAG_TX1,
 )
 
-from fleetlens.hull import lower_hull_rows
 from fleetlens.pathgroups import path_ids, representatives
 from fleetlens.records import WINDOW_SCHEMA, ClockModel
+from fleetlens.summary import WindowSummary, pad_rows, summarize
 
 DEFAULT_PURITY_NS = 1_000  # software stamps on a quiet veth: |gap error| p99 ~ 0.5 µs
 _ALL_STAMPS = FLAG_TX0 | FLAG_TX1 | FLAG_RX0 | FLAG_RX1
@@ -150,75 +152,43 @@ class WindowBuilder:
         groups, g = np.unique(key, return_inverse=True)
         n = groups.size
         win, flow = groups // len(self.flows), groups % len(self.flows)
-        fl = s["flags"]
-        sent = np.bincount(g, ((fl & FLAG_SENT0) > 0) + ((fl & FLAG_SENT1) > 0).astype(np.int64), n)
-        received = np.bincount(g, ((fl & FLAG_RX0) > 0) + ((fl & FLAG_RX1) > 0).astype(np.int64), n)
-        gap_err = np.abs((s["rx1"] - s["rx0"]) - (s["tx1"] - s["tx0"]))
-        pure = ((fl & _ALL_STAMPS) == _ALL_STAMPS) & (gap_err <= self.purity_ns)
-        owd = _owd_stats(s, g, n)
-        hulls = _hulls(s, g, n, pure)
+        summary = summarize_samples(s, g.reshape(-1), n, self.purity_ns)
         cols = {
             "src_nic": pa.array(self.flows.src_nic[flow], pa.string()),
             "dst_nic": pa.array(self.flows.dst_nic[flow], pa.string()),
             "sport": pa.array(self.flows.sport[flow], pa.int32()),
             "start_ns": pa.array(win * self.window_ns, pa.int64()),
             "duration_ns": pa.array(np.full(n, self.window_ns), pa.int64()),
-            "sent": pa.array(sent.astype(np.int32)),
-            "received": pa.array(received.astype(np.int32)),
-            "pure": pa.array(np.bincount(g, pure, n).astype(np.int32)),
-            **owd,
-            **hulls,
+            **summary.columns(),
             "ts_source": pa.array(self.flows.ts_source[flow], pa.string()),
             "path": pa.array([self.paths.get(int(f)) for f in flow], pa.list_(pa.string())),
         }
         return pa.table(cols, schema=WINDOW_SCHEMA)
 
 
-def _owd_stats(s: dict[str, np.ndarray], g: np.ndarray, n: int) -> dict[str, pa.Array]:
+def summarize_samples(
+    s: dict[str, np.ndarray], g: np.ndarray, n: int, purity_ns: int
+) -> WindowSummary:
+    """The summary of the fast path's samples ``s``, one row per group ``0 <= g < n``; the
+    OWDs of both probes of every pair count."""
     fl = s["flags"]
-    ok0 = ((fl & FLAG_TX0) > 0) & ((fl & FLAG_RX0) > 0)
-    ok1 = ((fl & FLAG_TX1) > 0) & ((fl & FLAG_RX1) > 0)
-    owd = np.concatenate(
-        [(s["rx0_fleet"] - s["tx0_fleet"])[ok0], (s["rx1_fleet"] - s["tx1_fleet"])[ok1]]
+
+    def has(flag: int) -> np.ndarray:
+        return (fl & flag) > 0
+
+    ok0, ok1 = has(FLAG_TX0) & has(FLAG_RX0), has(FLAG_TX1) & has(FLAG_RX1)
+    gap_err = np.abs((s["rx1"] - s["rx0"]) - (s["tx1"] - s["tx0"]))
+    _, (sent, received, pure, t, y, owd0, owd1, v0, v1) = pad_rows(
+        g,
+        n,
+        has(FLAG_SENT0) + has(FLAG_SENT1).astype(np.int64),
+        has(FLAG_RX0) + has(FLAG_RX1).astype(np.int64),
+        ((fl & _ALL_STAMPS) == _ALL_STAMPS) & (gap_err <= purity_ns),
+        s["tx0"],
+        s["rx0"] - s["tx0"],
+        (s["rx0_fleet"] - s["tx0_fleet"]).astype(np.float64),
+        (s["rx1_fleet"] - s["tx1_fleet"]).astype(np.float64),
+        ok0,
+        ok1,
     )
-    grp = np.concatenate([g[ok0], g[ok1]])
-    order = np.lexsort((owd, grp))
-    owd, grp = owd[order].astype(np.float64), grp[order]
-    count = np.bincount(grp, minlength=n)
-    start = np.concatenate([[0], np.cumsum(count)[:-1]])
-    has = count > 0
-
-    def rank(q: float) -> pa.Array:
-        idx = start + np.maximum(np.ceil(q * count).astype(np.int64) - 1, 0)
-        vals = np.zeros(n)
-        vals[has] = owd[idx[has]]
-        return pa.array(vals, mask=~has)
-
-    return {
-        "owd_min_ns": rank(0.0),
-        "owd_p50_ns": rank(0.50),
-        "owd_p99_ns": rank(0.99),
-        "owd_max_ns": rank(1.0),
-    }
-
-
-def _hulls(
-    s: dict[str, np.ndarray], g: np.ndarray, n: int, pure: np.ndarray
-) -> dict[str, pa.Array]:
-    t, y, grp = s["tx0"][pure], (s["rx0"] - s["tx0"])[pure], g[pure]
-    order = np.argsort(grp, kind="stable")
-    t, y, grp = t[order], y[order], grp[order]
-    count = np.bincount(grp, minlength=n)
-    width = max(int(count.max()) if count.size else 0, 1)
-    col = np.arange(grp.size) - np.concatenate([[0], np.cumsum(count)[:-1]])[grp]
-    tm = np.zeros((n, width), np.int64)
-    ym = np.zeros((n, width), np.int64)
-    mask = np.zeros((n, width), bool)
-    tm[grp, col], ym[grp, col], mask[grp, col] = t, y, True
-    size, ht, hy = lower_hull_rows(tm, ym, mask)
-    keep = np.arange(ht.shape[1]) < size[:, None]
-    offsets = pa.array(np.concatenate([[0], np.cumsum(size)]).astype(np.int32))
-    return {
-        "hull_t_ns": pa.ListArray.from_arrays(offsets, pa.array(ht[keep], pa.int64())),
-        "hull_owd_ns": pa.ListArray.from_arrays(offsets, pa.array(hy[keep], pa.int64())),
-    }
+    return summarize(sent, received, pure, t, y, np.hstack([owd0, owd1]), np.hstack([v0, v1]))

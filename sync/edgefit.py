@@ -18,10 +18,11 @@ factor ``cos(atan b) > 1 − 1e-7``: the same line.
 
 Overlap (margin < 0) cannot happen with linear clocks and positive delays; it means a clock
 step or a timestamping fault inside the window. Those edges get a soft-margin fit (ν-SVM as a
-small LP with HiGHS, ν = 0.2: at most a fifth of the points may violate the margin), flagged
-``soft`` so the network solve trusts them less and the solver can tell an unstable host.
+small LP with HiGHS, ``soft_nu`` = 0.2: at most a fifth of the points may violate the
+margin), flagged ``soft`` so the network solve trusts them less and the solver can tell an
+unstable host.
 
-Slope: with points spanning less than ``MIN_SPAN_NS`` (0.2 s) the slope is too uncertain to
+Slope: with points spanning less than ``min_span_ns`` (0.2 s) the slope is too uncertain to
 use (a 100 ns noise over 0.2 s is 500 ppb); the edge then keeps the prior slope (from the
 previous drift estimates) and contributes to offsets only.
 """
@@ -33,11 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
-SLOPE_BRACKET = 1e-3  # ±1000 ppm around the prior: drift differences are ≤ 200 ppm
-BISECTIONS = 48
-MIN_SPAN_NS = 2e8
-SOFT_NU = 0.2
-MAX_SOFT_EDGES = 256  # past this many overlapping edges per window the data is garbage
+from .config import DEFAULT, SyncConfig
 
 
 @dataclass
@@ -62,27 +59,29 @@ def fit_edges(
     y: np.ndarray,
     n_edges: int,
     b_prior: np.ndarray,
-    bracket: np.ndarray | float = SLOPE_BRACKET,
+    bracket: np.ndarray | float | None = None,
+    cfg: SyncConfig = DEFAULT,
 ) -> EdgeFits:
     """Fit every edge. ``upper`` marks lo→hi points (y = owd); the others are hi→lo points
     already sign-flipped (y = −owd). ``t`` is in ns on a common time axis. ``bracket``: the
-    slope searched within ``b_prior ± bracket`` (per edge); an optimum at its edge keeps
-    ``b_prior`` (not ``slope_ok``)."""
+    slope searched within ``b_prior ± bracket`` (per edge; default ``cfg.slope_bracket``); an
+    optimum at its edge keeps ``b_prior`` (not ``slope_ok``)."""
+    bracket = cfg.slope_bracket if bracket is None else bracket
     tu, yu, nu = _padded(edge[upper], t[upper], y[upper], n_edges, np.inf)
     tl, yl, nl = _padded(edge[~upper], t[~upper], y[~upper], n_edges, -np.inf)
     usable = (nu > 0) & (nl > 0)
     bracket = np.broadcast_to(np.asarray(bracket, np.float64), b_prior.shape)
-    b = _bisect(tu, yu, tl, yl, b_prior, bracket)
+    b = _bisect(tu, yu, tl, yl, b_prior, bracket, cfg.bisections)
     span = _span(edge, t, n_edges)
     at_edge = np.abs(b - b_prior) > 0.999 * bracket
-    slope_ok = usable & (span >= MIN_SPAN_NS) & ~at_edge
+    slope_ok = usable & (span >= cfg.min_span_ns) & ~at_edge
     b = np.where(slope_ok, b, b_prior)
     f, g = _f(tu, yu, b), _g(tl, yl, b)
     with np.errstate(invalid="ignore"):  # an edge with one side empty: inf − inf
         a, margin = 0.5 * (f + g), 0.5 * (f - g)
     a, margin = np.where(usable, a, 0.0), np.where(usable, margin, 0.0)
     fits = EdgeFits(a, b, margin, nu, nl, slope_ok, np.zeros(n_edges, bool), usable, span)
-    _soft_fallback(fits, edge, upper, t, y)
+    _soft_fallback(fits, edge, upper, t, y, cfg)
     return fits
 
 
@@ -108,10 +107,10 @@ def _g(tl, yl, b):
     return (yl - b[:, None] * tl).max(axis=1)
 
 
-def _bisect(tu, yu, tl, yl, b_prior, bracket):
+def _bisect(tu, yu, tl, yl, b_prior, bracket, bisections: int):
     lo, hi = b_prior - bracket, b_prior + bracket
     rows = np.arange(tu.shape[0])
-    for _ in range(BISECTIONS):
+    for _ in range(bisections):
         b = 0.5 * (lo + hi)
         iu = (yu - b[:, None] * tu).argmin(axis=1)
         il = (yl - b[:, None] * tl).argmax(axis=1)
@@ -128,11 +127,11 @@ def _span(edge: np.ndarray, t: np.ndarray, n: int) -> np.ndarray:
     return np.where(np.isfinite(tmax), tmax - tmin, 0.0)
 
 
-def _soft_fallback(fits: EdgeFits, edge, upper, t, y) -> None:
+def _soft_fallback(fits: EdgeFits, edge, upper, t, y, cfg: SyncConfig) -> None:
     bad = np.flatnonzero(fits.usable & (fits.margin < 0))
-    if bad.size > MAX_SOFT_EDGES:
-        fits.usable[bad[MAX_SOFT_EDGES:]] = False
-        bad = bad[:MAX_SOFT_EDGES]
+    if bad.size > cfg.max_soft_edges:
+        fits.usable[bad[cfg.max_soft_edges :]] = False
+        bad = bad[: cfg.max_soft_edges]
     if not bad.size:
         return
     order = np.argsort(edge, kind="stable")
@@ -140,7 +139,7 @@ def _soft_fallback(fits: EdgeFits, edge, upper, t, y) -> None:
     ends = np.searchsorted(edge[order], bad, side="right")
     for e, s, z in zip(bad, starts, ends, strict=True):
         idx = order[s:z]
-        got = soft_margin(t[idx], y[idx], upper[idx], float(fits.b[e]))
+        got = soft_margin(t[idx], y[idx], upper[idx], float(fits.b[e]), cfg)
         if got is None:
             fits.usable[e] = False
             continue
@@ -149,7 +148,7 @@ def _soft_fallback(fits: EdgeFits, edge, upper, t, y) -> None:
 
 
 def soft_margin(
-    t: np.ndarray, y: np.ndarray, upper: np.ndarray, b_prior: float
+    t: np.ndarray, y: np.ndarray, upper: np.ndarray, b_prior: float, cfg: SyncConfig = DEFAULT
 ) -> tuple[float, float, float] | None:
     """ν-soft-margin separator of one edge's points as an LP: max m − Σξ/(ν n).
 
@@ -163,8 +162,8 @@ def soft_margin(
     a_ub = np.zeros((n, 3 + n))
     a_ub[:, 0], a_ub[:, 1], a_ub[:, 2] = sign, sign * ts, 1.0
     a_ub[np.arange(n), 3 + np.arange(n)] = -1.0
-    c = np.concatenate([[0.0, 0.0, -1.0], np.full(n, 1.0 / (SOFT_NU * n))])
-    lim = SLOPE_BRACKET * 1e9
+    c = np.concatenate([[0.0, 0.0, -1.0], np.full(n, 1.0 / (cfg.soft_nu * n))])
+    lim = cfg.slope_bracket * 1e9
     bounds = [(None, None), (b_prior * 1e9 - lim, b_prior * 1e9 + lim), (0, None)]
     bounds += [(0, None)] * n
     res = linprog(c, A_ub=a_ub, b_ub=sign * y, bounds=bounds, method="highs")

@@ -21,10 +21,10 @@ window and one host stepping its clock does not drag everybody.
 
 Outliers (asymmetric paths, a bad link, a stepped clock inside the window): iteratively
 reweighted least squares. The residual scale is ``s = 1.4826·MAD`` (robust) with a floor;
-residuals beyond ``HUBER_K·s`` get Huber weights, beyond ``OUTLIER_K·s`` (and beyond the floor)
+residuals beyond ``huber_k·s`` get Huber weights, beyond ``outlier_k·s`` (and beyond the floor)
 the edge is flagged and removed (``reject=False``: Huber weights only, used for drifts, whose
 edge slopes scatter with the clocks' wander rather than with path faults). Hosts left with
-fewer than ``MIN_EDGES`` edges are dropped as unsynchronized: with two edges a conflict
+fewer than ``min_edges`` edges are dropped as unsynchronized: with two edges a conflict
 cannot be told apart from a wrong edge; with three the majority wins.
 """
 
@@ -37,13 +37,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import cg
 
-MIN_EDGES = 3
-HUBER_K = 2.5
-OUTLIER_K = 6.0
-IRLS_ROUNDS = 6
-CG_RTOL = 1e-10
-REFINE = 3
-TRIM = 0.2
+from .config import DEFAULT, SyncConfig
 
 
 @dataclass
@@ -68,37 +62,39 @@ def solve_network(
     floor: float,
     reference: int | None = None,
     reject: bool = True,
-    min_edges: int = MIN_EDGES,
+    cfg: SyncConfig = DEFAULT,
 ) -> NetSolution:
     """Robust weighted LS of per-host values from edge differences ``z ≈ x[hi] − x[lo]``."""
+    min_edges = cfg.min_edges
     w = w0.astype(np.float64).copy()
     x, solved, s = prior.astype(np.float64).copy(), np.zeros(n, bool), floor
     # Huber rounds first (every edge keeps a bounded pull, so no host is ever cut off by its
     # own stale value), then one hard rejection on the converged M-estimate.
-    for _ in range(IRLS_ROUNDS):
+    for _ in range(cfg.irls_rounds):
         active, solved = _active(n, lo, hi, w, min_edges)
         if not solved.any():
             break
-        x = _solve(n, lo, hi, z, np.where(active, w, 0.0), x, solved)
-        x = _anchor(x, prior, has_prior, solved, reference)
+        x = _solve(n, lo, hi, z, np.where(active, w, 0.0), x, solved, cfg)
+        x = _anchor(x, prior, has_prior, solved, reference, cfg.trim)
         r = z - (x[hi] - x[lo])
         live = active & (w0 > 0)
         s = max(1.4826 * float(np.median(np.abs(r[live]))) if live.any() else floor, floor)
-        new_w = w0 * np.minimum(1.0, HUBER_K * s / np.maximum(np.abs(r), 1e-12))
+        new_w = w0 * np.minimum(1.0, cfg.huber_k * s / np.maximum(np.abs(r), 1e-12))
         done = np.allclose(new_w, w, rtol=1e-3, atol=1e-6)
         w = new_w
         if done:
             break
     r = z - (np.nan_to_num(x)[hi] - np.nan_to_num(x)[lo])
     judged = solved[lo] & solved[hi]
-    outlier = (np.abs(r) > OUTLIER_K * s) & (w0 > 0) & judged & reject
+    outlier = (np.abs(r) > cfg.outlier_k * s) & (w0 > 0) & judged & reject
     w = np.where(outlier, 0.0, w)
     # The last round changed the weights: solve once more so x, weights and residuals agree
     # (a host re-admitted in the last round would otherwise keep a stale value).
     active, solved = _active(n, lo, hi, w, min_edges)
     w = np.where(active, w, 0.0)
     if solved.any():
-        x = _anchor(_solve(n, lo, hi, z, w, x, solved), prior, has_prior, solved, reference)
+        x = _solve(n, lo, hi, z, w, x, solved, cfg)
+        x = _anchor(x, prior, has_prior, solved, reference, cfg.trim)
     r = z - (np.nan_to_num(x)[hi] - np.nan_to_num(x)[lo])
     sigma = _sigma(n, lo, hi, r, w, s)
     x = np.where(solved, x, np.nan)
@@ -106,7 +102,7 @@ def solve_network(
 
 
 def _active(n, lo, hi, w, min_edges: int) -> tuple[np.ndarray, np.ndarray]:
-    """Edges and hosts kept: drop hosts with < MIN_EDGES edges until stable, then keep the
+    """Edges and hosts kept: drop hosts with < ``min_edges`` edges until stable, then keep the
     largest connected component."""
     edge_on = w > 0
     while True:
@@ -127,7 +123,7 @@ def _active(n, lo, hi, w, min_edges: int) -> tuple[np.ndarray, np.ndarray]:
     return edge_on & solved[lo], solved
 
 
-def _solve(n, lo, hi, z, w, x0, solved) -> np.ndarray:
+def _solve(n, lo, hi, z, w, x0, solved, cfg: SyncConfig) -> np.ndarray:
     idx = np.full(n, -1)
     idx[solved] = np.arange(int(solved.sum()))
     m = int(solved.sum())
@@ -139,27 +135,27 @@ def _solve(n, lo, hi, z, w, x0, solved) -> np.ndarray:
     diag = lap.diagonal()
     precond = sp.diags(1.0 / np.where(diag > 0, diag, 1.0))
     x = x0[solved].astype(np.float64).copy()
-    for _ in range(REFINE):
+    for _ in range(cfg.refine):
         r = z[on] - (x[j] - x[i])
         rhs = np.bincount(j, wz * r, minlength=m) - np.bincount(i, wz * r, minlength=m)
         rhs -= rhs.mean()  # exactly consistent (sums to 0 on the component), despite rounding
         scale = float(np.abs(rhs).max())
         if scale < 1e-9:  # the previous round already solved it to rounding
             break
-        dx, _ = cg(lap, rhs / scale, rtol=CG_RTOL, atol=0.0, maxiter=1000, M=precond)
+        dx, _ = cg(lap, rhs / scale, rtol=cfg.cg_rtol, atol=0.0, maxiter=1000, M=precond)
         x += (dx - dx.mean()) * scale
     out = x0.astype(np.float64).copy()
     out[solved] = x
     return out
 
 
-def _anchor(x, prior, has_prior, solved, reference) -> np.ndarray:
+def _anchor(x, prior, has_prior, solved, reference, trim: float) -> np.ndarray:
     if reference is not None and solved[reference]:
         return x - x[reference]
     both = solved & has_prior
     if both.sum() >= 3:
         d = np.sort(x[both] - prior[both])
-        k = int(TRIM * d.size)
+        k = int(trim * d.size)
         shift = d[k : d.size - k].mean()
     else:
         shift = x[solved].mean()

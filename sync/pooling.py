@@ -2,65 +2,46 @@
 clocks allow it.
 
 Why: one 1 s window gives each direction of an edge ~100 pure probes, and the lowest of them
-sits above that direction's true floor by a random amount (on the lab's software stamps the
-per-window minimum one-way delay ranged 1.45–1.96 µs around a 1.44 µs floor). Half the
-difference of the two directions' excesses is the edge's offset error: σ ≈ 75 ns per window,
-independent from window to window. A max-margin line through the pooled hulls of the last
-``k`` windows rests on the lowest points of ``k`` windows in each direction, and its slope on
-points up to ``k`` s apart instead of half a second.
+sits above that direction's true floor by a random amount. Half the difference of the two
+directions' excesses is the edge's offset error, independent from window to window. A
+max-margin line through the pooled hulls of the last ``k`` windows rests on the lowest points
+of ``k`` windows in each direction, and its slope on points up to ``k`` s apart instead of
+half a second.
 
 When: pooling assumes the clock difference is a straight line over ``k`` windows. Real
 oscillators wander (temperature, ageing) and a stepped clock breaks the line, so each
-candidate span (``POOL_SIZES``) keeps, per edge, its last line, and every new window tests
-it: how far the window's points reach into the band between the two directions' floors that
-the line kept clear (``_intrusion``). A straight clock leaves the band clear (a point never
-sits below its direction's floor); a bent one shows as an intrusion. A running mean of the
-squared intrusions (weight ``SCORE_WEIGHT``) ranks the spans, the longer first among equals:
-scores within ``BEND_Z`` standard errors of the lowest count as equal, the error shrinking
-with the number of edges scored (``BEND_SCATTER``/√n). On two lab hosts (one edge) under a
-one-way flood the three spans scored 20, 20 and 21 ns; taking the 8-window one by that 1 ns
-put the pair 356 ns off at one window (its slope, free within the tracker's ±330 ppb,
-tilted by −75 ppb into the loaded direction's excess, where no new point can show it) while
-the 32-window one stayed within 30 ns (recorded run: p99 318 → 66 ns; idle 96 → 93 ns). On
-the simulator, whose clocks wander and step, the pooled spans' scores were 3–5 % worse than a
-single window's over 256 edges (64 hosts) and cost other hosts p99 166 ns when taken: one
-standard error (``BEND_Z`` 1) keeps them out there (1.5 did not), and at 4096 edges the
-threshold is 1.3 %. Two were tried on the recorded idle run: 46 ns, but the 64-host step test
-failed. Ties lean long, and a long span can be blind too: in another idle run a 32-window
-line rested on both directions' lowest points of window 4 (110 ns below the usual floors)
-and was carried by a slope 4–9 ppb off for 30 windows, 100–170 ns off, while new points only
-ever sat above it. Its prediction score was 3–4x the 8-window span's, so among tied pooled
-spans one that predicts ``SCORE_VETO`` times worse (rms) gives way to the shorter (that run:
-p99 144 → 46 ns; the other recorded runs and the simulator unchanged).
+candidate span (``SyncConfig.pool_sizes``) keeps, per edge, its last line, and every new
+window tests it: how far the window's points reach into the band between the two directions'
+floors that the line kept clear (``_intrusion``). A straight clock leaves the band clear (a
+point never sits below its direction's floor); a bent one shows as an intrusion. Queueing only
+lifts points, so one-way load cannot fake a bend. A running mean of the squared intrusions
+(weight ``score_weight``) ranks the spans, the longer first among equals: scores within
+``bend_z`` standard errors of the lowest count as equal, the error shrinking with the number
+of edges scored (``bend_scatter``/√n). Ties lean long, and a long span can be blind too: a
+line resting on one window's unusually low points, carried by a slope a few ppb off, is
+never crossed by new points. So among tied pooled spans one that predicts the next window
+``score_veto`` times worse (rms) gives way to the shorter.
+
 The span is chosen for the whole fleet, by the median over the edges, and used on every edge
-where it is allowed (see ``_pick``: per-edge scores are too noisy to choose by). A pooled fit
-whose points overlap (a step inside the span) is never used.
+where it is allowed (``_pick``): per-edge scores are too noisy to choose by, while the
+clocks' wander that decides the best span is a property of the oscillators, alike across the
+fleet. A pooled fit whose points overlap (a step inside the span) is never used.
 
 Each span is also scored by how well it predicted the next single window (carried by one
-common slope, the longest usable span's; each contribution capped at ``SCORE_CAP_NS``²):
-that score qualifies a span (``MIN_SCORED`` predictions since its last run of surprises)
-and gives the tracker each edge's noise, but no longer ranks the spans. It ranked them until
-a flood one way on two lab hosts showed why it cannot: the loaded direction's per-window
-floor sits higher than the other's, every window alike, so each single window is off by
-half the difference (−200 ns) and predicts its successor, off the same way, better than a
-32-window span that is right (−20 ns); the intrusion test is not fooled, because excess only
-ever hides a bend, never fakes one (replay of that run: p99 457 → 76 ns; the simulator's
-choice stays the single window).
+common slope, the longest usable span's; each contribution capped at ``score_cap_ns``²).
+That score qualifies a span (``min_scored`` predictions since its last run of surprises) and
+gives the tracker each edge's noise, but does not rank the spans: under one-way load the
+loaded direction's floor sits higher in every window alike, so each single window is off by
+half the difference and predicts its successor, off the same way, better than a pooled span
+that is right.
 
-Measured (1024-host simulator, software stamps, 20 ppb/√s wander plus drift steps, 12 s):
-choosing per edge, each span carried by its own slope, picked 8-window spans on 2/3 of the
-edges (a single window's slope, off by ~100 ppb, made its own prediction look bad) and the
-network edge p99 rose from 45 to 65–72 ns; per edge with a common slope the choice was a coin
-toss (edge p99 up to 124 ns); the fleet-wide choice keeps single windows there (the Kalman
-tracker does the averaging over windows).
+Only the max-margin geometry changes: each pooled direction is reduced to its hull first, so
+the fit's cost grows with the hull size, not with ``k``.
 
-Only the max-margin geometry changes: each pooled direction is reduced to
-its hull first, so the fit's cost grows with the hull size, not with ``k``.
-
-Cost: the collector keeps the last ``max(POOL_SIZES) − 1`` windows' hull points (about 32 B
-per point, a few points per flow and window): ~1.5 MB per window for 1024 hosts × 1 NIC × 8
-peers, but ~25 MB per window (0.8 GB for 31 windows) at 1024 hosts × 8 NICs × 16 peers, where
-a smaller largest span (``HuygensSync(pool_sizes=(1, 8))``) is the sensible setting.
+Cost: the collector keeps the last ``max(pool_sizes) − 1`` windows' hull points (about 32 B
+per point, a few points per flow and window): ~25 MB per window at 1024 hosts × 8 NICs × 16
+peers, where a smaller largest span (``SyncConfig(pool_sizes=(1, 8))``) is the sensible
+setting. The runs behind these choices: ``docs/notes/sync.md``.
 """
 
 from __future__ import annotations
@@ -71,23 +52,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetlens.hull import lower_hull_rows
+from fleetlens.summary import pad_rows
 
+from .config import SyncConfig
 from .edgefit import EdgeFits
 from .purity import HullPoints
-
-POOL_SIZES = (1, 8, 32)
-SCORE_WEIGHT = 0.2
-SCORE_CAP_NS = 1_000.0
-MIN_SCORED = 3  # predictions a span needs before it may be chosen over a single window
-STALE_NS = 5_000_000_000  # an edge unseen this long starts its spans' scores over
-SURPRISE_K = 4.0  # a prediction error beyond this many of the span's rms is a surprise
-SURPRISE_RUN = 3  # surprises in a row that restart a span's score
-# Relative standard error of one edge's bend score, a median's over n edges is this / √n:
-# an EWMA (weight w) of squared near-normal intrusions has a coefficient of variation
-# √2·√(w/(2−w)), and a median of n draws ~1.25 σ/√n.
-BEND_SCATTER = 1.2533 * np.sqrt(2 * SCORE_WEIGHT / (2 - SCORE_WEIGHT))
-BEND_Z = 1.0  # standard errors within which two spans' bend scores count as equal
-SCORE_VETO = 1.5  # a tied pooled span gives way to a shorter one predicting this much better
 
 
 @dataclass
@@ -128,10 +97,9 @@ class Pooled:
 class HullPool:
     """The last windows' hull points and, per edge, each span's last line and score."""
 
-    def __init__(self, sizes: tuple[int, ...] = POOL_SIZES) -> None:
-        if not sizes or sizes[0] != 1 or list(sizes) != sorted(set(sizes)):
-            raise ValueError(f"pool sizes must start at 1 and increase, not {sizes!r}")
-        self.sizes = sizes
+    def __init__(self, cfg: SyncConfig) -> None:
+        self.cfg = cfg
+        self.sizes = sizes = cfg.pool_sizes
         self.history: deque[tuple[int | None, HullPoints]] = deque(maxlen=max(sizes) - 1)
         self.tracks: dict[str, _EdgeTrack] = {}
         self.noise = np.zeros(0)  # per edge of the last choice: the chosen span's noise, ns
@@ -180,18 +148,19 @@ class HullPool:
         # all spans, would drown the differences between them).
         longest = ok.shape[0] - 1 - np.argmax(ok[::-1], axis=0)
         carry = np.where(ok.any(axis=0), b[longest, np.arange(len(keys))], slope)
-        tracks = []
+        cfg, tracks = self.cfg, []
         for e, key in enumerate(keys):
             tr = self.tracks.get(key)
-            if tr is not None and t_ref - tr.t_ref > STALE_NS:  # the edge was gone: start over
+            if tr is not None and t_ref - tr.t_ref > cfg.pool_stale_ns:  # gone: start over
                 tr = None
             if tr is not None and ok[0, e]:
-                _score(tr, one.a[e], t_ref, float(carry[e]))
+                _score(tr, one.a[e], t_ref, float(carry[e]), cfg)
             tracks.append(tr)
         if now is not None:
-            _bend(tracks, _intrusion(tracks, now, t_ref, carry, ok.shape[0]))
-        choice, self.best = _pick(tracks, ok, np.array([f.usable for f in fits]), self.best)
-        self.noise = _noise(tracks, choice)
+            _bend(tracks, _intrusion(tracks, now, t_ref, carry, ok.shape[0]), cfg.score_weight)
+        usable = np.array([f.usable for f in fits])
+        choice, self.best = _pick(tracks, ok, usable, self.best, cfg)
+        self.noise = _noise(tracks, choice, cfg.min_scored)
         for e, (key, tr) in enumerate(zip(keys, tracks, strict=True)):
             self.tracks[key] = _EdgeTrack(
                 t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(),
@@ -206,32 +175,33 @@ class HullPool:
             self.tracks.pop(k, None)
 
 
-def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float) -> None:
+def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float, cfg: SyncConfig) -> None:
     # Every span's intercept is carried by the same slope: what is scored is how good each
     # span's value at the end of its span was, the quantity the solve uses. (Each span's own
     # slope would charge a single window for its slope noise, ~100 ppb = 100 ns over 1 s,
     # which its in-window value does not have: long spans then won where they bend.)
     pred = tr.a + slope * float(t_ref - tr.t_ref)
-    err2 = np.minimum((measured - pred) ** 2, SCORE_CAP_NS**2)
+    err2 = np.minimum((measured - pred) ** 2, cfg.score_cap_ns**2)
     upd = tr.ok
-    # SURPRISE_RUN surprises in a row (the clocks bent: a drift jump) take a span out; it
-    # must predict MIN_SCORED windows again before it is used. Fewer are more often the
+    # cfg.surprise_run surprises in a row (the clocks bent: a drift jump) take a span out; it
+    # must predict cfg.min_scored windows again before it is used. Fewer are more often the
     # single-window reference being wild (two-host lab under load: windows 6-8 µs off, and
     # bursts of them, which took the 32-window span out and left 8- or 1-window fits in use,
     # 100-400 ns off, where the 32-window one stayed within ~20 ns): they are not scored at
     # all. A clock step is handled apart (``forget``).
-    surprise = upd & (tr.scored >= MIN_SCORED) & (err2 > SURPRISE_K**2 * tr.score)
-    eligible = upd & (tr.scored >= MIN_SCORED)
+    surprise = upd & (tr.scored >= cfg.min_scored) & (err2 > cfg.surprise_k**2 * tr.score)
+    eligible = upd & (tr.scored >= cfg.min_scored)
     if eligible.sum() >= 2 and surprise[eligible].all():
         # Every span, the previous single window included, misses it: this window's single
         # fit is the wild one, not the spans (a bend leaves the previous window's line close
         # and the long spans off). Nothing is scored or counted.
         return
-    again = tr.pending >= SURPRISE_RUN
+    again = tr.pending >= cfg.surprise_run
     tr.pending = np.where(again, 0, tr.pending)
     upd = upd & (tr.pending == 0)
     tr.scored = np.where(again, 0, tr.scored)
-    tr.score = np.where(upd, (1 - SCORE_WEIGHT) * tr.score + SCORE_WEIGHT * err2, tr.score)
+    w = cfg.score_weight
+    tr.score = np.where(upd, (1 - w) * tr.score + w * err2, tr.score)
     tr.score = np.where(upd & (tr.scored == 0), err2, tr.score)
     tr.scored = tr.scored + upd
 
@@ -286,8 +256,8 @@ def _intrusion(
     return out
 
 
-def _bend(tracks: list[_EdgeTrack | None], intrusion: np.ndarray) -> None:
-    """Running mean square of each span's intrusions (weight ``SCORE_WEIGHT``)."""
+def _bend(tracks: list[_EdgeTrack | None], intrusion: np.ndarray, w: float) -> None:
+    """Running mean square of each span's intrusions (weight ``w``)."""
     for e, tr in enumerate(tracks):
         if tr is None:
             continue
@@ -295,14 +265,18 @@ def _bend(tracks: list[_EdgeTrack | None], intrusion: np.ndarray) -> None:
         fresh = np.isfinite(x) & ~np.isfinite(tr.bend)
         upd = np.isfinite(x) & np.isfinite(tr.bend)
         tr.bend = np.where(fresh, x**2, tr.bend)
-        tr.bend = np.where(upd, (1 - SCORE_WEIGHT) * tr.bend + SCORE_WEIGHT * x**2, tr.bend)
+        tr.bend = np.where(upd, (1 - w) * tr.bend + w * x**2, tr.bend)
 
 
 def _pick(
-    tracks: list[_EdgeTrack | None], ok: np.ndarray, usable: np.ndarray, prev_best: int
+    tracks: list[_EdgeTrack | None],
+    ok: np.ndarray,
+    usable: np.ndarray,
+    prev_best: int,
+    cfg: SyncConfig,
 ) -> tuple[np.ndarray, int]:
     """Spans ranked for the whole fleet by their median score over the edges; each edge
-    uses the best-ranked span allowed there (scored ``MIN_SCORED`` times since its last
+    uses the best-ranked span allowed there (scored ``cfg.min_scored`` times since its last
     surprise, its fit usable now), the single window if none is. Per-edge scores are too
     noisy to choose by (an EWMA of ~9 squared errors scatters by about half its value, more
     than what separates the spans), while the clocks' wander that decides the best span is a
@@ -316,11 +290,11 @@ def _pick(
         idx = np.flatnonzero(have)
         score[:, idx] = np.array([tracks[i].score for i in idx]).T
         scored[:, idx] = np.array([tracks[i].scored for i in idx]).T
-    allowed = ok & (scored >= MIN_SCORED)
+    allowed = ok & (scored >= cfg.min_scored)
     allowed[0] = True
     med = np.array([np.median(score[k, allowed[k]]) if allowed[k].any() else np.inf
                     for k in range(n_sp)])  # fmt: skip
-    med = _rank_by_bend(tracks, allowed, med)
+    med = _rank_by_bend(tracks, allowed, med, cfg)
     # Per edge, the allowed span with the best fleet-wide median (the fleet's best span where
     # it is allowed, else the next best, e.g. a shorter span while a long one re-qualifies).
     rank = np.where(allowed & ok, med[:, None], np.inf)
@@ -346,7 +320,7 @@ def _pick(
 
 
 def _rank_by_bend(
-    tracks: list[_EdgeTrack | None], allowed: np.ndarray, med: np.ndarray
+    tracks: list[_EdgeTrack | None], allowed: np.ndarray, med: np.ndarray, cfg: SyncConfig
 ) -> np.ndarray:
     """Fleet-wide rank value per span from the median intrusion score over the edges where
     it is allowed (see ``_intrusion``; inf for a span scored nowhere), a longer span ranking
@@ -362,10 +336,11 @@ def _rank_by_bend(
     mb = np.array([np.median(bend[k, use[k]]) if use[k].any() else np.inf
                    for k in range(n_sp)])  # fmt: skip
     # A difference the scores' own scatter explains is no difference: of the spans within
-    # BEND_Z standard errors of the straightest, the longest ranks first.
-    se = BEND_SCATTER * mb / np.sqrt(np.maximum(use.sum(axis=1), 1))
+    # cfg.bend_z standard errors of the straightest, the longest ranks first.
+    se = cfg.bend_scatter * mb / np.sqrt(np.maximum(use.sum(axis=1), 1))
     best = int(np.argmin(mb))
-    tied = np.flatnonzero(np.isfinite(mb) & (mb - mb[best] <= BEND_Z * np.hypot(se, se[best])))
+    near = mb - mb[best] <= cfg.bend_z * np.hypot(se, se[best])
+    tied = np.flatnonzero(np.isfinite(mb) & near)
     rank = mb - 1e-9 * np.arange(n_sp)
     # Between tied pooled spans the prediction scores are a fair judge (both are scored
     # against the same single windows, whose one-way-load bias they share): a longer span
@@ -373,12 +348,12 @@ def _rank_by_bend(
     # off, which no new point can cross.
     pooled = tied[tied > 0]
     if pooled.size > 1:
-        pooled = pooled[med[pooled] <= SCORE_VETO**2 * med[pooled].min()]
+        pooled = pooled[med[pooled] <= cfg.score_veto**2 * med[pooled].min()]
     rank[pooled[-1] if pooled.size else tied[-1]] = -1.0
     return rank
 
 
-def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray) -> np.ndarray:
+def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray, min_scored: int) -> np.ndarray:
     """Each edge's offset noise with the chosen span, from its prediction score: the score
     is the mean square of (span's carried value − next single window), about σ_span² + σ_1²,
     so √(score/2) is σ_1 for the single window and an upper bound for longer spans (0 where
@@ -389,7 +364,7 @@ def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray) -> np.ndarray:
     out = np.zeros(choice.size)
     for e, tr in enumerate(tracks):
         k = int(choice[e])
-        if tr is not None and tr.scored[k] >= MIN_SCORED:
+        if tr is not None and tr.scored[k] >= min_scored:
             out[e] = np.sqrt(tr.score[k] / 2.0)
     return out
 
@@ -408,21 +383,10 @@ def hull_reduce(
     """Keep only the points the max-margin fit can rest on: the lower hull of each edge's
     upper (lo→hi) points and the upper hull of its lower points. ``t`` is rounded to ns."""
     row = edge * 2 + (~upper)
-    yy = np.where(upper, y, -y)  # upper hull of the lower set = −(lower hull of −y)
-    order = np.argsort(row, kind="stable")
-    row, tt, yy = (
-        row[order],
-        np.rint(t[order]).astype(np.int64),
-        np.rint(yy[order]).astype(np.int64),
-    )
+    tt = np.rint(t).astype(np.int64)
+    yy = np.rint(np.where(upper, y, -y)).astype(np.int64)  # upper hull of y = −(lower of −y)
     rows = 2 * n_edges
-    count = np.bincount(row, minlength=rows)
-    width = max(int(count.max(initial=0)), 1)
-    col = np.arange(row.size) - (np.cumsum(count) - count)[row]
-    tm = np.zeros((rows, width), np.int64)
-    ym = np.zeros((rows, width), np.int64)
-    mask = np.zeros((rows, width), bool)
-    tm[row, col], ym[row, col], mask[row, col] = tt, yy, True
+    mask, (tm, ym) = pad_rows(row, rows, tt, yy)
     size, ht, hy = lower_hull_rows(tm, ym, mask)
     keep = np.arange(ht.shape[1]) < size[:, None]
     r_idx = np.repeat(np.arange(rows), size)

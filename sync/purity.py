@@ -5,9 +5,8 @@ one) the receive gap equals the send gap. A pair whose gaps differ by more than 
 was queued or stamped late: its one-way delay is inflated by an unknown amount, so it must not
 shape the hull.
 
-Thresholds (why): software stamps (``SO_TIMESTAMPING`` on veth/loopback) showed
-``|rx gap - tx gap|`` with median ≈ 130 ns and p99 ≈ 500 ns on idle paths here
-(lab-notes), so 800 ns keeps idle pairs and drops queued ones (queues are µs). PHC/hardware
+Thresholds (``SyncConfig.purity_ns``): software stamps on idle paths show gap errors of a
+few hundred ns, queues add µs, so 800 ns keeps idle pairs and drops queued ones; PHC/hardware
 stamps jitter by a few ns, so 40 ns. The simulator uses the same defaults.
 
 Windows: the agents already filter pairs and send only the lower hull of the pure points. Here
@@ -22,15 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from fleetlens.records import TS_HARDWARE
-
-THRESHOLD_SOFTWARE_NS = 800
-THRESHOLD_HARDWARE_NS = 40
-
-
-def threshold_ns(ts_source: str) -> int:
-    return THRESHOLD_HARDWARE_NS if ts_source == TS_HARDWARE else THRESHOLD_SOFTWARE_NS
 
 
 def pure_mask(

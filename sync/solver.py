@@ -11,7 +11,7 @@ Steps per window:
    to 100 ms (±50 ms offsets). With drift differences up to 200 ppm that would move an edge's
    line by up to 20 µs, so each point's ``t`` is mapped to fleet time through the sender's
    current model. On the first window (no model) the solve is repeated with its own result
-   until the offsets used for the mapping agree with the solution within ``REMAP_NS`` (5 µs:
+   until the offsets used for the mapping agree with the solution within ``remap_ns`` (5 µs:
    a residual ≤ 200 ppm × 5 µs = 1 ns); two or three passes.
 3. Max-margin fit per NIC pair (:mod:`.edgefit`). Edges are NIC pairs, not host pairs, so a
    fault on one NIC's link shows up as disagreement between that host's NICs.
@@ -21,10 +21,10 @@ Steps per window:
    the tracker is given (a pairwise-only edge has no residual to show it).
 4. Hosts with most of their edges overlapping (a clock step or broken stamps inside the
    window) are left out of this window: they are reported unsynchronized, not guessed.
-   Soft-margin edges otherwise count with weight ``SOFT_WEIGHT``.
+   Soft-margin edges otherwise count with weight ``soft_weight``.
 5. Network effect (:mod:`.network`): robust weighted least squares for offsets, then drifts.
 6. Drift tracking, drift-change and step detection (:mod:`.tracking`); a host with
-   ``MIN_EDGES`` agreeing edges is trusted (a surprise is followed at once), others must
+   ``min_edges`` agreeing edges is trusted (a surprise is followed at once), others must
    repeat a surprise. Models out, ``synced`` only for hosts measured in this window.
    ``error_bound_ns`` is 3σ of the tracked offset.
 
@@ -44,31 +44,12 @@ import pyarrow as pa
 from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
-from .edgefit import SLOPE_BRACKET, EdgeFits, fit_edges
-from .network import MIN_EDGES, NetSolution, solve_network
-from .pooling import POOL_SIZES, HullPool, hull_reduce
+from .config import SyncConfig
+from .edgefit import EdgeFits, fit_edges
+from .network import NetSolution, solve_network
+from .pooling import HullPool, hull_reduce
 from .purity import HullPoints, complete_generations, hull_points
-from .tracking import DRIFT_UNKNOWN_PPB, DriftTracker
-
-REMAP_NS = 5_000.0
-MAX_BACKLOG = 3  # window generations folded in per call when the caller fell behind
-STALE_CALLS = 5  # calls in a row without a new window: models no longer count as synced
-MAX_PASSES = 5
-SOFT_WEIGHT = 0.1
-POOL_BRACKET_K = 3.0  # pooled fits: slope within this many tracked drift σ (see _pool_fits)
-POOL_BRACKET_PPB = 2.0
-SLOPE_BASE_S = 0.5
-SHORT_WINDOW_K = 3.0
-SHORT_SPAN_S = 0.6  # a host whose points span less than this is in a partial window
-UNSTABLE_FRACTION = 0.5
-# A window's extra offset σ per ns of margin excess (:func:`_margin_excess`): the excess
-# bounds the error; with both directions' excesses alike-distributed the error's σ is ~0.7×
-# their mean, and a window whose floors sit µs high is weighed ~(µs/σ)² less.
-EVIDENCE_K = 0.7
-# Residual-scale floors: below these, edges are never called outliers (noise, not faults).
-FLOOR_NS = {"software": 20.0, TS_HARDWARE: 5.0}
-# Drift: within-window wander (≈ 20 ppb/√s) dominates stamp noise in both modes.
-DRIFT_FLOOR_PPB = {"software": 20.0, TS_HARDWARE: 20.0}
+from .tracking import DriftTracker
 
 
 @dataclass
@@ -106,24 +87,23 @@ class HuygensSync:
 
     def __init__(
         self,
+        config: SyncConfig | None = None,
         reference_host: str | None = None,
         nic_latency: Mapping[str, tuple[float, float]] | None = None,
-        min_edges: int = MIN_EDGES,
-        pool_sizes: tuple[int, ...] = POOL_SIZES,
     ) -> None:
         """``nic_latency``: optional calibrated fixed ``(egress_ns, ingress_ns)`` per NIC id,
         the part of each NIC's send and receive delay that differs between directions (what
         ptp4l calls egressLatency/ingressLatency). A per-host path asymmetry is invisible to
         any two-way method — it looks exactly like an offset — so it can only be calibrated
         away, never estimated; NICs not listed are taken as symmetric."""
+        self.cfg = config or SyncConfig()
         self.reference_host = reference_host
         self.nic_latency = dict(nic_latency or {})
-        self.min_edges = min_edges  # 1: accept pairwise-only hosts (e.g. a two-host lab)
         self.generation: int | None = None
         self.models: list[ClockModel] = []
         self.idle_calls = 0
-        self.tracker = DriftTracker()
-        self.pool = HullPool(tuple(pool_sizes))  # (1,): single-window fits only
+        self.tracker = DriftTracker(self.cfg)
+        self.pool = HullPool(self.cfg)
         self.report = SolveReport()
 
     def __call__(
@@ -134,12 +114,12 @@ class HuygensSync:
         todo = complete_generations(windows, after=self.generation)
         if not todo:
             self.idle_calls += 1
-            if self.models and self.idle_calls < STALE_CALLS:
+            if self.models and self.idle_calls < self.cfg.stale_calls:
                 return list(self.models)  # nothing new: each window is folded in once
             todo = [(windows.slice(0, 0), None)]  # no news for a while: coast, unsynced
         else:
             self.idle_calls = 0
-        for rows, gen in todo[-MAX_BACKLOG:]:
+        for rows, gen in todo[-self.cfg.max_backlog :]:
             self.generation = gen if gen is not None else self.generation
             self.models = self._one_window(rows, topology, prev, gen)
         return list(self.models)
@@ -168,7 +148,7 @@ class HuygensSync:
         geo = _EdgeGeometry(pts, nic_h)
         theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
         tracked = (drift.copy(), self._drift_sd.copy(), known.copy())
-        net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.min_edges)
+        net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.cfg)
         lat_out, lat_in = self._latency(pts)
         npass, mapped = 0, known.copy()
         while True:
@@ -177,7 +157,7 @@ class HuygensSync:
             owd = pts.owd_raw - lat_out[pts.src] - lat_in[pts.dst]
             y = np.where(geo.upper, owd, -owd)
             b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
-            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior)
+            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg)
             # Edges to a host whose time mapping is still a guess may look overlapped only
             # because its points sit at the wrong t: take them at face value this pass.
             lenient = ~(mapped[geo.lo] & mapped[geo.hi])
@@ -188,9 +168,10 @@ class HuygensSync:
             moved = moved[off.solved]
             theta = np.where(off.solved, off.x, theta)
             drift = np.where(dft.solved, dft.x, drift)
-            settled = moved.size == 0 or (moved.max() <= REMAP_NS and mapped[off.solved].all())
+            remapped = moved.size == 0 or moved.max() <= self.cfg.remap_ns
+            settled = remapped and (moved.size == 0 or mapped[off.solved].all())
             mapped |= off.solved
-            if settled or npass >= MAX_PASSES:
+            if settled or npass >= self.cfg.max_passes:
                 break
         pairwise = fits.a.copy()
         span = np.zeros(geo.n, np.int64)
@@ -220,13 +201,14 @@ class HuygensSync:
     def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1, tracked):
         """Fits over the last k windows' hulls for every span k, one chosen per edge.
 
-        The pooled fits' slope is searched only within ``POOL_BRACKET_K`` tracked drift
-        standard errors of the tracker's drift difference (at least ``POOL_BRACKET_PPB``):
+        The pooled fits' slope is searched only within ``cfg.pool_bracket_k`` tracked drift
+        standard errors of the tracker's drift difference (at least ``cfg.pool_bracket_ppb``):
         over 32 windows the free max-margin slope tilted by 2-20 ppb on two lab hosts on one
         clock (the line rests on 2-4 extreme points), 60-700 ns at the newest window, while
         the tracker, averaging offsets over many windows, knew the drift better. A slope at
         the bracket's edge keeps the tracked one (the fit is then the min-of-mins intercept
         at that slope)."""
+        cfg = self.cfg
         pool = self.pool.pooled(pts, gen)
         n_nic = len(pts.nics)
         lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
@@ -244,14 +226,15 @@ class HuygensSync:
         b_tr = np.where(both, (d_tr[geo.hi] - d_tr[geo.lo]) * 1e-9, b_prior)
         sd = np.hypot(sd_tr[geo.lo], sd_tr[geo.hi])
         bracket = np.where(
-            both, np.clip(POOL_BRACKET_K * sd, POOL_BRACKET_PPB, SLOPE_BRACKET * 1e9) * 1e-9,
-            SLOPE_BRACKET,
-        )  # fmt: skip
+            both,
+            np.clip(cfg.pool_bracket_k * sd, cfg.pool_bracket_ppb, cfg.slope_bracket * 1e9) * 1e-9,
+            cfg.slope_bracket,
+        )
         fits = [fits1]
         for k in self.pool.sizes:
             m = known & (pool.age < k)
             e, up, tt, yy = hull_reduce(edge[m], upper[m], t[m], y[m], geo.n)
-            fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket))
+            fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket, cfg))
         held = fits.pop(1)  # this window alone, its slope held near the tracked one
         cur = known & (pool.age == 0)
         now = (edge[cur], upper[cur], t[cur], y[cur])
@@ -283,25 +266,25 @@ class HuygensSync:
         return theta, drift, known, t_ref
 
     def _publish(self, rep: SolveReport) -> list[ClockModel]:
-        off, dft = rep.offsets, rep.drifts
+        cfg, off, dft = self.cfg, rep.offsets, rep.drifts
         steps = []
         on = off.weight > 0
         deg = np.bincount(rep.edge_lo[on], minlength=len(rep.hosts))
         deg += np.bincount(rep.edge_hi[on], minlength=len(rep.hosts))
-        # A host whose value is agreed on by MIN_EDGES+ edges through the (robust) network
+        # A host whose value is agreed on by cfg.min_edges+ edges through the (robust) network
         # solve is measured, not an outlier, even when it jumped (a temperature drift step):
         # follow it at once instead of gating it out. (First hardware stamps only; software
         # stamps too since the 1024-host simulator showed gated stepped hosts at 200-260 ns
         # for a window. Scheduler delays do not move a host's hull floors on all its edges,
         # and a pairwise-only host, as in the two-host lab, is never trusted.)
-        trusted = deg >= MIN_EDGES
+        trusted = deg >= cfg.min_edges
         # How far apart in time each host's points are (its longest used edge): a partial
         # window (agents just started) pins neither slope nor floors as well as a full one.
         span = np.zeros(len(rep.hosts))
         np.maximum.at(span, rep.edge_lo[on], rep.fits.span[on] * 1e-9)
         np.maximum.at(span, rep.edge_hi[on], rep.fits.span[on] * 1e-9)
         floor = _host_noise(rep, on)
-        evidence = EVIDENCE_K * _host_excess(rep, on)
+        evidence = cfg.evidence_k * _host_excess(rep, on)
         for i, h in enumerate(rep.hosts):
             if not off.solved[i]:
                 continue
@@ -312,12 +295,12 @@ class HuygensSync:
             # A window's slope rests on hull points about half the span apart: its error is at
             # least ~2 offset errors over that, whatever the (maybe single) edge says.
             s_th = max(float(np.hypot(off.sigma[i], off.scale)), float(floor[i]))
-            short = span[i] < SHORT_SPAN_S
+            short = span[i] < cfg.short_span_s
             if short or not d_ok:  # e.g. the first, partial window: its few points sit well
-                s_th *= SHORT_WINDOW_K  # above the floors (lab: 2-3x the stated σ)
+                s_th *= cfg.short_window_k  # above the floors (lab: 2-3x the stated σ)
             # The slope rests on points about half the span apart.
-            base = max(span[i] / 2, SLOPE_BASE_S) if not short else max(span[i] / 2, 0.05)
-            s_d = max(float(dft.sigma[i]), 2.0 * s_th / base) if d_ok else DRIFT_UNKNOWN_PPB
+            base = max(span[i] / 2, cfg.slope_base_s) if not short else max(span[i] / 2, 0.05)
+            s_d = max(float(dft.sigma[i]), 2.0 * s_th / base) if d_ok else cfg.drift_unknown_ppb
             if self.tracker.update(
                 h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, bool(trusted[i]),
                 float(evidence[i]),
@@ -348,19 +331,19 @@ class _Network:
     geo: _EdgeGeometry
     kind: str
     ref: int | None
-    min_edges: int
+    cfg: SyncConfig
 
     def solve(self, fits: EdgeFits, lenient, theta, drift, known):
-        geo = self.geo
-        w0, unstable = _edge_weights(fits, geo, self.n_hosts, lenient)
+        geo, cfg = self.geo, self.cfg
+        w0, unstable = _edge_weights(fits, geo, self.n_hosts, lenient, cfg)
         off = solve_network(
-            self.n_hosts, geo.lo, geo.hi, fits.a, w0, theta, known, FLOOR_NS[self.kind],
-            self.ref, min_edges=self.min_edges,
+            self.n_hosts, geo.lo, geo.hi, fits.a, w0, theta, known, cfg.floor_ns(self.kind),
+            self.ref, cfg=cfg,
         )  # fmt: skip
         w_drift = np.where(fits.slope_ok, (off.weight > 0).astype(np.float64), 0.0)
         dft = solve_network(
             self.n_hosts, geo.lo, geo.hi, fits.b * 1e9, w_drift, drift, known,
-            DRIFT_FLOOR_PPB[self.kind], self.ref, reject=False, min_edges=self.min_edges,
+            cfg.drift_floor_ppb(self.kind), self.ref, reject=False, cfg=cfg,
         )  # fmt: skip
         return unstable, off, dft
 
@@ -389,8 +372,10 @@ def _fleet_t(t_raw: np.ndarray, src_h, theta, drift, t_ref: int) -> np.ndarray:
     return (rel - theta[src_h]) / (1.0 + d)
 
 
-def _edge_weights(fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.ndarray):
-    w0 = np.where(fits.usable, np.where(fits.soft & ~lenient, SOFT_WEIGHT, 1.0), 0.0)
+def _edge_weights(
+    fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.ndarray, cfg: SyncConfig
+):
+    w0 = np.where(fits.usable, np.where(fits.soft & ~lenient, cfg.soft_weight, 1.0), 0.0)
     use = fits.usable & ~lenient
     n_all = np.bincount(geo.lo[use], minlength=n_hosts) + np.bincount(
         geo.hi[use], minlength=n_hosts
@@ -399,7 +384,7 @@ def _edge_weights(fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.
     n_soft = np.bincount(geo.lo[soft], minlength=n_hosts) + np.bincount(
         geo.hi[soft], minlength=n_hosts
     )
-    unstable = (n_all > 0) & (n_soft > UNSTABLE_FRACTION * n_all)
+    unstable = (n_all > 0) & (n_soft > cfg.unstable_fraction * n_all)
     w0 = np.where((unstable[geo.lo] | unstable[geo.hi]) & ~lenient, 0.0, w0)
     return w0, unstable
 

@@ -68,7 +68,7 @@ class Attributor:
         self.link_ids = link_ids
         self.nic_ids = [n.id for n in topo.nics]
         self.nic_up, self.nic_down = nic_up, nic_down
-        idx = {lk: i for i, lk in enumerate(link_ids)}
+        idx = topo.index.link
         switches = {s.id for s in topo.switches}
         touching: dict[str, list] = {s.id: [] for s in topo.switches}
         for lk in topo.links:  # one pass over the links, not one per switch
@@ -80,7 +80,7 @@ class Attributor:
             fab = [idx[lk.id] for lk in touching[s.id] if lk.a in switches and lk.b in switches]
             self.switch_fabric[s.id] = np.array(fab, np.int64)
             self.switch_all[s.id] = np.array([idx[lk.id] for lk in touching[s.id]], np.int64)
-        nic_no = {n: i for i, n in enumerate(self.nic_ids)}
+        nic_no = topo.index.nic
         self.host_nics = {h: [nic_no[n.id] for n in ns] for h, ns in topo.nics_by_host.items()}
         self.host_names = list(topo.hosts)
         self.n_hosts = len(self.host_names)

@@ -14,9 +14,9 @@ import numpy as np
 from fleetlens.topology import Topology
 
 
-def ecmp_groups(topo: Topology, idx: dict[str, int]) -> list[np.ndarray]:
-    """Every group with at least two members, as sorted link numbers (``idx``: link id ->
-    number)."""
+def ecmp_groups(topo: Topology) -> list[np.ndarray]:
+    """Every group with at least two members, as sorted link numbers (``topo.index``)."""
+    idx = topo.index.link
     tier = {s.id: s.tier for s in topo.switches}
     group: dict[tuple, list[int]] = {}
     for lk in topo.links:

@@ -69,9 +69,8 @@ class Triangulator:
         self.topo = topo
         self.paths = PathModel(topo)
         p = self.paths
-        host_no = {h: i for i, h in enumerate(topo.hosts)}
-        nic_host = np.array([host_no[h] for h in p.nic_host_name], np.int64)
-        groups = ecmp_groups(topo, {lk: i for i, lk in enumerate(p.link_ids)})
+        nic_host = topo.index.nic_host
+        groups = ecmp_groups(topo)
         self.delay = DelayModel(p.n_links, p.n_nics, nic_host, groups, self.cfg)
         self.attrib = Attributor(topo, p.link_ids, groups, p.nic_up, p.nic_down, nic_host, self.cfg)
         self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})

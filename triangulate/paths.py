@@ -28,7 +28,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetlens.ids import is_nic_id
 from fleetlens.topology import Topology
 
 from . import _fast
@@ -119,21 +118,14 @@ class PathModel:
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
-        self.nic_ids = [n.id for n in topo.nics]
-        self.link_ids = [lk.id for lk in topo.links]
-        self.nic_index = {n: i for i, n in enumerate(self.nic_ids)}
-        self.link_index = {lk: i for i, lk in enumerate(self.link_ids)}
+        ix = topo.index
+        self.nic_ids, self.link_ids = list(ix.nic_ids), list(ix.link_ids)
+        self.nic_index, self.link_index = ix.nic, ix.link
         self.n_nics, self.n_links = len(self.nic_ids), len(self.link_ids)
         self._nic_str = _fast.StrIndex(self.nic_ids)
         self._nic_set = pa.array(self.nic_ids, pa.string())
         self._link_str = _fast.StrIndex(self.link_ids)
-        self.nic_up = np.full(self.n_nics, -1, np.int64)
-        self.nic_down = np.full(self.n_nics, -1, np.int64)
-        for i, lk in enumerate(topo.links):
-            if is_nic_id(lk.a) and lk.a in self.nic_index:
-                self.nic_up[self.nic_index[lk.a]] = i
-            if is_nic_id(lk.b) and lk.b in self.nic_index:
-                self.nic_down[self.nic_index[lk.b]] = i
+        self.nic_up, self.nic_down = ix.nic_up, ix.nic_down  # -1: no access link
         # access link per NIC, with the sentinel n_links where a NIC has none
         self._up = np.where(self.nic_up >= 0, self.nic_up, self.n_links)
         self._dn = np.where(self.nic_down >= 0, self.nic_down, self.n_links)

@@ -90,3 +90,29 @@ def test_port_counts_equal_the_planner(spec: str) -> None:
     src, dst = plan.peer_pairs(topo, 16, 0)
     fab = Fabric(topo)
     assert np.array_equal(port_counts(fab, src, dst), plan.port_counts(topo, src, dst))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_simulator_and_triangulation_number_the_topology_alike(spec: str) -> None:
+    """One dense numbering (``Topology.index``), built once and shared by the simulator's
+    fabric and the triangulation's path model; its arrays agree with the ids."""
+    from fleetlens.triangulate.paths import PathModel
+
+    topo = from_spec(spec)
+    ix = topo.index
+    assert topo.index is ix
+    fab, pm = Fabric(topo), PathModel(topo)
+    assert fab.nic_ids == pm.nic_ids == [n.id for n in topo.nics]
+    assert fab.link_ids == pm.link_ids == [lk.id for lk in topo.links]
+    assert fab.nic_up is pm.nic_up is ix.nic_up
+    for i, n in enumerate(topo.nics):
+        assert topo.links[ix.nic_up[i]].id == f"{n.id}->{n.leaf}"
+        assert topo.links[ix.nic_down[i]].id == f"{n.leaf}->{n.id}"
+        assert ix.host_ids[ix.nic_host[i]] == n.host
+        assert ix.switch_ids[ix.nic_leaf[i]] == n.leaf
+    for i, lk in enumerate(topo.links):
+        ends = [ix.switch_ids[s] if s >= 0 else ix.nic_ids[ix.link_nic[i]] for s in
+                (ix.link_tail[i], ix.link_head[i])]  # fmt: skip
+        assert ends == [lk.a, lk.b] and ix.link[lk.id] == i
+    with pytest.raises(ValueError):
+        ix.nic_up[0] = 1  # shared: read-only

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fleetlens.hull import lower_hull_rows, row_stats
+from fleetlens.hull import lower_hull_rows
 from fleetlens.records import lower_hull
+from fleetlens.summary import nearest_rank
 
 ROWS, COLS = 6, 12
 ints = hnp.arrays(np.int64, (ROWS, COLS), elements=st.integers(-50, 50))
@@ -60,20 +61,16 @@ def test_hull_rows_equal_reference_pooled_shape() -> None:
     hnp.arrays(np.float64, (ROWS, COLS), elements=st.floats(-1e6, 1e6)),
     masks,
 )
-def test_row_stats_equal_numpy(v, valid) -> None:
-    n, lo, p50, p99, hi = row_stats(v, valid)
+def test_nearest_rank_equals_numpy(v, valid) -> None:
+    lo, p50, p99, hi = nearest_rank(v, valid).T
     for i in range(ROWS):
         x = v[i, valid[i]]
-        assert n[i] == x.size
         if not x.size:
             assert np.isnan([lo[i], p50[i], p99[i], hi[i]]).all()
             continue
-        np.testing.assert_allclose(
-            [lo[i], p50[i], p99[i], hi[i]],
-            [x.min(), *np.percentile(x, [50, 99]), x.max()],
-            rtol=1e-12,
-            atol=1e-6,
-        )
+        # nearest rank is numpy's 'inverted_cdf': every statistic is one of the samples
+        ref = [x.min(), *np.percentile(x, [50, 99], method="inverted_cdf"), x.max()]
+        assert [lo[i], p50[i], p99[i], hi[i]] == ref
 
 
 def test_window_hulls_are_the_hulls_of_the_pure_samples(small_topo) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
-from fleetlens.sync import HuygensSync
+from fleetlens.sync import HuygensSync, SyncConfig
 
 from fleetlens.records import ClockModel
 from fleetlens.topology import Topology
@@ -84,8 +84,8 @@ def run_sync(
     cfg.setdefault("clock", "identity")
     cfg.setdefault("symmetric_paths", True)
     sim = Simulator(topo, SimConfig(**cfg), seed=seed)
-    opts = {} if pool_sizes is None else {"pool_sizes": pool_sizes}
-    sync = HuygensSync(nic_latency=nic_latencies(sim) if calibrated else None, **opts)
+    config = SyncConfig() if pool_sizes is None else SyncConfig(pool_sizes=pool_sizes)
+    sync = HuygensSync(config, nic_latency=nic_latencies(sim) if calibrated else None)
     hosts = list(topo.hosts)
     run = Run(hosts)
     models: dict[str, ClockModel] = {}

@@ -28,9 +28,12 @@ from lab_helpers import (
     start_flood,
 )
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root: builds network namespaces (CI runs as root)"
-)
+pytestmark = [
+    pytest.mark.root,  # deselected by -m "not root"
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="needs root: builds network namespaces (CI runs as root)"
+    ),
+]
 
 IDLE_S, LOAD_S = 14.0, 14.0
 CONVERGE_S = 5.0

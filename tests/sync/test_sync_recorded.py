@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from fleetlens.api.config import Settings
-from fleetlens.sync import HuygensSync
+from fleetlens.sync import HuygensSync, SyncConfig
 from fleetlens.sync.replay import replay
 
 from fleetlens.topology import Topology
@@ -43,7 +43,7 @@ def _errors(name: str) -> np.ndarray:
     def read(lo: int, hi: int):
         return table.filter(pc.and_(pc.greater_equal(start, lo), pc.less_equal(start, hi)))
 
-    sync = HuygensSync(min_edges=1)  # one edge: the pairwise fit
+    sync = HuygensSync(SyncConfig(min_edges=1))  # one edge: the pairwise fit
     errs = []
     for models in replay(read, gens, sync, topo, Settings.loop_lookback_ns):
         a, b = models.get("h00"), models.get("h01")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from fleetlens.sync import HuygensSync, solve_clocks
+from fleetlens.sync import HuygensSync, SyncConfig, solve_clocks
 from fleetlens.sync.edgefit import fit_edges, soft_margin
 from fleetlens.sync.purity import hull_points, pure_mask
 from scipy.optimize import linprog
@@ -189,7 +189,7 @@ def test_two_hosts_sync_pairwise_when_allowed() -> None:
     rng = np.random.default_rng(8)
     table = windows_to_table(_edge_windows("a/eth0", "b/eth0", 12_345.0, rng))
     assert not any(m.synced for m in HuygensSync()(table, None, {}))
-    got = {m.host_id: m for m in HuygensSync(min_edges=1)(table, None, {})}
+    got = {m.host_id: m for m in HuygensSync(SyncConfig(min_edges=1))(table, None, {})}
     assert got["a"].synced and got["b"].synced
     assert got["b"].offset_ns - got["a"].offset_ns == pytest.approx(12_345.0, abs=60)
 
@@ -263,12 +263,11 @@ def test_first_window_without_drift_does_not_leave_wide_bounds() -> None:
     """Lab flake (issue 6): the first, partial window has no usable slope; the next windows
     show the true drift (tens of ppm). That must be taken up at once — not gated out as an
     outlier and counted as measurement noise, which left µs error bounds for tens of windows."""
-    from fleetlens.sync.solver import DRIFT_UNKNOWN_PPB
     from fleetlens.sync.tracking import DriftTracker
 
     tr = DriftTracker()
     drift = 45_000.0  # ppb, true
-    tr.update("h", 0, 0.0, 30.0, 0.0, DRIFT_UNKNOWN_PPB)
+    tr.update("h", 0, 0.0, 30.0, 0.0, SyncConfig().drift_unknown_ppb)
     for k in range(1, 6):
         t = k * 10**9
         tr.update("h", t, drift * k + rng_noise(k), 30.0, drift + 3 * rng_noise(k + 9), 120.0)
@@ -316,7 +315,7 @@ def _two_host_run(
     random amount above a common floor (as on the lab's software stamps), by ``luck`` ns on
     average in each direction (h0->h1, h1->h0)."""
     rng = np.random.default_rng(17)
-    sync = HuygensSync(min_edges=1, pool_sizes=pool_sizes)
+    sync = HuygensSync(SyncConfig(min_edges=1, pool_sizes=pool_sizes))
     errs = []
     for k in range(windows):
         rows = []

@@ -20,15 +20,12 @@ from fleetlens.fixtures.lab import faults
 from fleetlens.fixtures.lab.fabric import Lab, lab_fabric
 from fleetlens.fixtures.lab.stack import Stack, lab_stack
 
-# Was known_flaky until session 14 (an extra link or a late verdict about every third run).
-# Three causes, each fixed and tested on its own: the fixture did not wait for every host's
-# delays to count as evidence (`delay_evidence_from`), so an uplink tied with a downlink and
-# then learned the fault as healthy (`test_a_delayed_link_explained_away_...`); the busy
-# cores during an injection raised every flow ~1.1 us and blamed an access link
-# (`test_a_rise_of_every_flow_...`); and windows waited behind the clock solve (2-11 s; the
-# two loops now run apart). After: 13 of 13 runs passed, 3 of them with a third process
-# spinning on one core; localized in 0.3-2.1 s.
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces")
+# The fixture waits for every host's delays to count as evidence (`delay_evidence_from`)
+# before injecting; why this test was once flaky and what fixed it: docs/notes/triangulate.md.
+pytestmark = [
+    pytest.mark.root,  # deselected by -m "not root"
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces"),
+]
 NAME = f"r{os.getpid() % 100000}"
 LOCALIZE_S = 5.0  # the bound from injection to the verdict
 CLEAR_S = 30.0  # ... and from heal to healthy again
