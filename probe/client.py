@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from fleetlens.probe.rest import HttpClient, HttpError
 
@@ -20,7 +21,7 @@ class CollectorClient:
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._http = HttpClient(url, headers, timeout_s)
 
-    def _call(self, method: str, path: str, json_body: object = None) -> dict:  # type: ignore[type-arg]
+    def _call(self, method: str, path: str, json_body: object = None) -> dict[str, Any]:
         body, headers = None, {}
         if json_body is not None:
             body, headers = json.dumps(json_body).encode(), {"content-type": "application/json"}
@@ -39,9 +40,9 @@ class CollectorClient:
         return out
 
     def register(
-        self, host_id: str, nics: list[dict], ts_source: str, metrics_port: int | None
-    ) -> None:  # type: ignore[type-arg]
-        body = {
+        self, host_id: str, nics: list[dict[str, str]], ts_source: str, metrics_port: int | None
+    ) -> None:
+        body: dict[str, object] = {
             "host_id": host_id,
             "nics": nics,
             "ts_source": ts_source,
@@ -57,7 +58,7 @@ class CollectorClient:
             return self._plan(host_id, d)
 
     @staticmethod
-    def _plan(host_id: str, d: dict) -> HostPlan:  # type: ignore[type-arg]
+    def _plan(host_id: str, d: dict[str, Any]) -> HostPlan:
         c = d["clock"]
         clock = ClockModel(
             host_id,
