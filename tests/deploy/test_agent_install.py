@@ -91,3 +91,21 @@ def test_agent_imports_without_other_roles_dependencies(agent_venv: Path, tmp_pa
 def test_fleetlens_agent_help_exits_0(agent_venv: Path, tmp_path: Path) -> None:
     r = _run([str(agent_venv / "bin" / "fleetlens"), "agent", "--help"], cwd=tmp_path)
     assert "--collector" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "argv", [["lab", "--help"], ["collector", "--db", "x.duckdb", "--insecure-no-auth"]]
+)
+def test_another_roles_command_names_its_extra(
+    agent_venv: Path, tmp_path: Path, argv: list[str]
+) -> None:
+    r = subprocess.run(
+        [str(agent_venv / "bin" / "fleetlens"), *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert r.returncode == 2, r
+    hint = f"which this install lacks: pip install 'fleetlens[{argv[0]}]'"
+    assert hint in r.stderr and "Traceback" not in r.stderr, r.stderr

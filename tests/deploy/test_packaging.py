@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,18 @@ def test_each_image_installs_only_its_role_extra() -> None:
         installs = [ln for ln in stages[source] if "pip install" in ln]
         assert installs and all(f"[{role}]" in ln for ln in installs), (role, installs)
         assert all("bin/pip install" not in ln for ln in stages[role]), role
+
+
+def test_every_command_has_the_extra_of_its_name_and_all_holds_them() -> None:
+    """'fleetlens COMMAND' names fleetlens[COMMAND] when a dependency is missing."""
+    from fleetlens.cli import SUBCOMMANDS
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert set(SUBCOMMANDS) <= set(extras)
+    (everything,) = extras["all"]
+    assert everything.startswith("fleetlens[") and everything.endswith("]"), everything
+    assert set(everything[len("fleetlens[") : -1].split(",")) == set(SUBCOMMANDS)
 
 
 # ---- docker-compose --------------------------------------------------------------------------
