@@ -51,14 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module_name, _ = SUBCOMMANDS[ns.command]
-    try:
-        module = importlib.import_module(module_name)
+    try:  # commands import some dependencies only once they run
+        return int(importlib.import_module(module_name).main(ns.args) or 0)
     except ModuleNotFoundError as e:
-        if e.name != module_name:
+        if e.name == module_name:
+            print(f"fleetlens {ns.command}: not part of this build yet", file=sys.stderr)
+            return 2
+        missing = (e.name or "fleetlens").split(".")[0]
+        if missing == "fleetlens":
             raise
-        print(f"fleetlens {ns.command}: not part of this build yet", file=sys.stderr)
+        # A third-party dependency: each command's are the extra of its name (pyproject.toml).
+        print(f"fleetlens {ns.command}: needs {missing}, which this install lacks: "
+              f"pip install 'fleetlens[{ns.command}]'", file=sys.stderr)  # fmt: skip
         return 2
-    return int(module.main(ns.args) or 0)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from fleetlens.probe.datapath import DataPath
 from fleetlens.probe.nics import LocalNic, discover, hardware_timestamping, link_states
@@ -39,11 +40,12 @@ from fleetlens.records import TS_HARDWARE, TS_SOFTWARE, ClockModel, Decision, Ho
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from fleetlens.probe.metrics import AgentMetrics
+    from fleetlens.probe.metrics import AgentMetrics, AgentSnapshot
     from fleetlens.probe.upload import Uploader
 
 log = logging.getLogger("fleetlens.agent")
 AGENT_VERSION = "fleetlens-agent/0.1"  # sent when registering
+T = TypeVar("T")
 
 
 @dataclass
@@ -101,6 +103,12 @@ class Agent:
         self.rounds_skipped = 0
         self.relearn = threading.Event()  # set when routes may have changed (a NIC went up/down)
 
+    @property
+    def datapath(self) -> DataPath:
+        """The data path: run() builds it before any other step uses it."""
+        assert self.path is not None, "the data path is built first"
+        return self.path
+
     # ---- start-up -----------------------------------------------------------------------
     def _nics(self) -> list[LocalNic]:
         """The NICs to probe from; waits for one to appear (e.g. started before the network)."""
@@ -138,7 +146,7 @@ class Agent:
         body = [{"ifname": n.ifname, "ip": n.ip} for n in nics]
         self.client.register(self.cfg.host_id, body, src, self.cfg.metrics_port, AGENT_VERSION)
 
-    def _until_ok(self, what: str, call):  # type: ignore[no-untyped-def]
+    def _until_ok(self, what: str, call: Callable[[], T]) -> T:
         """Retry a collector call until it works or we are stopped (collector not up yet)."""
         delay = 0.2
         while not self.stop.is_set():
@@ -171,7 +179,7 @@ class Agent:
 
     def _set_clock(self, clock: ClockModel) -> None:
         self.clock = clock
-        self.path.engine.set_clock_model(clock.t0_ns, clock.offset_ns, clock.drift_ppb)  # type: ignore[union-attr]
+        self.datapath.engine.set_clock_model(clock.t0_ns, clock.offset_ns, clock.drift_ppb)
 
     # ---- main loop ----------------------------------------------------------------------
     def run(self) -> int:
@@ -180,7 +188,8 @@ class Agent:
         control = threading.Thread(target=self._control_loop, name="control", daemon=True)
         control.start()
         self._late.start()
-        log.info("probing %d flows to %d peers", len(self.path.flows), len(self.path.entries))  # type: ignore[union-attr]
+        dp = self.datapath
+        log.info("probing %d flows to %d peers", len(dp.flows), len(dp.entries))
         try:
             self._rounds()
         finally:
@@ -218,7 +227,7 @@ class Agent:
             from fleetlens.probe.metrics import AgentMetrics
 
             metrics = AgentMetrics(self.cfg.host_id)
-            metrics.set_nics(self.path.nics)  # type: ignore[union-attr]
+            metrics.set_nics(self.datapath.nics)
             self.metrics = metrics
             if self.cfg.metrics_port:
                 metrics.serve(self.cfg.metrics_addr, self.cfg.metrics_port, self._snapshot)
@@ -226,15 +235,14 @@ class Agent:
             log.error("no /metrics on %s:%d: %s", self.cfg.metrics_addr, self.cfg.metrics_port, e)
 
     def _rounds(self) -> None:
-        assert self.path is not None
-        period = self.path.plan.period_ns
+        period = self.datapath.plan.period_ns
         start = time.monotonic()
         deadline = time.monotonic_ns() + period
         rnd = 0
         while not self.stop.is_set():
             if self.cfg.duration_s is not None and time.monotonic() - start >= self.cfg.duration_s:
                 return
-            self.path.engine.run_round(rnd, deadline)
+            self.datapath.engine.run_round(rnd, deadline)
             rnd += 1
             deadline += period
             behind = time.monotonic_ns() - deadline
@@ -252,7 +260,7 @@ class Agent:
 
     def _note_window_end(self) -> None:
         """When fleet time passes a window's end, note how many pairs had been sent by then."""
-        eng = self.path.engine  # type: ignore[union-attr]
+        eng = self.datapath.engine
         now = eng.fleet_time(eng.raw_now())
         w = self.builder.window_ns
         if self._window_end is None:
@@ -262,10 +270,10 @@ class Agent:
             self._window_end = (now // w + 1) * w
 
     def _collect(self, grace_ns: int) -> None:
-        eng = self.path.engine  # type: ignore[union-attr]
+        eng = self.datapath.engine
         raw_now = eng.raw_now()
         self.builder.add(eng.take_samples(), self.clock, raw_now)
-        table = self.builder.pop_complete(self.clock.to_fleet(raw_now), grace_ns)
+        table = self.builder.pop_complete(int(self.clock.to_fleet(raw_now)), grace_ns)
         if table is not None and table.num_rows:
             self._unsent.append(table)
         if self._unsent and self.uploader is not None:
@@ -286,21 +294,21 @@ class Agent:
             if ch.clock is not None:
                 self._set_clock(ch.clock)
             if ch.up is not None:
-                self.path.apply(ch.up)  # type: ignore[union-attr]
+                self.datapath.apply(ch.up)
             self.builder.learn_paths(ch.paths)
 
     def _rebuild(self, plan: HostPlan | None, nics: list[LocalNic] | None = None) -> None:
-        plan = plan or self.path.plan  # type: ignore[union-attr]
+        plan = plan or self.datapath.plan
         log.info("plan or NICs changed (%d entries): rebuilding the data path", len(plan.entries))
         self._drain()
-        nics = nics if nics is not None else list(self.path.nics.values())  # type: ignore[union-attr]
-        self.path.close()  # type: ignore[union-attr]
+        nics = nics if nics is not None else list(self.datapath.nics.values())
+        self.datapath.close()
         self._build(plan, nics)
         self.relearn.set()  # the new window builder knows no paths yet
 
     def _drain(self) -> None:
         """Collect the acks still in flight, then every window that can be completed."""
-        eng = self.path.engine  # type: ignore[union-attr]
+        eng = self.datapath.engine
         eng.serve_until(time.monotonic_ns() + self.cfg.ack_timeout_ns + 50_000_000)
         self._collect(grace_ns=0)
 
@@ -321,7 +329,7 @@ class Agent:
     # ---- control thread -----------------------------------------------------------------
     def _control_loop(self) -> None:
         up_before: set[str] | None = None
-        nics = list(self.path.nics.values())  # type: ignore[union-attr]
+        nics = list(self.datapath.nics.values())
         registered = _nic_key(nics)
         while not self.stop.wait(self.cfg.control_interval_s):
             ch = _Changes()
@@ -364,7 +372,7 @@ class Agent:
     def _path_loop(self) -> None:
         """Learn every flow's path now, then every ``path_refresh_s`` (routes change rarely)."""
         try:
-            finder = PathFinder(self.client.interfaces(), self.path.plan.dport)  # type: ignore[union-attr]
+            finder = PathFinder(self.client.interfaces(), self.datapath.plan.dport)
         except CollectorError as e:
             log.warning("no path discovery: %s", e)
             return
@@ -384,8 +392,7 @@ class Agent:
 
     def _traces(self) -> list[Trace]:
         """One traceroute per flow of every NIC that is up now."""
-        p = self.path
-        assert p is not None
+        p = self.datapath
         up = link_states()
         dst_ip = {e.dst_nic: e.dst_ip for e in p.entries}
         f = p.flows
@@ -401,7 +408,7 @@ class Agent:
         self.cfg.decision_file.parent.mkdir(parents=True, exist_ok=True)
         decision.write_atomic(self.cfg.decision_file)
 
-    def _snapshot(self) -> dict[str, object]:
+    def _snapshot(self) -> AgentSnapshot:
         eng = self.path.engine if self.path else None
         return {
             "engine": eng.counters() if eng is not None else {},

@@ -7,12 +7,16 @@ Prometheus object. Counters exist from 0; units are base units.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from fleetlens.probe.nics import LocalNic
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from fleetlens.probe.upload import UploadStats
 
 _DROP_REASONS = {
     "bad_length": "bad_length",
@@ -23,15 +27,24 @@ _DROP_REASONS = {
 }
 
 
+class AgentSnapshot(TypedDict, total=False):
+    """The agent's state read at scrape time; a missing key reads as zero."""
+
+    engine: dict[str, int]  # the fast path's counters
+    upload: UploadStats | None
+    depth: tuple[int, int]  # batches waiting in memory, on disk
+    rounds_skipped: int
+
+
 class AgentMetrics:
     def __init__(self, host_id: str) -> None:
         self.host_id = host_id
         self.lost_packets = 0
         self.windows = 0
         self.nics: dict[str, LocalNic] = {}
-        self._snapshot: Callable[[], dict[str, object]] = dict
+        self._snapshot: Callable[[], AgentSnapshot] = AgentSnapshot
         self.registry = CollectorRegistry()
-        self.registry.register(self)  # type: ignore[arg-type]
+        self.registry.register(self)
 
     def set_nics(self, nics: dict[str, LocalNic]) -> None:
         self.nics = nics
@@ -40,13 +53,13 @@ class AgentMetrics:
         self.windows += table.num_rows
         self.lost_packets += int(pc.sum(pc.subtract(table["sent"], table["received"])).as_py() or 0)
 
-    def serve(self, addr: str, port: int, snapshot: Callable[[], dict[str, object]]) -> None:
+    def serve(self, addr: str, port: int, snapshot: Callable[[], AgentSnapshot]) -> None:
         self._snapshot = snapshot
         start_http_server(port, addr=addr, registry=self.registry)
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        eng: dict[str, int] = snap.get("engine", {})  # type: ignore[assignment]
+        eng = snap.get("engine", {})
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             m = CounterMetricFamily(f"fleetlens_agent_{name}", doc)
@@ -70,7 +83,7 @@ class AgentMetrics:
             "Probe pairs with no ack within the timeout.",
             eng.get("pairs_expired", 0),
         )
-        late = eng.get("late_rounds", 0) + int(snap.get("rounds_skipped", 0))  # type: ignore[arg-type]
+        late = eng.get("late_rounds", 0) + snap.get("rounds_skipped", 0)
         yield counter("late_rounds", "Probe rounds started after their deadline or skipped.", late)
         yield counter("windows", "Window records produced.", self.windows)
         dropped = CounterMetricFamily(
@@ -89,7 +102,7 @@ class AgentMetrics:
         depth = GaugeMetricFamily(
             "fleetlens_agent_upload_buffer_batches", "Batches waiting to be sent.", labels=["where"]
         )
-        mem, disk = snap.get("depth", (0, 0))  # type: ignore[misc]
+        mem, disk = snap.get("depth", (0, 0))
         depth.add_metric(["memory"], mem)
         depth.add_metric(["disk"], disk)
         yield depth

@@ -33,6 +33,13 @@ class Pending:
     body: bytes | None  # None: spilled, read it from ``path``
     path: Path | None = None
 
+    def payload(self) -> bytes:
+        """The batch's bytes, from memory or else from its spill file."""
+        if self.body is not None:
+            return self.body
+        assert self.path is not None, "a batch not in memory has been spilled"
+        return self.path.read_bytes()
+
 
 @dataclass
 class UploadStats:
@@ -96,8 +103,9 @@ class Uploader:
             self._spill(p)
         while self._spilled_bytes() > self.spill_max_bytes:
             oldest = next(p for p in self._queue if p.body is None)
+            assert oldest.path is not None, "a batch not in memory has been spilled"
             self._queue.remove(oldest)
-            oldest.path.unlink(missing_ok=True)  # type: ignore[union-attr]
+            oldest.path.unlink(missing_ok=True)
             self.stats.dropped_batches += 1
             self.stats.dropped_windows += oldest.windows
             log.error(
@@ -108,7 +116,7 @@ class Uploader:
     def _spill(self, p: Pending) -> None:
         p.path = self.spill_dir / f"{p.seq:012d}-{p.windows}-{p.batch_id}.arrow"
         tmp = p.path.with_suffix(".tmp")
-        tmp.write_bytes(p.body)  # type: ignore[arg-type]
+        tmp.write_bytes(p.payload())
         tmp.replace(p.path)
         p.body = None
         self.stats.spilled_batches += 1
@@ -145,7 +153,7 @@ class Uploader:
 
     def _send(self, p: Pending) -> float | None:
         """Send one batch; None when it is done with (stored or refused), else seconds to wait."""
-        body = p.body if p.body is not None else p.path.read_bytes()  # type: ignore[union-attr]
+        body = p.payload()
         try:
             r = self._client.ingest(body, CT_ARROW)
         except CollectorError as e:

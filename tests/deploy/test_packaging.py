@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,37 @@ def test_dockerfile_is_multi_stage_with_a_compiler_only_in_the_build_stage() -> 
     stages = _stages()
     assert {"build", "runtime", "collector", "agent"} <= set(stages)
     build = "\n".join(stages["build"])
-    assert "gcc" in build and "pip install ." in build
+    assert "gcc" in build and "pip wheel --no-deps --wheel-dir /wheels ." in build
     for name in ("runtime", "collector", "agent"):
         assert "gcc" not in "\n".join(stages[name]), name
-    assert any("COPY --from=build" in ln for ln in stages["runtime"])
     assert "USER 10001:10001" in stages["collector"]
     # Every Python component the wheel packages is copied into the build stage.
     copied = {m.group(1) for ln in stages["build"] if (m := re.match(r"COPY (\w+)/ ", ln))}
     assert copied == {"fleetlens", "probe", "sync", "triangulate", "api", "fixtures"}
+
+
+def test_each_image_installs_only_its_role_extra() -> None:
+    """The agent image holds fleetlens[agent] (no DuckDB, FastAPI, SciPy), the collector
+    image fleetlens[collector]; each copies its venv from the stage that installed it."""
+    stages = _stages()
+    for role in ("agent", "collector"):
+        (copy,) = [ln for ln in stages[role] if ln.startswith("COPY --from=")]
+        source = copy.split()[1].removeprefix("--from=")
+        installs = [ln for ln in stages[source] if "pip install" in ln]
+        assert installs and all(f"[{role}]" in ln for ln in installs), (role, installs)
+        assert all("bin/pip install" not in ln for ln in stages[role]), role
+
+
+def test_every_command_has_the_extra_of_its_name_and_all_holds_them() -> None:
+    """'fleetlens COMMAND' names fleetlens[COMMAND] when a dependency is missing."""
+    from fleetlens.cli import SUBCOMMANDS
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert set(SUBCOMMANDS) <= set(extras)
+    (everything,) = extras["all"]
+    assert everything.startswith("fleetlens[") and everything.endswith("]"), everything
+    assert set(everything[len("fleetlens[") : -1].split(",")) == set(SUBCOMMANDS)
 
 
 # ---- docker-compose --------------------------------------------------------------------------
