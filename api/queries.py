@@ -36,15 +36,16 @@ def worst(states: list[str]) -> str:
 
 # ---- links ---------------------------------------------------------------------------------
 def link_tier(c: Collector, link: str) -> str:
-    if c.topology and link in c.topology.link_by_id:
-        return c.topology.link_by_id[link].tier
+    inventory = c.served.inventory_links().get(link)
+    if inventory is not None:
+        return inventory.tier
     a, b = split_link_id(link)
     return "access" if is_nic_id(a) or is_nic_id(b) else "unknown"
 
 
 def link_out(c: Collector, link: str) -> LinkOut:
     a, b = split_link_id(link)
-    v = c.published.verdicts.get(link)
+    v = c.served.verdicts().get(link)
     return LinkOut(
         link_id=link, a=a, b=b, tier=link_tier(c, link),
         state=v.state if v else "healthy", since=v.since_ns if v else None,
@@ -54,10 +55,8 @@ def link_out(c: Collector, link: str) -> LinkOut:
 
 
 def all_link_ids(c: Collector) -> list[str]:
-    ids = {s for s, v in c.published.verdicts.items() if v.kind == "link"}
-    if c.topology:
-        ids |= set(c.topology.link_by_id)
-    return sorted(ids)
+    ids = {s for s, v in c.served.verdicts().items() if v.kind == "link"}
+    return sorted(ids | set(c.served.inventory_links()))
 
 
 def links(
@@ -66,8 +65,9 @@ def links(
     """(total matching, one page), worst first: the operator's question is "which link is
     hurting". Models are built for the page only (fleets have tens of thousands of links)."""
     rows = []
+    verdicts = c.served.verdicts()
     for lk in all_link_ids(c):
-        v = c.published.verdicts.get(lk)
+        v = verdicts.get(lk)
         st = v.state if v else "healthy"
         if (state and st != state) or (tier and link_tier(c, lk) != tier):
             continue
@@ -77,7 +77,7 @@ def links(
 
 
 def link_known(c: Collector, link: str) -> bool:
-    return link in c.published.verdicts or bool(c.topology and link in c.topology.link_by_id)
+    return link in c.served.verdicts() or link in c.served.inventory_links()
 
 
 def link_history(
@@ -92,7 +92,7 @@ def link_history(
 def nic_verdicts(c: Collector) -> dict[str, list[Verdict]]:
     """Verdicts that concern each NIC: its own, and those of its access links."""
     out: dict[str, list[Verdict]] = {}
-    for v in c.published.verdicts.values():
+    for v in c.served.verdicts().values():
         if v.kind == "nic":
             out.setdefault(v.subject, []).append(v)
         elif v.kind == "link":
@@ -120,7 +120,7 @@ class NicRow:
 
 def nic_rows(c: Collector, host: str | None = None) -> list[NicRow]:
     reg = c.store.registered_nics()
-    inv = c.topology.nic_by_id if c.topology else {}
+    inv = c.served.inventory_nics()
     concern = nic_verdicts(c)
     out = []
     for nic in sorted(set(reg) | set(inv)):
@@ -152,8 +152,8 @@ def clock_out(c: Collector, m: ClockModel) -> ClockOut:
     return ClockOut(
         host_id=m.host_id, offset_ns=m.offset_ns, drift_ppb=m.drift_ppb,
         error_bound_ns=m.error_bound_ns, synced=m.synced, t0_ns=m.t0_ns,
-        updated=c.published.clock_updated.get(m.host_id),
-        delay_evidence_from=c.clock_gate.trusted_from_ns.get(m.host_id),
+        updated=c.served.clock_updated_ns(m.host_id),
+        delay_evidence_from=c.served.delay_evidence_from_ns(m.host_id),
     )  # fmt: skip
 
 
@@ -169,7 +169,7 @@ def hosts(c: Collector, state: str | None, limit: int, offset: int) -> tuple[int
     out = []
     for h, st in listed[offset : offset + limit]:
         reg, version, ts = meta.get(h, (None, None, None))
-        clock = c.published.clocks.get(h)
+        clock = c.served.clocks().get(h)
         out.append(
             HostOut(
                 host_id=h, state=st, nics=[nic_out(n) for n in by_host.get(h, [])],
