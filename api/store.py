@@ -252,12 +252,10 @@ class Store:
         finally:
             self.con.unregister("_incoming")
 
-    def read_windows(
-        self, where: str = "TRUE", params: list | None = None, without: tuple[str, ...] = ()
-    ) -> pa.Table:
-        """Windows matching a SQL condition, decoded back to WINDOW_SCHEMA (any thread).
-        The list columns named in ``without`` come back null, unread: clock sync needs no
-        paths and triangulation no hulls, and on a reference-fleet window (6 M rows) each
+    def _select_windows(self, where: str, params: list, without: tuple[str, ...] = ()) -> pa.Table:
+        """Windows matching a SQL condition of this module, decoded back to WINDOW_SCHEMA (any
+        thread). The list columns named in ``without`` come back null, unread: clock sync needs
+        no paths and triangulation no hulls, and on a reference-fleet window (6 M rows) each
         costs 0.5-2 s to read and decode."""
         if not set(without) <= set(BLOB_COLUMNS):
             raise ValueError(f"only list columns can be left out, not {sorted(without)}")
@@ -272,10 +270,14 @@ class Store:
         # fetchall, not fetchone: an unfinished result would block the cursor's next read
         return self.read().execute("SELECT max(start_ns) FROM windows").fetchall()[0][0]
 
-    def window_starts(self, after_ns: int) -> list[int]:
-        """The distinct window starts after ``after_ns``, oldest first."""
-        sql = "SELECT DISTINCT start_ns FROM windows WHERE start_ns > ? ORDER BY 1"
-        return [r[0] for r in self.read().execute(sql, [after_ns]).fetchall()]
+    def oldest_window_start(self) -> int | None:
+        return self.read().execute("SELECT min(start_ns) FROM windows").fetchall()[0][0]
+
+    def window_starts(self, after_ns: int | None = None) -> list[int]:
+        """The distinct window starts (after ``after_ns`` when given), oldest first."""
+        where, params = ("start_ns > ?", [after_ns]) if after_ns is not None else ("TRUE", [])
+        sql = f"SELECT DISTINCT start_ns FROM windows WHERE {where} ORDER BY 1"
+        return [r[0] for r in self.read().execute(sql, params).fetchall()]
 
     def first_window_per_host(self, after_ns: int) -> dict[str, int]:
         """Host -> the start of the first window it sent, of those starting after ``after_ns``."""
@@ -285,17 +287,25 @@ class Store:
         )
         return {h: t for h, t in self.read().execute(sql, [after_ns]).fetchall()}
 
+    def read_windows(self, *, without: tuple[str, ...] = ()) -> pa.Table:
+        """Every stored window (the list columns named in ``without`` come back null, unread)."""
+        return self._select_windows("TRUE", [], without)
+
     def windows_between(self, lo_ns: int, hi_ns: int, without: tuple[str, ...] = ()) -> pa.Table:
-        """The windows starting in [lo_ns, hi_ns] (see :meth:`read_windows` for ``without``)."""
-        return self.read_windows("start_ns >= ? AND start_ns <= ?", [lo_ns, hi_ns], without)
+        """The windows starting in [lo_ns, hi_ns] (``without``: as in :meth:`read_windows`)."""
+        return self._select_windows("start_ns >= ? AND start_ns <= ?", [lo_ns, hi_ns], without)
+
+    def windows_since(self, lo_ns: int, without: tuple[str, ...] = ()) -> pa.Table:
+        """The windows starting at or after ``lo_ns``."""
+        return self._select_windows("start_ns >= ?", [lo_ns], without)
 
     def window_at(self, start_ns: int, without: tuple[str, ...] = ()) -> pa.Table:
         """Every row of the window generation starting at ``start_ns``."""
-        return self.read_windows("start_ns = ?", [start_ns], without)
+        return self._select_windows("start_ns = ?", [start_ns], without)
 
     def links_on_paths(self, nics: list[str], since_ns: int) -> set[str]:
         """Links on the paths of windows since ``since_ns`` between two of ``nics``."""
-        t = self.read_windows(
+        t = self._select_windows(
             "start_ns >= ? AND list_contains(?, src_nic) AND list_contains(?, dst_nic)",
             [since_ns, nics, nics],
         )
