@@ -70,13 +70,15 @@ class WriterHealth:
 
 
 class Collector:
+    rounds: Rounds  # built last in __init__: the writer's commit hook and a gauge call it
+
     def __init__(self, settings: Settings, engines: Engines | None = None) -> None:
         s = self.settings = settings
         self.engines = engines or Engines()
         self.topology = Topology.load(s.inventory) if s.inventory else None
         self.store = Store(s.db_path, s.duckdb_threads, s.duckdb_memory_limit)
         # The writer's commit hook and the metrics' verdict-age gauge are the rounds', which
-        # need both: they are looked up when called, once the rounds exist.
+        # need the writer and the metrics: they look the rounds up when called.
         self.writer = Writer(
             self.store, s.queue_max_batches, s.queue_max_rows,
             lambda *a: self.rounds.committed(*a),
