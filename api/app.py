@@ -204,7 +204,7 @@ _INGEST_BODY = {
         },
     }
 }
-_INGEST_ERRORS = {
+_INGEST_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERRORS,
     **{code: {"model": m.ErrorOut} for code in (400, 413, 415, 429, 503)},
 }

@@ -20,6 +20,7 @@ from fleetlens.api.models import (
     LinkOut,
     NicOut,
     OwdPoint,
+    as_state,
 )
 from fleetlens.api.service import Collector
 from fleetlens.triangulate import JobImpact
@@ -48,7 +49,7 @@ def link_out(c: Collector, link: str) -> LinkOut:
     v = c.served.verdicts().get(link)
     return LinkOut(
         link_id=link, a=a, b=b, tier=link_tier(c, link),
-        state=v.state if v else "healthy", since=v.since_ns if v else None,
+        state=as_state(v.state) if v else "healthy", since=v.since_ns if v else None,
         excess_delay_ns=v.excess_delay_ns if v else 0.0, loss_rate=v.loss_rate if v else 0.0,
         confidence=v.confidence if v else 0.0, flows=v.evidence if v else 0,
     )  # fmt: skip
@@ -84,8 +85,13 @@ def link_history(
     c: Collector, link: str, since: int, until: int, limit: int, offset: int
 ) -> list[LinkHistoryPoint]:
     rows = c.store.link_history(link, since, until, limit, offset)
-    keys = ("updated", "state", "since", "excess_delay_ns", "loss_rate", "confidence", "flows")
-    return [LinkHistoryPoint(**dict(zip(keys, r, strict=True))) for r in rows]
+    return [
+        LinkHistoryPoint(
+            updated=updated, state=as_state(state), since=since_ns, excess_delay_ns=delay,
+            loss_rate=loss, confidence=confidence, flows=flows,
+        )
+        for updated, state, since_ns, delay, loss, confidence, flows in rows
+    ]  # fmt: skip
 
 
 # ---- NICs and hosts ------------------------------------------------------------------------
@@ -138,7 +144,8 @@ def nic_out(r: NicRow) -> NicOut:
     b = r.bad
     return NicOut(
         nic_id=r.nic_id, host_id=r.host_id, ifname=r.ifname, ip=r.ip, leaf=r.leaf,
-        state=r.state, since=b.since_ns if b else None, loss_rate=b.loss_rate if b else 0.0,
+        state=as_state(r.state), since=b.since_ns if b else None,
+        loss_rate=b.loss_rate if b else 0.0,
         excess_delay_ns=b.excess_delay_ns if b else 0.0,
         reason=f"{b.kind} {b.subject} {b.state}" if b else None,
     )  # fmt: skip
@@ -172,7 +179,7 @@ def hosts(c: Collector, state: str | None, limit: int, offset: int) -> tuple[int
         clock = c.served.clocks().get(h)
         out.append(
             HostOut(
-                host_id=h, state=st, nics=[nic_out(n) for n in by_host.get(h, [])],
+                host_id=h, state=as_state(st), nics=[nic_out(n) for n in by_host.get(h, [])],
                 registered=reg, agent_version=version, ts_source=ts,
                 clock=clock_out(c, clock) if clock else None,
             )

@@ -322,9 +322,10 @@ class Store:
     def latest_verdicts(self) -> list[tuple[Verdict, int]]:
         """Each subject's newest stored verdict, with when it was stored."""
         sql = "SELECT arg_max(COLUMNS(*), updated_ns) FROM verdicts GROUP BY subject"
+        rows = self.read().execute(sql).fetchall()
         return [
-            (Verdict(*r[:8], list(r[8] or []), bool(r[9])), r[10])
-            for r in self.read().execute(sql).fetchall()
+            (Verdict(s, kind, st, since, delay, loss, conf, n, list(flows or []), bool(flap)), at)
+            for s, kind, st, since, delay, loss, conf, n, flows, flap, at in rows
         ]
 
     def decisions(self) -> list[Decision]:
@@ -500,12 +501,12 @@ class Store:
         con.execute("BEGIN TRANSACTION")
         try:
             rng = f"start_ns >= {int(self.watermark_ns)} AND start_ns < {int(mark)}"
-            rolled = con.execute(f"SELECT count(*) FROM windows WHERE {rng}").fetchone()[0]
+            rolled = con.execute(f"SELECT count(*) FROM windows WHERE {rng}").fetchall()[0][0]
             if rolled:
                 con.execute(_aggregate_sql("windows", rng))
             deleted = con.execute(
                 "SELECT count(*) FROM windows WHERE start_ns < ?", [cutoff]
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             con.execute("DELETE FROM windows WHERE start_ns < ?", [cutoff])
             # Retries come within minutes; ids are kept `batch_ids_ns` (default 1 h) so the id
             # index stays small at fleet scale (one id per host per window).
@@ -513,7 +514,7 @@ class Store:
             old = now_ns - agg_ns
             dropped = con.execute(
                 "SELECT count(*) FROM windows_minute WHERE minute_ns < ?", [old]
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             con.execute("DELETE FROM windows_minute WHERE minute_ns < ?", [old])
             con.execute("DELETE FROM verdicts WHERE updated_ns < ?", [old])
             con.execute("DELETE FROM clocks WHERE updated_ns < ?", [old])
