@@ -204,7 +204,7 @@ _INGEST_BODY = {
         },
     }
 }
-_INGEST_ERRORS = {
+_INGEST_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERRORS,
     **{code: {"model": m.ErrorOut} for code in (400, 413, 415, 429, 503)},
 }
@@ -258,13 +258,13 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
              responses=ERRORS, tags=["ingest"])  # fmt: skip
     def plan(host_id: str) -> m.PlanOut:
         """The peers and source ports each local NIC probes, and the host's current clock model."""
-        if c.topology is None:
+        if not c.served.has_inventory():
             raise ApiError(
                 404, "no inventory loaded (--inventory): plans need the topology", "host_id"
             )
-        if host_id not in c.topology.nics_by_host or not c.topology.nics_by_host[host_id]:
+        if not c.served.in_inventory(host_id):
             raise ApiError(404, f"host {host_id!r} is not in the inventory", "host_id")
-        p = c.plan(host_id)
+        p = c.served.plan(host_id)
         d = asdict(p)
         d["clock"] = q.clock_out(c, p.clock)
         d["entries"] = [dict(e, sports=list(e["sports"])) for e in d["entries"]]
@@ -275,7 +275,7 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
     def interfaces() -> dict[str, str]:
         """Switch interface address -> the directed link arriving there, from the inventory:
         agents turn their traceroute hops into paths with it (empty without one)."""
-        return dict(c.topology.interfaces) if c.topology is not None else {}
+        return c.served.interfaces()
 
 
 async def _read_body(request: Request, c: Collector) -> bytes:
@@ -291,7 +291,7 @@ async def _read_body(request: Request, c: Collector) -> bytes:
             c.metrics.reject("too_large")
             raise ApiError(413, f"body larger than {limit} bytes", "body")
         chunks.append(chunk)
-    c.metrics.bytes.inc(size)
+    c.metrics.received(size)
     return b"".join(chunks)
 
 
@@ -338,7 +338,7 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
             raise ApiError(404, f"unknown link {link_id!r}", "link_id")
         s, u = _time_range(c, since, until, 3600 * 10**9)
         base = q.link_out(c, link_id)
-        v = c.published.verdicts.get(link_id)
+        v = c.served.verdicts().get(link_id)
         return m.LinkDetailOut(
             **base.model_dump(),
             evidence_flows=v.flows if v else [],
@@ -372,7 +372,7 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
              tags=["clocks"])  # fmt: skip
     def clocks(response: Response, limit: Limit = 100, offset: Offset = 0) -> list[m.ClockOut]:
         """Current clock model per host."""
-        out = [q.clock_out(c, cm) for _, cm in sorted(c.published.clocks.items())]
+        out = [q.clock_out(c, cm) for _, cm in sorted(c.served.clocks().items())]
         return _page(out, limit, offset, response)
 
     @app.get("/v1/pairs/{src_nic:nic}/{dst_nic:nic}/owd", response_model=m.OwdOut,
@@ -427,11 +427,9 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
         per-pair minute rollups, see /v1/pairs). This is the evidence ``fleetlens audit`` fits
         its loss and delay tomography on."""
         s, u = _time_range(c, since, until, 3600 * 10**9)
-        if s < c.store.raw_floor_ns:  # those windows are gone: totals would silently shrink
-            raise ApiError(
-                422, f"since is before the oldest raw window kept ({c.store.raw_floor_ns})",
-                "since",
-            )  # fmt: skip
+        floor = c.served.raw_floor_ns()
+        if s < floor:  # those windows are gone: totals would silently shrink
+            raise ApiError(422, f"since is before the oldest raw window kept ({floor})", "since")
         total, page = fq.flows(c, s, u, limit, offset)
         response.headers["X-Total-Count"] = str(total)
         return page
@@ -453,7 +451,7 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
              responses=ERRORS, tags=["jobs"])  # fmt: skip
     def job_impact(name: str) -> m.ImpactOut:
         """The bad links and NICs the job's traffic crosses."""
-        imp = c.job_impact(name)
+        imp = c.served.job_impact(name)
         if imp is None:
             raise ApiError(404, f"unknown job {name!r}", "name")
         return q.impact_out(c, name, sorted(imp.hosts + imp.unknown_hosts), imp)
@@ -464,4 +462,4 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
         """The NICs this host's LinkPass should drain, with reasons."""
         if host_id not in set(c.known_hosts()):
             raise ApiError(404, f"unknown host {host_id!r}", "host_id")
-        return m.DecisionOut(**asdict(c.decision(host_id)))
+        return m.DecisionOut(**asdict(c.served.decision(host_id)))

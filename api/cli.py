@@ -59,7 +59,7 @@ def _token(env: str, path: Path | None) -> str | None:
 
 def settings_from_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     a = parser().parse_args(argv)
-    given = {}
+    given: dict[str, Any] = {}
     for name, flag, _ in _flags():
         value = getattr(a, name)
         given[name] = int(value * flag.per_unit) if flag.per_unit and value is not None else value

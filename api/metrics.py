@@ -266,6 +266,10 @@ class Metrics:
         """Count one refused ingest or registration request (``REJECT_REASONS``)."""
         self.rejected.labels(reason).inc()
 
+    def received(self, body_bytes: int) -> None:
+        """Count the bytes of one ingest request body read."""
+        self.bytes.inc(body_bytes)
+
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (``EXPOSITION_TYPE``)."""
         return generate_latest(self.registry)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-State = Literal["healthy", "suspect", "faulty"]
+State = Literal["healthy", "suspect", "faulty"]  # fleetlens.records.STATES
 _ID = r"^[A-Za-z0-9._\-]{1,64}$"
+
+
+def as_state(state: str) -> State:
+    """A record's state (``fleetlens.records`` keeps a ``str``) as the API's type; the model
+    still validates the value."""
+    return cast(State, state)
 
 
 class Strict(BaseModel):

@@ -20,6 +20,7 @@ from fleetlens.api.models import (
     LinkOut,
     NicOut,
     OwdPoint,
+    as_state,
 )
 from fleetlens.api.service import Collector
 from fleetlens.triangulate import JobImpact
@@ -36,28 +37,27 @@ def worst(states: list[str]) -> str:
 
 # ---- links ---------------------------------------------------------------------------------
 def link_tier(c: Collector, link: str) -> str:
-    if c.topology and link in c.topology.link_by_id:
-        return c.topology.link_by_id[link].tier
+    inventory = c.served.inventory_links().get(link)
+    if inventory is not None:
+        return inventory.tier
     a, b = split_link_id(link)
     return "access" if is_nic_id(a) or is_nic_id(b) else "unknown"
 
 
 def link_out(c: Collector, link: str) -> LinkOut:
     a, b = split_link_id(link)
-    v = c.published.verdicts.get(link)
+    v = c.served.verdicts().get(link)
     return LinkOut(
         link_id=link, a=a, b=b, tier=link_tier(c, link),
-        state=v.state if v else "healthy", since=v.since_ns if v else None,
+        state=as_state(v.state) if v else "healthy", since=v.since_ns if v else None,
         excess_delay_ns=v.excess_delay_ns if v else 0.0, loss_rate=v.loss_rate if v else 0.0,
         confidence=v.confidence if v else 0.0, flows=v.evidence if v else 0,
     )  # fmt: skip
 
 
 def all_link_ids(c: Collector) -> list[str]:
-    ids = {s for s, v in c.published.verdicts.items() if v.kind == "link"}
-    if c.topology:
-        ids |= set(c.topology.link_by_id)
-    return sorted(ids)
+    ids = {s for s, v in c.served.verdicts().items() if v.kind == "link"}
+    return sorted(ids | set(c.served.inventory_links()))
 
 
 def links(
@@ -66,8 +66,9 @@ def links(
     """(total matching, one page), worst first: the operator's question is "which link is
     hurting". Models are built for the page only (fleets have tens of thousands of links)."""
     rows = []
+    verdicts = c.served.verdicts()
     for lk in all_link_ids(c):
-        v = c.published.verdicts.get(lk)
+        v = verdicts.get(lk)
         st = v.state if v else "healthy"
         if (state and st != state) or (tier and link_tier(c, lk) != tier):
             continue
@@ -77,22 +78,27 @@ def links(
 
 
 def link_known(c: Collector, link: str) -> bool:
-    return link in c.published.verdicts or bool(c.topology and link in c.topology.link_by_id)
+    return link in c.served.verdicts() or link in c.served.inventory_links()
 
 
 def link_history(
     c: Collector, link: str, since: int, until: int, limit: int, offset: int
 ) -> list[LinkHistoryPoint]:
     rows = c.store.link_history(link, since, until, limit, offset)
-    keys = ("updated", "state", "since", "excess_delay_ns", "loss_rate", "confidence", "flows")
-    return [LinkHistoryPoint(**dict(zip(keys, r, strict=True))) for r in rows]
+    return [
+        LinkHistoryPoint(
+            updated=updated, state=as_state(state), since=since_ns, excess_delay_ns=delay,
+            loss_rate=loss, confidence=confidence, flows=flows,
+        )
+        for updated, state, since_ns, delay, loss, confidence, flows in rows
+    ]  # fmt: skip
 
 
 # ---- NICs and hosts ------------------------------------------------------------------------
 def nic_verdicts(c: Collector) -> dict[str, list[Verdict]]:
     """Verdicts that concern each NIC: its own, and those of its access links."""
     out: dict[str, list[Verdict]] = {}
-    for v in c.published.verdicts.values():
+    for v in c.served.verdicts().values():
         if v.kind == "nic":
             out.setdefault(v.subject, []).append(v)
         elif v.kind == "link":
@@ -120,7 +126,7 @@ class NicRow:
 
 def nic_rows(c: Collector, host: str | None = None) -> list[NicRow]:
     reg = c.store.registered_nics()
-    inv = c.topology.nic_by_id if c.topology else {}
+    inv = c.served.inventory_nics()
     concern = nic_verdicts(c)
     out = []
     for nic in sorted(set(reg) | set(inv)):
@@ -138,7 +144,8 @@ def nic_out(r: NicRow) -> NicOut:
     b = r.bad
     return NicOut(
         nic_id=r.nic_id, host_id=r.host_id, ifname=r.ifname, ip=r.ip, leaf=r.leaf,
-        state=r.state, since=b.since_ns if b else None, loss_rate=b.loss_rate if b else 0.0,
+        state=as_state(r.state), since=b.since_ns if b else None,
+        loss_rate=b.loss_rate if b else 0.0,
         excess_delay_ns=b.excess_delay_ns if b else 0.0,
         reason=f"{b.kind} {b.subject} {b.state}" if b else None,
     )  # fmt: skip
@@ -152,8 +159,8 @@ def clock_out(c: Collector, m: ClockModel) -> ClockOut:
     return ClockOut(
         host_id=m.host_id, offset_ns=m.offset_ns, drift_ppb=m.drift_ppb,
         error_bound_ns=m.error_bound_ns, synced=m.synced, t0_ns=m.t0_ns,
-        updated=c.published.clock_updated.get(m.host_id),
-        delay_evidence_from=c.clock_gate.trusted_from_ns.get(m.host_id),
+        updated=c.served.clock_updated_ns(m.host_id),
+        delay_evidence_from=c.served.delay_evidence_from_ns(m.host_id),
     )  # fmt: skip
 
 
@@ -169,10 +176,10 @@ def hosts(c: Collector, state: str | None, limit: int, offset: int) -> tuple[int
     out = []
     for h, st in listed[offset : offset + limit]:
         reg, version, ts = meta.get(h, (None, None, None))
-        clock = c.published.clocks.get(h)
+        clock = c.served.clocks().get(h)
         out.append(
             HostOut(
-                host_id=h, state=st, nics=[nic_out(n) for n in by_host.get(h, [])],
+                host_id=h, state=as_state(st), nics=[nic_out(n) for n in by_host.get(h, [])],
                 registered=reg, agent_version=version, ts_source=ts,
                 clock=clock_out(c, clock) if clock else None,
             )

@@ -252,12 +252,10 @@ class Store:
         finally:
             self.con.unregister("_incoming")
 
-    def read_windows(
-        self, where: str = "TRUE", params: list | None = None, without: tuple[str, ...] = ()
-    ) -> pa.Table:
-        """Windows matching a SQL condition, decoded back to WINDOW_SCHEMA (any thread).
-        The list columns named in ``without`` come back null, unread: clock sync needs no
-        paths and triangulation no hulls, and on a reference-fleet window (6 M rows) each
+    def _select_windows(self, where: str, params: list, without: tuple[str, ...] = ()) -> pa.Table:
+        """Windows matching a SQL condition of this module, decoded back to WINDOW_SCHEMA (any
+        thread). The list columns named in ``without`` come back null, unread: clock sync needs
+        no paths and triangulation no hulls, and on a reference-fleet window (6 M rows) each
         costs 0.5-2 s to read and decode."""
         if not set(without) <= set(BLOB_COLUMNS):
             raise ValueError(f"only list columns can be left out, not {sorted(without)}")
@@ -272,10 +270,14 @@ class Store:
         # fetchall, not fetchone: an unfinished result would block the cursor's next read
         return self.read().execute("SELECT max(start_ns) FROM windows").fetchall()[0][0]
 
-    def window_starts(self, after_ns: int) -> list[int]:
-        """The distinct window starts after ``after_ns``, oldest first."""
-        sql = "SELECT DISTINCT start_ns FROM windows WHERE start_ns > ? ORDER BY 1"
-        return [r[0] for r in self.read().execute(sql, [after_ns]).fetchall()]
+    def oldest_window_start(self) -> int | None:
+        return self.read().execute("SELECT min(start_ns) FROM windows").fetchall()[0][0]
+
+    def window_starts(self, after_ns: int | None = None) -> list[int]:
+        """The distinct window starts (after ``after_ns`` when given), oldest first."""
+        where, params = ("start_ns > ?", [after_ns]) if after_ns is not None else ("TRUE", [])
+        sql = f"SELECT DISTINCT start_ns FROM windows WHERE {where} ORDER BY 1"
+        return [r[0] for r in self.read().execute(sql, params).fetchall()]
 
     def first_window_per_host(self, after_ns: int) -> dict[str, int]:
         """Host -> the start of the first window it sent, of those starting after ``after_ns``."""
@@ -285,17 +287,25 @@ class Store:
         )
         return {h: t for h, t in self.read().execute(sql, [after_ns]).fetchall()}
 
+    def read_windows(self, *, without: tuple[str, ...] = ()) -> pa.Table:
+        """Every stored window (the list columns named in ``without`` come back null, unread)."""
+        return self._select_windows("TRUE", [], without)
+
     def windows_between(self, lo_ns: int, hi_ns: int, without: tuple[str, ...] = ()) -> pa.Table:
-        """The windows starting in [lo_ns, hi_ns] (see :meth:`read_windows` for ``without``)."""
-        return self.read_windows("start_ns >= ? AND start_ns <= ?", [lo_ns, hi_ns], without)
+        """The windows starting in [lo_ns, hi_ns] (``without``: as in :meth:`read_windows`)."""
+        return self._select_windows("start_ns >= ? AND start_ns <= ?", [lo_ns, hi_ns], without)
+
+    def windows_since(self, lo_ns: int, without: tuple[str, ...] = ()) -> pa.Table:
+        """The windows starting at or after ``lo_ns``."""
+        return self._select_windows("start_ns >= ?", [lo_ns], without)
 
     def window_at(self, start_ns: int, without: tuple[str, ...] = ()) -> pa.Table:
         """Every row of the window generation starting at ``start_ns``."""
-        return self.read_windows("start_ns = ?", [start_ns], without)
+        return self._select_windows("start_ns = ?", [start_ns], without)
 
     def links_on_paths(self, nics: list[str], since_ns: int) -> set[str]:
         """Links on the paths of windows since ``since_ns`` between two of ``nics``."""
-        t = self.read_windows(
+        t = self._select_windows(
             "start_ns >= ? AND list_contains(?, src_nic) AND list_contains(?, dst_nic)",
             [since_ns, nics, nics],
         )
@@ -312,9 +322,10 @@ class Store:
     def latest_verdicts(self) -> list[tuple[Verdict, int]]:
         """Each subject's newest stored verdict, with when it was stored."""
         sql = "SELECT arg_max(COLUMNS(*), updated_ns) FROM verdicts GROUP BY subject"
+        rows = self.read().execute(sql).fetchall()
         return [
-            (Verdict(*r[:8], list(r[8] or []), bool(r[9])), r[10])
-            for r in self.read().execute(sql).fetchall()
+            (Verdict(s, kind, st, since, delay, loss, conf, n, list(flows or []), bool(flap)), at)
+            for s, kind, st, since, delay, loss, conf, n, flows, flap, at in rows
         ]
 
     def decisions(self) -> list[Decision]:
@@ -490,12 +501,12 @@ class Store:
         con.execute("BEGIN TRANSACTION")
         try:
             rng = f"start_ns >= {int(self.watermark_ns)} AND start_ns < {int(mark)}"
-            rolled = con.execute(f"SELECT count(*) FROM windows WHERE {rng}").fetchone()[0]
+            rolled = con.execute(f"SELECT count(*) FROM windows WHERE {rng}").fetchall()[0][0]
             if rolled:
                 con.execute(_aggregate_sql("windows", rng))
             deleted = con.execute(
                 "SELECT count(*) FROM windows WHERE start_ns < ?", [cutoff]
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             con.execute("DELETE FROM windows WHERE start_ns < ?", [cutoff])
             # Retries come within minutes; ids are kept `batch_ids_ns` (default 1 h) so the id
             # index stays small at fleet scale (one id per host per window).
@@ -503,7 +514,7 @@ class Store:
             old = now_ns - agg_ns
             dropped = con.execute(
                 "SELECT count(*) FROM windows_minute WHERE minute_ns < ?", [old]
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             con.execute("DELETE FROM windows_minute WHERE minute_ns < ?", [old])
             con.execute("DELETE FROM verdicts WHERE updated_ns < ?", [old])
             con.execute("DELETE FROM clocks WHERE updated_ns < ?", [old])

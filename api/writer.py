@@ -25,9 +25,6 @@ from fleetlens.batch import Batch
 log = logging.getLogger("fleetlens.api.writer")
 
 
-_NOTHING = object()
-
-
 class Backpressure(Exception):
     def __init__(self, retry_after_s: float) -> None:
         super().__init__(f"writer queue full, retry after {retry_after_s:.0f} s")
@@ -35,12 +32,20 @@ class Backpressure(Exception):
 
 
 @dataclass
-class _Item:
+class _Queued:
     rows: int
     enqueued: float
     future: Future
-    batch: Batch | None = None
-    call: Callable[[Store], Any] | None = None
+
+
+@dataclass
+class _BatchItem(_Queued):
+    batch: Batch
+
+
+@dataclass
+class _CallItem(_Queued):
+    call: Callable[[Store], Any]
 
 
 class Writer:
@@ -54,7 +59,7 @@ class Writer:
     ) -> None:
         self.store = store
         self.max_rows = max_rows
-        self._q: queue.Queue[_Item | None] = queue.Queue(maxsize=max_batches)
+        self._q: queue.Queue[_BatchItem | _CallItem | None] = queue.Queue(maxsize=max_batches)
         self._rows = 0
         self._oldest: list[float] = []  # enqueue times of pending items, oldest first
         self._lock = threading.Lock()
@@ -80,18 +85,18 @@ class Writer:
 
     # ---- producers -------------------------------------------------------------------------
     def submit_batch(self, batch: Batch) -> Future:
-        return self._submit(_Item(batch.rows, time.monotonic(), Future(), batch=batch))
+        return self._submit(_BatchItem(batch.rows, time.monotonic(), Future(), batch))
 
     def submit_call(self, fn: Callable[[Store], Any], block: bool = True) -> Future:
         """Run ``fn(store)`` on the writer thread (loop outputs, registrations, retention)."""
-        item = _Item(0, time.monotonic(), Future(), call=fn)
+        item = _CallItem(0, time.monotonic(), Future(), fn)
         if block:
             self._track(item)
             self._q.put(item)
             return item.future
         return self._submit(item)
 
-    def _submit(self, item: _Item) -> Future:
+    def _submit(self, item: _BatchItem | _CallItem) -> Future:
         with self._lock:
             if self._rows + item.rows > self.max_rows and self._rows > 0:
                 raise Backpressure(self._retry_after())
@@ -104,12 +109,12 @@ class Writer:
             raise Backpressure(self._retry_after()) from None
         return item.future
 
-    def _track(self, item: _Item) -> None:
+    def _track(self, item: _Queued) -> None:
         with self._lock:
             self._rows += item.rows
             self._oldest.append(item.enqueued)
 
-    def _untrack(self, item: _Item) -> None:
+    def _untrack(self, item: _Queued) -> None:
         with self._lock:
             self._rows -= item.rows
             if item.enqueued in self._oldest:
@@ -134,13 +139,12 @@ class Writer:
 
     # ---- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        pending: _Item | object | None = _NOTHING
+        pending: list[_CallItem | None] = []  # what ended the last group, handled next
         while True:
-            item = self._q.get() if pending is _NOTHING else pending
-            pending = _NOTHING
+            item = pending.pop() if pending else self._q.get()
             if item is None:
                 return
-            if item.call is not None:
+            if isinstance(item, _CallItem):
                 self._run_call(item)
                 continue
             group = [item]
@@ -152,16 +156,16 @@ class Writer:
                     nxt = self._q.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is None or nxt.call is not None:
-                    pending = nxt  # handled right after this group (None: stop)
+                if not isinstance(nxt, _BatchItem):
+                    pending.append(nxt)  # handled right after this group (None: stop)
                     break
                 group.append(nxt)
                 rows += nxt.rows
             self._run_group(group)
 
-    def _run_call(self, item: _Item) -> None:
+    def _run_call(self, item: _CallItem) -> None:
         try:
-            result = item.call(self.store)  # type: ignore[misc]
+            result = item.call(self.store)
         except BaseException as e:
             self.errors += 1
             log.exception("writer: call failed")
@@ -171,7 +175,7 @@ class Writer:
         self._untrack(item)
         _resolve(item.future, result)
 
-    def _run_group(self, group: list[_Item]) -> None:
+    def _run_group(self, group: list[_BatchItem]) -> None:
         t_cpu, t0 = time.thread_time(), time.perf_counter()
         try:
             flags = self.store.insert_batches([it.batch for it in group], time.time_ns())

@@ -211,9 +211,8 @@ def generate_store(db: Path, rows: int) -> tuple[str, str, int]:
     # What the collector's retention loop does every minute: roll closed minutes up.
     store.retention_pass(time.time_ns(), 24 * 3600 * 10**9, 30 * 24 * 3600 * 10**9)
     rollup_s = time.perf_counter() - t1
-    src, dst, newest = store.con.execute(
-        "SELECT src_nic, dst_nic, (SELECT max(start_ns) FROM windows) FROM windows LIMIT 1"
-    ).fetchone()
+    src, dst = "h000/eth0", f"h{1 % HOSTS:03d}/eth0"  # flow 0 of the rows generated above
+    newest = store.newest_window_start()
     store.close()
     size = db.stat().st_size / 2**30
     print(f"store        : {rows:>11,} rows generated in {t1 - t0:6.1f} s, minute rollup "

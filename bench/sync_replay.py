@@ -40,12 +40,11 @@ SETTLE_WINDOWS = 20  # the bench scores from 20 s on
 
 def errors(store: Store, topo: Topology) -> np.ndarray:
     """h01 − h00 offset error (ns) per solved window after the settling ones."""
-    gens = [g for (g,) in store.read().sql("SELECT DISTINCT start_ns FROM windows ORDER BY 1")
-            .fetchall()]  # fmt: skip
+    gens = store.window_starts()
     sync = HuygensSync(SyncConfig(min_edges=min_edges(len(topo.hosts))))
 
     def read(lo: int, hi: int):
-        return store.read_windows("start_ns >= ? AND start_ns <= ?", [lo, hi])
+        return store.windows_between(lo, hi)
 
     errs = []
     for models in replay(read, gens, sync, topo, Settings.loop_lookback_ns):
@@ -62,11 +61,10 @@ def half_asymmetry(store: Store) -> tuple[float, float]:
     clock: here the one real clock), not from ``owd_min_ns``, which agents report in fleet
     time, i.e. through the clock models under test: a floor taken from it carries
     FleetLens's own error with the opposite sign."""
-    t = store.read_windows(
-        "start_ns >= (SELECT min(start_ns) FROM windows) + ?",
-        [SETTLE_WINDOWS * 1_000_000_000],
-        without=("path",),
-    )
+    first = store.oldest_window_start()
+    if first is None:
+        return float("nan"), float("nan")
+    t = store.windows_since(first + SETTLE_WINDOWS * 1_000_000_000, without=("path",))
     src = pc.list_element(pc.split_pattern(t["src_nic"], "/"), 0).to_numpy(zero_copy_only=False)
     dst = pc.list_element(pc.split_pattern(t["dst_nic"], "/"), 0).to_numpy(zero_copy_only=False)
     row = pc.list_parent_indices(t["hull_owd_ns"]).to_numpy()

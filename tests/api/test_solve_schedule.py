@@ -70,7 +70,7 @@ def _sleep(c: Collector) -> None:
 
 
 def _starts(c: Collector, now: int) -> set[int]:
-    return set(pc.unique(c.newest_windows(now)["start_ns"]).to_pylist())
+    return set(pc.unique(c.rounds.newest_windows(now)["start_ns"]).to_pylist())
 
 
 def test_a_generation_is_solved_only_once_every_live_agent_sent_it(manual) -> None:  # type: ignore[no-untyped-def]

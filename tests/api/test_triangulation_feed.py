@@ -164,7 +164,7 @@ def test_without_an_inventory_the_placeholder_judges_the_reported_paths(tmp_path
         for host in topo.hosts:
             send_clean_window(c, topo, host, T0, received=50, path=bad)
         c.run_round(T0 + 3 * SEC)
-        got = c.published.verdicts.get(bad[0])
+        got = c.served.verdicts().get(bad[0])
     finally:
         c.stop()
     assert got is not None and got.state == "faulty", got
@@ -199,7 +199,7 @@ def test_verdicts_are_published_before_the_clock_solve_and_without_it(tmp_path: 
     seen_at_solve: list[dict[str, Verdict]] = []
 
     def solve(windows: pa.Table, topology: Topology | None, prev: dict) -> list[ClockModel]:
-        seen_at_solve.append(dict(c.published.verdicts))
+        seen_at_solve.append(dict(c.served.verdicts()))
         raise RuntimeError("solver failed")
 
     engines = Engines(solve_clocks=solve, triangulate=lambda *_: [bad])
@@ -217,7 +217,7 @@ def test_verdicts_are_published_before_the_clock_solve_and_without_it(tmp_path: 
     finally:
         c.stop()
     assert seen_at_solve == [{}, {bad.subject: bad}]  # published when the solve started
-    assert c.published.verdicts == {bad.subject: bad}
+    assert c.served.verdicts() == {bad.subject: bad}
     assert (bad.subject, "faulty") in stored
     assert errors == 2
 
@@ -251,7 +251,7 @@ def test_triangulation_goes_on_while_a_clock_solve_is_stuck(tmp_path: Path) -> N
                 send_clean_window(c, topo, host, start + w * SEC)
             _until(lambda w=w: w == 0 or start + w * SEC in judged, f"window {w} judged")
         assert solving.is_set() and not release.is_set()  # all of it during one solve
-        assert "leaf0->spine1" in c.published.verdicts  # published, not held for the solve
+        assert "leaf0->spine1" in c.served.verdicts()  # published, not held for the solve
         lag = {s.name: s.value for s in c.metrics.verdict_lag.collect()[0].samples}
         age = c.metrics.registry.get_sample_value("fleetlens_triangulated_window_age_seconds")
     finally:

@@ -121,3 +121,23 @@ def test_batch_ids_are_remembered_for_the_retry_window(tmp_path: Path, topo: Top
     store.retention_pass(now + 2 * HOUR_NS, DAY_NS, 30 * DAY_NS, batch_ids_ns=HOUR_NS)
     assert store.insert_batches([z], now + 2 * HOUR_NS) == [True]  # id forgotten after 1 h
     store.close()
+
+
+def test_typed_window_reads_select_by_start(tmp_path: Path, topo: Topology) -> None:
+    """The reads replays and benches use (no SQL from the caller): window starts, the windows
+    of a span or from a start on, the oldest and newest start."""
+    store = Store(tmp_path / "r.duckdb")
+    t0 = 10**18
+    assert store.window_starts() == [] and store.oldest_window_start() is None
+    store.insert_windows_raw(make_windows(topo, "h00", t0, n_windows=4, seed=1))
+    every = store.read_windows()
+    starts = every["start_ns"].to_pylist()
+    assert store.window_starts() == sorted(set(starts)) == [t0 + i * 10**9 for i in range(4)]
+    assert store.window_starts(t0 + 10**9) == [t0 + 2 * 10**9, t0 + 3 * 10**9]
+    assert (store.oldest_window_start(), store.newest_window_start()) == (t0, t0 + 3 * 10**9)
+    since = store.windows_since(t0 + 2 * 10**9, without=("path",))
+    assert sorted(since["start_ns"].to_pylist()) == sorted(s for s in starts if s >= t0 + 2 * 10**9)
+    assert since["path"].null_count == since.num_rows and since["hull_t_ns"].null_count == 0
+    between = store.windows_between(t0 + 10**9, t0 + 2 * 10**9)
+    assert sorted(set(between["start_ns"].to_pylist())) == [t0 + 10**9, t0 + 2 * 10**9]
+    store.close()

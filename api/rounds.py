@@ -1,0 +1,156 @@
+"""The collector's rounds: what its triangulation and clock loops run, given the wall time.
+
+- A triangulation round hands each settled window to the engine once, oldest first
+  (``feed.py``), or, without an inventory, the fallback the look-back the clocks are solved on;
+  the verdicts and the drain decisions derived from them are stored in one transaction and
+  published. A failing clock solve holds none of them back.
+- A clock round solves the look-back up to the newest window generation every live agent has
+  uploaded (``arrivals.py``), then stores and publishes the models; ``clockgate.py`` learns
+  from them which hosts' delays triangulation may use.
+
+Every committed batch is reported here (:meth:`Rounds.committed`): it moves the newest stored
+window and may complete a window generation, which wakes the loops.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from fleetlens.api.arrivals import WindowArrivals
+from fleetlens.api.clockgate import ClockGate
+from fleetlens.api.feed import TriangulationFeed
+from fleetlens.api.known import KnownNics
+from fleetlens.api.loops import timed
+from fleetlens.api.metrics import Metrics
+from fleetlens.api.publish import Published
+from fleetlens.api.store import Store
+from fleetlens.triangulate import decisions, decisions_by_nic
+
+from fleetlens.batch import Batch
+from fleetlens.engines import SolveClocks, Triangulate
+from fleetlens.records import WINDOW_SCHEMA, Decision, Verdict
+from fleetlens.topology import Topology
+
+DEFAULT_WINDOW_NS = 1_000_000_000  # a batch whose first window has no duration
+
+
+@dataclass(kw_only=True)
+class Rounds:
+    """The loops' rounds over the collector's parts. ``fallback``: the triangulation engine
+    judges the look-back (it keeps no per-window state), not the feed's settled windows."""
+
+    topology: Topology | None
+    solve_clocks: SolveClocks
+    triangulate: Triangulate
+    fallback: bool
+    lookback_ns: int
+    store: Store
+    known: KnownNics
+    arrivals: WindowArrivals
+    feed: TriangulationFeed
+    clock_gate: ClockGate
+    published: Published
+    metrics: Metrics
+    wake: Callable[[], None]
+    newest_start_ns: int | None = field(init=False)  # newest window start stored
+    judged_end_ns: int | None = field(init=False, default=None)  # newest judged window's end
+
+    def __post_init__(self) -> None:
+        self.newest_start_ns = self.store.newest_window_start()
+
+    def run(self, now_ns: int) -> None:
+        """Both rounds, one after the other (what tests and replays drive)."""
+        self.triangulation_round(now_ns)
+        self.clock_round(now_ns)
+
+    def committed(self, batch: Batch, stored: bool, seconds: float) -> None:
+        """The writer committed ``batch`` (``stored``: it was new, not a retry); called on the
+        writer thread."""
+        m = self.metrics
+        m.commit_seconds.observe(seconds)
+        if not stored:
+            m.batches.labels("duplicate").inc()
+            return
+        m.batches.labels("stored").inc()
+        m.windows.inc(batch.rows)
+        if batch.rows:
+            newest = pc.max(batch.windows["start_ns"]).as_py()
+            self.newest_start_ns = max(self.newest_start_ns or newest, newest)
+            m.owd.observe(batch.windows)
+            starts = pc.unique(batch.windows["start_ns"]).to_pylist()
+            dur = batch.windows["duration_ns"][0].as_py() or DEFAULT_WINDOW_NS
+            if self.arrivals.stored(batch.host_id, starts, dur, time.time_ns()):
+                self.wake()
+
+    def newest_windows(self, now_ns: int | None = None) -> pa.Table:
+        """The look-back up to the newest window generation every live agent has uploaded."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        hi = self.arrivals.solve_upto(now_ns, self.newest_start_ns)
+        if hi is None:
+            return WINDOW_SCHEMA.empty_table()
+        # Paths are triangulation's, which reads its own windows (the fallback excepted).
+        skip = () if self.fallback else ("path",)
+        return self.store.windows_between(hi - self.lookback_ns, hi, skip)
+
+    def triangulation_round(self, now_ns: int) -> None:
+        """The settled windows triangulated, their verdicts and drain decisions stored in one
+        transaction and published."""
+        ends: list[int] = []
+        judge = self._judge_lookback if self.fallback else self._judge_feed
+        verdicts = judge(now_ns, ends)
+        if verdicts is None:
+            return
+        self.published.verdicts_round(verdicts, self.decide(verdicts, now_ns), now_ns)
+        done = time.time_ns()
+        for end in ends:
+            self.metrics.verdict_lag.observe((done - end) / 1e9)
+        if ends:
+            self.judged_end_ns = max(ends)
+
+    def clock_round(self, now_ns: int) -> None:
+        """The clock solve on the look-back, its models stored (one transaction) and published."""
+        windows = self.newest_windows(now_ns)
+        prev = dict(self.published.clocks)
+        solve = self.solve_clocks
+        clocks = timed(self.metrics, "clocks", solve, windows, self.topology, prev)
+        if clocks is not None:
+            self.clock_gate.note_models(clocks, now_ns)
+            self.published.clocks_round(clocks, now_ns)
+
+    def decide(self, verdicts: list[Verdict], now_ns: int) -> list[Decision]:
+        """Per host, the NICs to drain given these verdicts."""
+        if self.topology is not None:
+            return decisions(verdicts, self.topology, now_ns)
+        return decisions_by_nic(verdicts, self.known.nics().to_pylist(), now_ns)
+
+    def judged_age_s(self) -> float:
+        """Seconds since the end of the newest window whose verdicts are out (NaN: none yet)."""
+        end = self.judged_end_ns
+        return math.nan if end is None else (time.time_ns() - end) / 1e9
+
+    def _judge_feed(self, now_ns: int, ends: list[int]) -> list[Verdict] | None:
+        """Each settled window handed to the engine once, oldest first; the end of each
+        window judged is appended to ``ends``."""
+        verdicts = list(self.published.verdicts.values())
+        for one in self.feed.windows(self.newest_start_ns, now_ns):
+            out = self._triangulate(one)
+            if out is None:
+                return None
+            verdicts = out
+            ends.append(self.feed.judged(one))
+        return verdicts
+
+    def _judge_lookback(self, now_ns: int, ends: list[int]) -> list[Verdict] | None:
+        windows = self.newest_windows(now_ns)
+        if windows.num_rows:
+            ends.append(pc.max(pc.add(windows["start_ns"], windows["duration_ns"])).as_py())
+        return self._triangulate(windows)
+
+    def _triangulate(self, windows: pa.Table) -> list[Verdict] | None:
+        prev = dict(self.published.verdicts)
+        return timed(self.metrics, "triangulate", self.triangulate, windows, self.topology, prev)
