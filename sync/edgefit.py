@@ -49,7 +49,7 @@ class EdgeFits:
     slope_ok: np.ndarray  # bool
     soft: np.ndarray  # bool: the soft-margin fit was used
     usable: np.ndarray  # bool: both sides have points (and a soft fit succeeded if needed)
-    span: np.ndarray | None = None  # ns between the edge's first and last point
+    span: np.ndarray  # ns between the edge's first and last point
 
 
 def fit_edges(
