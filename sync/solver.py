@@ -106,6 +106,7 @@ class HuygensSync:
         self.tracker = DriftTracker(self.cfg)
         self.pool = HullPool(self.cfg)
         self.report = SolveReport()
+        self._excess: np.ndarray | None = None  # the pooled fit's margin excess per edge
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, ClockModel]
@@ -126,7 +127,13 @@ class HuygensSync:
             self.models = self._one_window(rows, topology, prev, gen)
         return list(self.models)
 
-    def _one_window(self, windows: pa.Table, topology, prev, gen: int | None) -> list[ClockModel]:
+    def _one_window(
+        self,
+        windows: pa.Table,
+        topology: Topology | None,
+        prev: dict[str, ClockModel],
+        gen: int | None,
+    ) -> list[ClockModel]:
         pts = hull_points(windows)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
@@ -201,7 +208,18 @@ class HuygensSync:
         rep.ts_kind = kind
         return rep
 
-    def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1, tracked):
+    def _pool_fits(
+        self,
+        pts: HullPoints,
+        geo: _EdgeGeometry,
+        nic_h: np.ndarray,
+        theta: np.ndarray,
+        drift: np.ndarray,
+        t_ref: int,
+        gen: int | None,
+        fits1: EdgeFits,
+        tracked: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> tuple[EdgeFits, np.ndarray]:
         """Fits over the last k windows' hulls for every span k, one chosen per edge.
 
         The pooled fits' slope is searched only within ``cfg.pool_bracket_k`` tracked drift
@@ -249,7 +267,9 @@ class HuygensSync:
         lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
         return lat.reshape(-1, 2)[:, 0], lat.reshape(-1, 2)[:, 1]
 
-    def _prior(self, hosts, pts: HullPoints, src_h: np.ndarray):
+    def _prior(
+        self, hosts: list[str], pts: HullPoints, src_h: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Offsets/drifts to map times with, at a reference time near the window's middle."""
         raw_mid = int(np.median(pts.t_raw))
         theta = np.zeros(len(hosts))
@@ -353,7 +373,14 @@ class _Network:
     ref: int | None
     cfg: SyncConfig
 
-    def solve(self, fits: EdgeFits, lenient, theta, drift, known):
+    def solve(
+        self,
+        fits: EdgeFits,
+        lenient: np.ndarray,
+        theta: np.ndarray,
+        drift: np.ndarray,
+        known: np.ndarray,
+    ) -> tuple[np.ndarray, NetSolution, NetSolution]:
         geo, cfg = self.geo, self.cfg
         w0, unstable = _edge_weights(fits, geo, self.n_hosts, lenient, cfg)
         off = solve_network(
@@ -384,7 +411,9 @@ class _EdgeGeometry:
         self.keys = [f"{a}|{b}" for a, b in self.nics]  # stable across windows
 
 
-def _fleet_t(t_raw: np.ndarray, src_h, theta, drift, t_ref: int) -> np.ndarray:
+def _fleet_t(
+    t_raw: np.ndarray, src_h: np.ndarray, theta: np.ndarray, drift: np.ndarray, t_ref: int
+) -> np.ndarray:
     """Point times in fleet time relative to ``t_ref`` (float ns), through the given models
     (θ at t_ref, δ): fleet = raw − θ − δ·(fleet − t_ref), solved for fleet."""
     rel = (t_raw - t_ref).astype(np.float64)
@@ -394,7 +423,7 @@ def _fleet_t(t_raw: np.ndarray, src_h, theta, drift, t_ref: int) -> np.ndarray:
 
 def _edge_weights(
     fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.ndarray, cfg: SyncConfig
-):
+) -> tuple[np.ndarray, np.ndarray]:
     w0 = np.where(fits.usable, np.where(fits.soft & ~lenient, cfg.soft_weight, 1.0), 0.0)
     use = fits.usable & ~lenient
     n_all = np.bincount(geo.lo[use], minlength=n_hosts) + np.bincount(
@@ -454,7 +483,12 @@ def _host_excess(rep: SolveReport, win: _Solved, on: np.ndarray) -> np.ndarray:
     return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
 
 
-def _host_list(pts: HullPoints, topology, prev, tracker) -> list[str]:
+def _host_list(
+    pts: HullPoints,
+    topology: Topology | None,
+    prev: dict[str, ClockModel],
+    tracker: DriftTracker,
+) -> list[str]:
     hosts = set(pts.nic_host) | set(prev)
     hosts |= set(tracker.states)
     if topology is not None:
