@@ -20,6 +20,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +50,12 @@ class ClockModel:
     error_bound_ns: float | None = None
     synced: bool = False
 
+    @overload
+    def to_fleet(self, raw_ns: int) -> int: ...
+    @overload
+    def to_fleet(self, raw_ns: np.ndarray) -> np.ndarray: ...
     def to_fleet(self, raw_ns: np.ndarray | int) -> np.ndarray | int:
+        """Raw time to fleet time: a Python int for an int (or a 0-d array), else an array."""
         raw = np.asarray(raw_ns, dtype=np.int64)
         corr = self.offset_ns + self.drift_ppb * 1e-9 * (raw - self.t0_ns).astype(np.float64)
         out = raw - np.rint(corr).astype(np.int64)

@@ -49,7 +49,7 @@ class EdgeFits:
     slope_ok: np.ndarray  # bool
     soft: np.ndarray  # bool: the soft-margin fit was used
     usable: np.ndarray  # bool: both sides have points (and a soft fit succeeded if needed)
-    span: np.ndarray | None = None  # ns between the edge's first and last point
+    span: np.ndarray  # ns between the edge's first and last point
 
 
 def fit_edges(
@@ -85,7 +85,9 @@ def fit_edges(
     return fits
 
 
-def _padded(e: np.ndarray, t: np.ndarray, y: np.ndarray, n: int, fill: float):
+def _padded(
+    e: np.ndarray, t: np.ndarray, y: np.ndarray, n: int, fill: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(n, P) matrices of each edge's points, padded with ``fill`` in y and 0 in t."""
     order = np.argsort(e, kind="stable")
     e, t, y = e[order], t[order], y[order]
@@ -99,15 +101,23 @@ def _padded(e: np.ndarray, t: np.ndarray, y: np.ndarray, n: int, fill: float):
     return tm, ym, counts
 
 
-def _f(tu, yu, b):
+def _f(tu: np.ndarray, yu: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (yu - b[:, None] * tu).min(axis=1)
 
 
-def _g(tl, yl, b):
+def _g(tl: np.ndarray, yl: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (yl - b[:, None] * tl).max(axis=1)
 
 
-def _bisect(tu, yu, tl, yl, b_prior, bracket, bisections: int):
+def _bisect(
+    tu: np.ndarray,
+    yu: np.ndarray,
+    tl: np.ndarray,
+    yl: np.ndarray,
+    b_prior: np.ndarray,
+    bracket: np.ndarray,
+    bisections: int,
+) -> np.ndarray:
     lo, hi = b_prior - bracket, b_prior + bracket
     rows = np.arange(tu.shape[0])
     for _ in range(bisections):
@@ -127,7 +137,14 @@ def _span(edge: np.ndarray, t: np.ndarray, n: int) -> np.ndarray:
     return np.where(np.isfinite(tmax), tmax - tmin, 0.0)
 
 
-def _soft_fallback(fits: EdgeFits, edge, upper, t, y, cfg: SyncConfig) -> None:
+def _soft_fallback(
+    fits: EdgeFits,
+    edge: np.ndarray,
+    upper: np.ndarray,
+    t: np.ndarray,
+    y: np.ndarray,
+    cfg: SyncConfig,
+) -> None:
     bad = np.flatnonzero(fits.usable & (fits.margin < 0))
     if bad.size > cfg.max_soft_edges:
         fits.usable[bad[cfg.max_soft_edges :]] = False

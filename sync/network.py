@@ -101,7 +101,9 @@ def solve_network(
     return NetSolution(x, solved, w, outlier, r, s, np.where(solved, sigma, np.nan))
 
 
-def _active(n, lo, hi, w, min_edges: int) -> tuple[np.ndarray, np.ndarray]:
+def _active(
+    n: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, min_edges: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Edges and hosts kept: drop hosts with < ``min_edges`` edges until stable, then keep the
     largest connected component."""
     edge_on = w > 0
@@ -123,7 +125,16 @@ def _active(n, lo, hi, w, min_edges: int) -> tuple[np.ndarray, np.ndarray]:
     return edge_on & solved[lo], solved
 
 
-def _solve(n, lo, hi, z, w, x0, solved, cfg: SyncConfig) -> np.ndarray:
+def _solve(
+    n: int,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    z: np.ndarray,
+    w: np.ndarray,
+    x0: np.ndarray,
+    solved: np.ndarray,
+    cfg: SyncConfig,
+) -> np.ndarray:
     idx = np.full(n, -1)
     idx[solved] = np.arange(int(solved.sum()))
     m = int(solved.sum())
@@ -149,7 +160,14 @@ def _solve(n, lo, hi, z, w, x0, solved, cfg: SyncConfig) -> np.ndarray:
     return out
 
 
-def _anchor(x, prior, has_prior, solved, reference, trim: float) -> np.ndarray:
+def _anchor(
+    x: np.ndarray,
+    prior: np.ndarray,
+    has_prior: np.ndarray,
+    solved: np.ndarray,
+    reference: int | None,
+    trim: float,
+) -> np.ndarray:
     if reference is not None and solved[reference]:
         return x - x[reference]
     both = solved & has_prior
@@ -162,7 +180,9 @@ def _anchor(x, prior, has_prior, solved, reference, trim: float) -> np.ndarray:
     return x - shift
 
 
-def _sigma(n, lo, hi, r, w, s) -> np.ndarray:
+def _sigma(
+    n: int, lo: np.ndarray, hi: np.ndarray, r: np.ndarray, w: np.ndarray, s: float
+) -> np.ndarray:
     """Standard error per host: its weighted residual rms (at least the global scale) over
     the square root of its effective edge count."""
     wr2 = w * r * r

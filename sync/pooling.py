@@ -65,22 +65,29 @@ class _EdgeTrack:
     a: np.ndarray  # per span: intercept (ns)
     b: np.ndarray  # per span: slope
     ok: np.ndarray  # per span: the line was usable
-    score: np.ndarray | None = None  # per span: running mean squared prediction error
-    scored: np.ndarray | None = None  # per span: predictions scored so far
-    pending: np.ndarray | None = None  # per span: surprises in a row so far
-    margin: np.ndarray | None = None  # per span: the line's margin (ns)
-    bend: np.ndarray | None = None  # per span: running mean squared intrusion (``_intrusion``)
+    margin: np.ndarray  # per span: the line's margin (ns)
+    score: np.ndarray  # per span: running mean squared prediction error
+    scored: np.ndarray  # per span: predictions scored so far
+    pending: np.ndarray  # per span: surprises in a row so far
+    bend: np.ndarray  # per span: running mean squared intrusion (``_intrusion``)
 
-    def __post_init__(self) -> None:
-        if self.score is None:
-            self.score = np.zeros(self.a.size)
-            self.scored = np.zeros(self.a.size, np.int64)
-        if self.pending is None:
-            self.pending = np.zeros(self.a.size, np.int64)
-        if self.margin is None:
-            self.margin = np.zeros(self.a.size)
-        if self.bend is None:
-            self.bend = np.full(self.a.size, np.nan)
+    @classmethod
+    def follow(
+        cls,
+        old: _EdgeTrack | None,
+        t_ref: int,
+        a: np.ndarray,
+        b: np.ndarray,
+        ok: np.ndarray,
+        margin: np.ndarray,
+    ) -> _EdgeTrack:
+        """This window's lines, with the running scores of the edge's last track (``old``), or
+        fresh ones for an edge not tracked."""
+        if old is not None:
+            return cls(t_ref, a, b, ok, margin, old.score, old.scored, old.pending, old.bend)
+        n = a.size
+        zeros = np.zeros(n, np.int64)
+        return cls(t_ref, a, b, ok, margin, np.zeros(n), zeros, zeros.copy(), np.full(n, np.nan))
 
 
 @dataclass
@@ -118,9 +125,9 @@ class HullPool:
             s, d = remap[old.src], remap[old.dst]
             keep = (s >= 0) & (d >= 0)
             parts.append((s[keep], d[keep], old.t_raw[keep], old.owd_raw[keep], age))
-        cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
-        age = np.concatenate([np.full(p[0].size, p[4], np.int64) for p in parts])
-        return Pooled(*cols, age)
+        src, dst, t_raw, owd_raw = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        ages = np.concatenate([np.full(p[0].size, p[4], np.int64) for p in parts])
+        return Pooled(src, dst, t_raw, owd_raw, ages)
 
     def remember(self, pts: HullPoints, gen: int | None) -> None:
         if len(self.sizes) > 1:
@@ -162,11 +169,9 @@ class HullPool:
         choice, self.best = _pick(tracks, ok, usable, self.best, cfg)
         self.noise = _noise(tracks, choice, cfg.min_scored)
         for e, (key, tr) in enumerate(zip(keys, tracks, strict=True)):
-            self.tracks[key] = _EdgeTrack(
-                t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(),
-                *((tr.score, tr.scored, tr.pending) if tr is not None else (None, None, None)),
-                margin[:, e].copy(), tr.bend if tr is not None else None,
-            )  # fmt: skip
+            self.tracks[key] = _EdgeTrack.follow(
+                tr, t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(), margin[:, e].copy()
+            )
         return _select(fits, choice), choice
 
     def forget(self, keys: list[str]) -> None:
@@ -227,13 +232,11 @@ def _intrusion(
     out = np.full((n_spans, n_e), np.nan)
     if not have.any() or edge.size == 0:
         return out
-    idx = np.flatnonzero(have)
     a0 = np.zeros((n_spans, n_e))
     m0 = np.zeros((n_spans, n_e))
     ok0 = np.zeros((n_spans, n_e), bool)
     dt = np.zeros(n_e)
-    for i in idx:
-        tr = tracks[i]
+    for i, tr in _present(tracks):
         good = tr.ok & (tr.margin > 0)
         if not good.any():
             continue
@@ -254,6 +257,11 @@ def _intrusion(
         seen = np.isfinite(lo_gap) | np.isfinite(hi_gap)
         out[k] = np.where(ok0[k] & seen, np.maximum(worst, 0.0), np.nan)
     return out
+
+
+def _present(tracks: list[_EdgeTrack | None]) -> list[tuple[int, _EdgeTrack]]:
+    """The edges that have a track, with their index."""
+    return [(i, tr) for i, tr in enumerate(tracks) if tr is not None]
 
 
 def _bend(tracks: list[_EdgeTrack | None], intrusion: np.ndarray, w: float) -> None:
@@ -285,11 +293,11 @@ def _pick(
     n_sp, n_e = ok.shape
     score = np.full((n_sp, n_e), np.inf)
     scored = np.zeros((n_sp, n_e), np.int64)
-    have = np.array([tr is not None for tr in tracks], bool)
-    if have.any():
-        idx = np.flatnonzero(have)
-        score[:, idx] = np.array([tracks[i].score for i in idx]).T
-        scored[:, idx] = np.array([tracks[i].scored for i in idx]).T
+    present = _present(tracks)
+    if present:
+        idx = [i for i, _ in present]
+        score[:, idx] = np.array([tr.score for _, tr in present]).T
+        scored[:, idx] = np.array([tr.scored for _, tr in present]).T
     allowed = ok & (scored >= cfg.min_scored)
     allowed[0] = True
     med = np.array([np.median(score[k, allowed[k]]) if allowed[k].any() else np.inf

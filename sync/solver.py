@@ -35,8 +35,9 @@ software stamps, while drift wander over 1 s (≈ 20–50 ppb) keeps clocks line
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -105,12 +106,14 @@ class HuygensSync:
         self.tracker = DriftTracker(self.cfg)
         self.pool = HullPool(self.cfg)
         self.report = SolveReport()
+        self._excess: np.ndarray | None = None  # the pooled fit's margin excess per edge
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, ClockModel]
     ) -> list[ClockModel]:
         for m in prev.values():
             self.tracker.seed(m)
+        todo: Sequence[tuple[pa.Table, int | None]]
         todo = complete_generations(windows, after=self.generation)
         if not todo:
             self.idle_calls += 1
@@ -124,7 +127,13 @@ class HuygensSync:
             self.models = self._one_window(rows, topology, prev, gen)
         return list(self.models)
 
-    def _one_window(self, windows: pa.Table, topology, prev, gen: int | None) -> list[ClockModel]:
+    def _one_window(
+        self,
+        windows: pa.Table,
+        topology: Topology | None,
+        prev: dict[str, ClockModel],
+        gen: int | None,
+    ) -> list[ClockModel]:
         pts = hull_points(windows)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
@@ -132,10 +141,11 @@ class HuygensSync:
             return [self._coast(h) for h in hosts]
         rep = self._solve(pts, hosts, _ts_kind(windows), gen)
         self.report = rep
-        models = self._publish(rep)
+        win = _Solved.of(rep)
+        models = self._publish(rep, win)
         if rep.steps:  # spans through a step would fit nothing: those edges start over
             stepped = {rep.hosts.index(h) for h in rep.steps}
-            ends = zip(rep.edge_keys, rep.edge_lo, rep.edge_hi, strict=True)
+            ends = zip(rep.edge_keys, win.lo, win.hi, strict=True)
             self.pool.forget([k for k, lo, hi in ends if lo in stepped or hi in stepped])
         self.pool.remember(pts, gen)
         return models
@@ -198,7 +208,18 @@ class HuygensSync:
         rep.ts_kind = kind
         return rep
 
-    def _pool_fits(self, pts, geo, nic_h, theta, drift, t_ref, gen, fits1, tracked):
+    def _pool_fits(
+        self,
+        pts: HullPoints,
+        geo: _EdgeGeometry,
+        nic_h: np.ndarray,
+        theta: np.ndarray,
+        drift: np.ndarray,
+        t_ref: int,
+        gen: int | None,
+        fits1: EdgeFits,
+        tracked: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> tuple[EdgeFits, np.ndarray]:
         """Fits over the last k windows' hulls for every span k, one chosen per edge.
 
         The pooled fits' slope is searched only within ``cfg.pool_bracket_k`` tracked drift
@@ -246,7 +267,9 @@ class HuygensSync:
         lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
         return lat.reshape(-1, 2)[:, 0], lat.reshape(-1, 2)[:, 1]
 
-    def _prior(self, hosts, pts: HullPoints, src_h: np.ndarray):
+    def _prior(
+        self, hosts: list[str], pts: HullPoints, src_h: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Offsets/drifts to map times with, at a reference time near the window's middle."""
         raw_mid = int(np.median(pts.t_raw))
         theta = np.zeros(len(hosts))
@@ -265,12 +288,12 @@ class HuygensSync:
         self._drift_sd = sd
         return theta, drift, known, t_ref
 
-    def _publish(self, rep: SolveReport) -> list[ClockModel]:
-        cfg, off, dft = self.cfg, rep.offsets, rep.drifts
+    def _publish(self, rep: SolveReport, win: _Solved) -> list[ClockModel]:
+        cfg, off, dft = self.cfg, win.off, win.dft
         steps = []
         on = off.weight > 0
-        deg = np.bincount(rep.edge_lo[on], minlength=len(rep.hosts))
-        deg += np.bincount(rep.edge_hi[on], minlength=len(rep.hosts))
+        deg = np.bincount(win.lo[on], minlength=len(rep.hosts))
+        deg += np.bincount(win.hi[on], minlength=len(rep.hosts))
         # A host whose value is agreed on by cfg.min_edges+ edges through the (robust) network
         # solve is measured, not an outlier, even when it jumped (a temperature drift step):
         # follow it at once instead of gating it out. (First hardware stamps only; software
@@ -281,10 +304,10 @@ class HuygensSync:
         # How far apart in time each host's points are (its longest used edge): a partial
         # window (agents just started) pins neither slope nor floors as well as a full one.
         span = np.zeros(len(rep.hosts))
-        np.maximum.at(span, rep.edge_lo[on], rep.fits.span[on] * 1e-9)
-        np.maximum.at(span, rep.edge_hi[on], rep.fits.span[on] * 1e-9)
-        floor = _host_noise(rep, on)
-        evidence = cfg.evidence_k * _host_excess(rep, on)
+        np.maximum.at(span, win.lo[on], win.fits.span[on] * 1e-9)
+        np.maximum.at(span, win.hi[on], win.fits.span[on] * 1e-9)
+        floor = _host_noise(rep, win, on)
+        evidence = cfg.evidence_k * _host_excess(rep, win, on)
         for i, h in enumerate(rep.hosts):
             if not off.solved[i]:
                 continue
@@ -323,6 +346,23 @@ def solve_clocks(
 
 
 # ---- helpers --------------------------------------------------------------------------------
+class _Solved(NamedTuple):
+    """The parts of a report that a solved window always has (None only for an empty one)."""
+
+    lo: np.ndarray  # host index per edge
+    hi: np.ndarray
+    fits: EdgeFits
+    off: NetSolution
+    dft: NetSolution
+
+    @classmethod
+    def of(cls, rep: SolveReport) -> _Solved:
+        lo, hi, fits, off, dft = rep.edge_lo, rep.edge_hi, rep.fits, rep.offsets, rep.drifts
+        if lo is None or hi is None or fits is None or off is None or dft is None:
+            raise ValueError("the report of an empty window has no solve")
+        return cls(lo, hi, fits, off, dft)
+
+
 @dataclass
 class _Network:
     """The per-window network solves (offsets, then drifts) over one edge geometry."""
@@ -333,7 +373,14 @@ class _Network:
     ref: int | None
     cfg: SyncConfig
 
-    def solve(self, fits: EdgeFits, lenient, theta, drift, known):
+    def solve(
+        self,
+        fits: EdgeFits,
+        lenient: np.ndarray,
+        theta: np.ndarray,
+        drift: np.ndarray,
+        known: np.ndarray,
+    ) -> tuple[np.ndarray, NetSolution, NetSolution]:
         geo, cfg = self.geo, self.cfg
         w0, unstable = _edge_weights(fits, geo, self.n_hosts, lenient, cfg)
         off = solve_network(
@@ -364,7 +411,9 @@ class _EdgeGeometry:
         self.keys = [f"{a}|{b}" for a, b in self.nics]  # stable across windows
 
 
-def _fleet_t(t_raw: np.ndarray, src_h, theta, drift, t_ref: int) -> np.ndarray:
+def _fleet_t(
+    t_raw: np.ndarray, src_h: np.ndarray, theta: np.ndarray, drift: np.ndarray, t_ref: int
+) -> np.ndarray:
     """Point times in fleet time relative to ``t_ref`` (float ns), through the given models
     (θ at t_ref, δ): fleet = raw − θ − δ·(fleet − t_ref), solved for fleet."""
     rel = (t_raw - t_ref).astype(np.float64)
@@ -374,7 +423,7 @@ def _fleet_t(t_raw: np.ndarray, src_h, theta, drift, t_ref: int) -> np.ndarray:
 
 def _edge_weights(
     fits: EdgeFits, geo: _EdgeGeometry, n_hosts: int, lenient: np.ndarray, cfg: SyncConfig
-):
+) -> tuple[np.ndarray, np.ndarray]:
     w0 = np.where(fits.usable, np.where(fits.soft & ~lenient, cfg.soft_weight, 1.0), 0.0)
     use = fits.usable & ~lenient
     n_all = np.bincount(geo.lo[use], minlength=n_hosts) + np.bincount(
@@ -389,7 +438,7 @@ def _edge_weights(
     return w0, unstable
 
 
-def _host_noise(rep: SolveReport, on: np.ndarray) -> np.ndarray:
+def _host_noise(rep: SolveReport, win: _Solved, on: np.ndarray) -> np.ndarray:
     """Per host, the offset noise its used edges' spans showed (:func:`.pooling._noise`),
     combined as independent edges (1/σ² = Σ 1/σ_e²); 0 where unknown."""
     n = len(rep.hosts)
@@ -397,7 +446,7 @@ def _host_noise(rep: SolveReport, on: np.ndarray) -> np.ndarray:
         return np.zeros(n)
     known = on & (rep.edge_noise > 0)
     inv = np.where(known, 1.0 / np.maximum(rep.edge_noise, 1e-9) ** 2, 0.0)
-    tot = np.bincount(rep.edge_lo, inv, n) + np.bincount(rep.edge_hi, inv, n)
+    tot = np.bincount(win.lo, inv, n) + np.bincount(win.hi, inv, n)
     return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
 
 
@@ -423,18 +472,23 @@ def _margin_excess(
     return np.hypot(excess, swing)
 
 
-def _host_excess(rep: SolveReport, on: np.ndarray) -> np.ndarray:
+def _host_excess(rep: SolveReport, win: _Solved, on: np.ndarray) -> np.ndarray:
     """Per host, its used edges' margin excesses combined as independent edges (1/σ² =
     Σ 1/σ_e²): one well-supported edge makes the host's window good; 0 where unknown."""
     n = len(rep.hosts)
-    if rep.edge_excess is None or rep.edge_excess.size != rep.edge_lo.size:
+    if rep.edge_excess is None or rep.edge_excess.size != win.lo.size:
         return np.zeros(n)
     inv = np.where(on, 1.0 / np.maximum(rep.edge_excess, 1e-3) ** 2, 0.0)
-    tot = np.bincount(rep.edge_lo, inv, n) + np.bincount(rep.edge_hi, inv, n)
+    tot = np.bincount(win.lo, inv, n) + np.bincount(win.hi, inv, n)
     return np.where(tot > 0, 1.0 / np.sqrt(np.maximum(tot, 1e-30)), 0.0)
 
 
-def _host_list(pts: HullPoints, topology, prev, tracker) -> list[str]:
+def _host_list(
+    pts: HullPoints,
+    topology: Topology | None,
+    prev: dict[str, ClockModel],
+    tracker: DriftTracker,
+) -> list[str]:
     hosts = set(pts.nic_host) | set(prev)
     hosts |= set(tracker.states)
     if topology is not None:

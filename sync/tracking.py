@@ -118,24 +118,24 @@ class DriftTracker:
         followed at once; otherwise a surprise must show twice in a row. ``evidence_sd``
         (ns): this window's own extra offset uncertainty (see ``_evidence``)."""
         cfg = self.cfg
-        has_d = drift is not None and s_drift < cfg.drift_unknown_ppb
+        meas_d = drift if drift is not None and s_drift < cfg.drift_unknown_ppb else None
+        has_d = meas_d is not None
         idx = [0, 1] if has_d else [0]
         floor = np.array([s_theta**2, s_drift**2 if has_d else 0.0])
         extra = _evidence(evidence_sd, s_theta, s_drift, has_d)
         pred = self.predict(host, t_ns)
         stale = host in self.states and t_ns - self.states[host].t_ns > cfg.track_stale_ns
         if pred is None or stale or pred[2][0, 0] >= cfg.max_p_theta_ns2:
-            d0 = drift if has_d else (pred[1] if pred is not None else 0.0)
+            d0 = meas_d if meas_d is not None else (pred[1] if pred is not None else 0.0)
             self._restart(host, t_ns, theta, d0, floor, has_d)
             return False
         th, dr, p = pred
         old = self.states[host]
         r = np.maximum(floor, old.r) + extra
-        z = np.array([theta, drift if has_d else dr])
-        innov = (z - np.array([th, dr]))[idx]
+        new_d = meas_d if meas_d is not None else dr
+        innov = (np.array([theta, new_d]) - np.array([th, dr]))[idx]
         s = p[np.ix_(idx, idx)] + np.diag(r[idx])
         sd = np.sqrt(np.diag(s))
-        new_d = drift if has_d else dr
         z = np.abs(innov) / sd
         side = 1 if innov[0] > 0 else -1
         # Confirmed: a cross-checked measurement, or the previous window surprised the same
