@@ -229,7 +229,7 @@ class Attributor:
                 )  # fmt: skip
         return out
 
-    def _endpoints(self, bad, rate, dly, strength, silent, delay: DelayFit, used):
+    def _endpoints(self, bad, rate, dly, strength, silent, delay: DelayFit, used) -> list[Finding]:
         nic_find: dict[int, Finding] = {}
         up_bad, down_bad = bad[self.nic_up], bad[self.nic_down]
         both = up_bad & down_bad
@@ -243,10 +243,7 @@ class Attributor:
                 float(dly[up] + dly[down]), float(max(strength[up], strength[down])),
                 [up, down], why,
             )  # fmt: skip
-        out: list[Finding] = []
-        for h, c in delay.clock_hosts.items():
-            name = self.host_names[h]
-            out.append(Finding(name, "host", 0.0, 0.0, 40.0, [], f"clock step {c:.0f} ns"))
+        out = self._clock_steps(delay)
         clocked = {self.host_names[h] for h in delay.clock_hosts}
         hosts = {self.nic_host_name[i] for i in nic_find}
         for h in sorted(hosts):
@@ -262,3 +259,10 @@ class Attributor:
                             "every NIC bad")
                 )  # fmt: skip
         return out + list(nic_find.values())
+
+    def _clock_steps(self, delay: DelayFit) -> list[Finding]:
+        """A host finding per clock step (all its NICs late one way, early the other)."""
+        return [
+            Finding(self.host_names[h], "host", 0.0, 0.0, 40.0, [], f"clock step {c:.0f} ns")
+            for h, c in delay.clock_hosts.items()
+        ]

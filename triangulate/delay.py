@@ -198,26 +198,21 @@ class DelayModel:
         cfg = self.cfg
         e = d.copy()
         row_bins = bins_of(e)
-        sigma = None
         # Short windows hold few probes per flow: one queue burst moves a whole link's median.
         span_s = max(b.end_ns - b.start_ns, 1) * 1e-9
         floor = cfg.delay_min_ns * max(1.0, (1.0 / span_s) ** 0.7)
         chosen: dict[int, float] = {}
         z_of: dict[int, float] = {}
         ties: dict[int, list[int]] = {}
-        med0, wt0, alarmed = None, None, None
         (e_link, e_row, e_w), by_link, _, _ = self._judged_entries(b)
-        for _ in range(16):
-            med, wt = by_link.quantile(row_bins, cfg.delay_quantile)
-            if med0 is None:
-                med0, wt0 = med, wt
-                sigma = self._sigma(med, wt)
-            ex = med - self.mu
-            z = ex / sigma
-            ok = (wt >= cfg.delay_min_flows) & (ex >= floor) & (z >= cfg.delay_z)
-            ok &= self.seen > 0
-            if alarmed is None:
-                alarmed = ok.copy()
+        med, wt = by_link.quantile(row_bins, cfg.delay_quantile)
+        med0, wt0, sigma = med, wt, self._sigma(med, wt)
+        ex, z, ok = self._alarms(med, wt, sigma, floor)
+        alarmed = ok.copy()
+        for step in range(16):
+            if step:  # the links' medians once the chosen ones are explained away
+                med, wt = by_link.quantile(row_bins, cfg.delay_quantile)
+                ex, z, ok = self._alarms(med, wt, sigma, floor)
             ok[list(chosen)] = False
             ok[[c for t in ties.values() for c in t]] = False  # see _tied
             if not ok.any():
@@ -245,7 +240,25 @@ class DelayModel:
         )
         return fit, e, floor
 
-    def _tied(self, best: int, ok: np.ndarray, wt: np.ndarray, timed: np.ndarray, ent) -> list[int]:
+    def _alarms(
+        self, med: np.ndarray, wt: np.ndarray, sigma: np.ndarray, floor: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per link: (excess median delay over its healthy level, its z, alarmed)."""
+        cfg = self.cfg
+        ex = med - self.mu
+        z = ex / sigma
+        ok = (wt >= cfg.delay_min_flows) & (ex >= floor) & (z >= cfg.delay_z)
+        ok &= self.seen > 0
+        return ex, z, ok
+
+    def _tied(
+        self,
+        best: int,
+        ok: np.ndarray,
+        wt: np.ndarray,
+        timed: np.ndarray,
+        ent: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> list[int]:
         """Other alarmed links whose timed flows are nearly the same as ``best``'s: nothing in
         this window tells them apart (at start-up, while only some hosts' clocks are trusted,
         a delayed uplink and one downlink may share every timed flow). Picking one of them

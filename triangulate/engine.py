@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,17 @@ class WindowReport:
     findings: list[Finding] = field(default_factory=list)
 
 
+class _DelaySample(NamedTuple):
+    """The rows delay tomography runs on for one layout (``token``): all (``rows`` None) or a
+    fixed hash-sample, their incidence entries, and the per-flow columns that stay the same
+    while the layout does (key, src, dst, sport, known)."""
+
+    token: object
+    rows: np.ndarray | None
+    ent: tuple[np.ndarray, np.ndarray, np.ndarray]
+    fixed: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 class Triangulator:
     """Stateful triangulation; call it once per window with that window's records."""
 
@@ -78,7 +90,7 @@ class Triangulator:
         self.sending = np.zeros(p.n_nics)
         self._slow: tuple = ()  # (token, S) of the long-horizon counts
         self._lossy_rows = np.empty((2, 0), np.int64)  # decay_add's output buffers
-        self._sample: tuple = ()  # (token, rows, batch entries) of the delay sample
+        self._sample: _DelaySample | None = None
         self._seen: tuple = (b"", frozenset())  # see _observed
 
     def __call__(
@@ -133,6 +145,8 @@ class Triangulator:
         gamma = math.exp(-dt / self.cfg.loss_decay_s)
         acc = self.acc
         sent, lost = acc.cols["sent"], acc.cols["lost"]
+        lossy_now: np.ndarray | None
+        lossy_all: np.ndarray | None
         if acc.aligned(f.key):  # the usual case: the same flows as before, in the same order
             # decay, add this window, floor the lost counts: one pass (``_fast.decay_add``)
             if self._lossy_rows.shape[1] < f.n:
@@ -197,23 +211,9 @@ class Triangulator:
 
     def _delay_batch(self, f: Frame) -> FlowBatch:
         """The rows delay tomography runs on: all, or a fixed hash-sample of a big window."""
-        last = self._sample
-        if last and last[0] == f.token:
-            rows, ent, fixed = last[1], last[2], last[3]
-        else:
-            rows = None
-            step = 1
-            while f.n > step * self.cfg.delay_sample_rows:
-                step *= 2
-            if step > 1:  # hash of the flow key: the same flows every window
-                h = (f.key * 0x9E3779B1) >> 7
-                rows = np.flatnonzero(h % step == 0)
-            ent = f.inc.entries(rows)
-            # the per-flow columns that stay the same while the layout does (the token)
-            fixed = (f.key, f.src, f.dst, f.sport, f.known) if rows is None else (
-                f.key[rows], f.src[rows], f.dst[rows], f.sport[rows], f.known[rows])  # fmt: skip
-            self._sample = (f.token, rows, ent, fixed)
-        key, src, dst, sport, known = fixed
+        sample = self._delay_sample(f)
+        rows, ent = sample.rows, sample.ent
+        key, src, dst, sport, known = sample.fixed
         if rows is None:
             return FlowBatch(key, src, dst, sport, f.sent, f.lost, f.owd_min, known,
                              *ent, f.start_ns, f.end_ns, f.dropped)  # fmt: skip
@@ -221,6 +221,24 @@ class Triangulator:
             key, src, dst, sport, f.sent[rows], f.lost[rows], f.owd_min[rows], known,
             *ent, f.start_ns, f.end_ns, f.dropped,
         )  # fmt: skip
+
+    def _delay_sample(self, f: Frame) -> _DelaySample:
+        """The delay sample of the frame's layout (kept while the layout's token is the same)."""
+        last = self._sample
+        if last is not None and last.token == f.token:
+            return last
+        rows: np.ndarray | None = None
+        step = 1
+        while f.n > step * self.cfg.delay_sample_rows:
+            step *= 2
+        if step > 1:  # hash of the flow key: the same flows every window
+            h = (f.key * 0x9E3779B1) >> 7
+            rows = np.flatnonzero(h % step == 0)
+        ent = f.inc.entries(rows)
+        fixed = (f.key, f.src, f.dst, f.sport, f.known) if rows is None else (
+            f.key[rows], f.src[rows], f.dst[rows], f.sport[rows], f.known[rows])  # fmt: skip
+        self._sample = _DelaySample(f.token, rows, ent, fixed)
+        return self._sample
 
     def _loss_without(
         self, f: Frame, fast: LossFit, nics: np.ndarray
@@ -292,7 +310,8 @@ class Triangulator:
 
     def _in_sample(self, rows: np.ndarray) -> np.ndarray:
         """The delay batch's rows (``_delay_batch``) among the frame's sorted ``rows``."""
-        sample = self._sample[1]
+        assert self._sample is not None  # made with the delay batch of this window
+        sample = self._sample.rows
         if sample is None:
             return rows
         at = np.searchsorted(sample, rows)

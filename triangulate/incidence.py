@@ -34,7 +34,7 @@ class RouteTable:
         # distinct route per flow, so known paths are appended in bulk, never one by one
         self._blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._count = 0
-        self._csr: tuple[np.ndarray, ...] | None = None
+        self._csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._by_link: tuple[np.ndarray, np.ndarray] | None = None
         # known-path routes by row hash: sorted hashes, their route ids, padded rows by id
         self._hash = np.empty(0, np.uint64)
@@ -143,13 +143,13 @@ class Incidence:
         # up/dn: access link number per row, ``n_links`` (a sentinel) when not on the path
         self.up, self.dn, self.route = up, dn, route
         self.routes, self.n_links = routes, n_links
-        self._inverse: tuple | None = None
+        self._inverse: tuple[np.ndarray, ...] | None = None  # see _index
 
     @property
     def n(self) -> int:
         return int(self.route.size)
 
-    def set_rows(self, rows: np.ndarray, up: np.ndarray, dn: np.ndarray, route: np.ndarray):
+    def set_rows(self, rows: np.ndarray, up: np.ndarray, dn: np.ndarray, route: np.ndarray) -> None:
         """Paths of some rows changed: update them in place (the inverse index is rebuilt)."""
         self.up[rows], self.dn[rows], self.route[rows] = up, dn, route
         self._inverse = None
@@ -166,7 +166,7 @@ class Incidence:
         )  # fmt: skip
         return (up[:n] + dn[:n]) + self.routes.link_sum(rt)
 
-    def entries(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    def entries(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, link, weight) entries; rows numbered by position in ``rows`` when given."""
         if rows is None:
             rows = np.arange(self.n)
@@ -198,9 +198,11 @@ class Incidence:
         ]
         return unique(np.concatenate(parts))
 
-    def _index(self) -> tuple:
+    def _index(self) -> tuple[np.ndarray, ...]:
+        """The inverse indexes of ``rows_of``: (rows ordered by value, each value's first
+        place) of the up, down and route columns."""
         if self._inverse is None:
-            out = []
+            out: list[np.ndarray] = []
             for col, size in ((self.up, self.n_links + 1), (self.dn, self.n_links + 1),
                               (self.route, len(self.routes))):  # fmt: skip
                 out += _fast.group_rows(_c(col, np.int64), size)  # a counting sort

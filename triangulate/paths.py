@@ -184,7 +184,7 @@ class PathModel:
         batches = table.select(_COUNTS).to_batches()  # the columns chunked alike, zero-copy
         lay = self._layout
         got = self._decode(lay, batches, src, dst) if lay is not None else None
-        if got is None:  # new or vanished flows: a new layout (sorts the keys once)
+        if lay is None or got is None:  # new or vanished flows: a new layout (sorts the keys once)
             lay = self._layout = self._arrange(self._keys(batches, src, dst), lay)
             got = self._decode(lay, batches, src, dst)
             assert got is not None  # the layout is made of exactly these keys
@@ -216,7 +216,7 @@ class PathModel:
             got = self._work[name] = np.empty(size, np.int64)
         return got[:size]
 
-    def _keys(self, batches: list[pa.RecordBatch], src, dst) -> np.ndarray:
+    def _keys(self, batches: list[pa.RecordBatch], src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Flow key per table row, -1 where the row is unusable."""
         raw = np.empty(src.size, np.int64)
         at = 0
@@ -227,7 +227,9 @@ class PathModel:
             at += b.num_rows
         return raw
 
-    def _decode(self, lay: _Layout, batches: list[pa.RecordBatch], src, dst):
+    def _decode(
+        self, lay: _Layout, batches: list[pa.RecordBatch], src: np.ndarray, dst: np.ndarray
+    ) -> _Decoded | None:
         """Every batch in one fused pass (``_fast.decode_batch``): (layout position per table
         row, dropped counts, sent, lost, owd_min per flow, span of all rows) when the window's
         usable keys are exactly the layout's (in any row order); else None."""
@@ -239,7 +241,8 @@ class PathModel:
         most = max((b.num_rows for b in batches), default=0)
         work = self._scratch("batch", 6 * (most + 1)).reshape(6, most + 1)
         bad_key = dup = filled = bad_counts = at = 0
-        lo = hi = None
+        lo: int | None = None
+        hi: int | None = None
         for b in batches:
             cols = _batch_columns(b)
             sl = slice(at, at + b.num_rows)
@@ -278,7 +281,7 @@ class PathModel:
         return _Layout(_fast.FlowIndex(key), key, s, d, sp, known, inc, pending=True)
 
     def _recall(
-        self, key, src, dst, candidates: bool = True
+        self, key: np.ndarray, src: np.ndarray, dst: np.ndarray, candidates: bool = True
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(route, access-links-implied, known) per flow: remembered or ECMP candidates
         (``candidates=False``: route 0, no links, until ``_fill_candidates``)."""
@@ -303,7 +306,7 @@ class PathModel:
             lay.inc.set_rows(unk, self._up[s], self._dn[d], route)
 
     def _remember(
-        self, table: pa.Table, lay: _Layout, pos: np.ndarray, rows: _Rows, dropped
+        self, table: pa.Table, lay: _Layout, pos: np.ndarray, rows: _Rows, dropped: dict[str, int]
     ) -> None:
         """Store the paths the records carry (only rows whose every link is in the topology).
 
@@ -380,7 +383,7 @@ class PathModel:
             got = self._unknown_cache = (lay.token, self.version, np.flatnonzero(~lay.known))
         return got[2]
 
-    def _store(self, lay: _Layout, pos, pad, lens) -> None:
+    def _store(self, lay: _Layout, pos: np.ndarray, pad: np.ndarray, lens: np.ndarray) -> None:
         s, d = lay.src[pos], lay.dst[pos]
         mid, acc = _fast.strip_access(pad, lens, self.nic_up[s], self.nic_down[d])
         route = self.routes.known(mid)
@@ -443,6 +446,15 @@ class PathModel:
 
 
 _COUNTS = ["sport", "sent", "received", "owd_min_ns", "start_ns", "duration_ns"]
+_Column = tuple[np.ndarray, np.ndarray | None]  # values, validity as uint8 (None: no nulls)
+# the _COUNTS columns' (values, validity), flat, in ``decode_batch``'s argument order
+_CountColumns = tuple[
+    np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None,
+    np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None,
+]  # fmt: skip
+# ``PathModel._decode``: layout position per table row, dropped counts, sent, lost, owd_min per
+# flow, (first start, last end) of the rows
+_Decoded = tuple[np.ndarray, dict[str, int], np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]
 
 
 def _span_of_rows(table: pa.Table, rows: np.ndarray) -> tuple[int, int]:
@@ -467,22 +479,27 @@ class _Rows:
         return self._rows
 
 
-def _batch_columns(b: pa.RecordBatch) -> list:
+def _batch_columns(b: pa.RecordBatch) -> _CountColumns:
     """(values, validity) of the _COUNTS columns of a batch, as ``decode_batch`` reads them
     (the three integer columns of one integer type)."""
     ints = [_numbers(b.column(i)) for i in range(3)]
     if len({v.dtype for v, _ in ints}) > 1:
         ints = [(v.astype(np.int64), ok) for v, ok in ints]
-    rest = [_numbers(b.column(3), np.float64)]
-    rest += [_numbers(b.column(i), np.int64) for i in (4, 5)]
-    return [x for pair in ints + rest for x in pair]
+    (sport, sport_ok), (sent, sent_ok), (recv, recv_ok) = ints
+    owd, owd_ok = _numbers(b.column(3), np.float64)
+    start, start_ok = _numbers(b.column(4), np.int64)
+    dur, dur_ok = _numbers(b.column(5), np.int64)
+    return sport, sport_ok, sent, sent_ok, recv, recv_ok, owd, owd_ok, start, start_ok, dur, dur_ok
 
 
-def _numbers(col: pa.ChunkedArray, dtype: type | None = None):
+_FORCED: dict[type | None, pa.DataType] = {np.int64: pa.int64(), np.float64: pa.float64()}
+
+
+def _numbers(col: pa.ChunkedArray | pa.Array, dtype: type | None = None) -> _Column:
     """(values, validity as uint8 or None) of a numeric column, without copying when it is
     one chunk; integers stay int32/int64 (``dtype`` forces one), anything else is cast."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    want = {np.int64: pa.int64(), np.float64: pa.float64()}.get(dtype)
+    want = _FORCED.get(dtype)
     if want is None and arr.type not in (pa.int32(), pa.int64()):
         want = pa.int64()
     if want is not None and arr.type != want:
@@ -530,7 +547,7 @@ def _strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
     return col.cast(pa.string())
 
 
-def _string_buffers(arr: pa.Array):
+def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(offsets, bytes, validity) of a string array, as the views ``_fast`` reads."""
     off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
     bufs = arr.buffers()
