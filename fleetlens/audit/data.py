@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
 import duckdb
-import httpx
 import numpy as np
 import pyarrow as pa
 
 from fleetlens.api.codec import LinkDict, blob_to_list
+from fleetlens.client import CollectorClient, CollectorError, HttpError
 from fleetlens.topology import TIER_LEAF, TIER_SPINE, Link, Nic, Switch, Topology
-
-PAGE = 1000  # the API's largest page
 
 
 class AuditInputError(RuntimeError):
@@ -51,64 +50,46 @@ class RestEvidence:
 
 
 class RestReader:
+    """The collector's API (:class:`~fleetlens.client.CollectorClient`) as the audit reads it."""
+
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self.api = CollectorClient(self.url, token, timeout_s)
 
     def close(self) -> None:
-        self.http.close()
+        self.api.close()
 
-    def get(self, path: str, **params: object) -> object:
+    @contextmanager
+    def asking(self) -> Iterator[None]:
+        """A failed call inside is an AuditInputError saying why, for the operator (the
+        client's message names the request and the collector's answer)."""
         try:
-            r = self.http.get(path, params=params)
-        except httpx.HTTPError as e:
-            raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
-        if r.status_code in (401, 403):
-            raise AuditInputError(
-                f"collector {self.url} refused {path} ({r.status_code}): give the read token "
-                "(--token-file or FLEETLENS_READ_TOKEN)"
-            )
-        if r.status_code != 200:
-            raise AuditInputError(f"collector {self.url}: GET {path} -> {r.status_code} {r.text}")
-        try:
-            return r.json()
-        except ValueError:
-            raise AuditInputError(f"collector {self.url}: {path} did not answer JSON") from None
+            yield
+        except CollectorError as e:
+            # No status: no answer at all, or an answer that is not what the endpoint promises.
+            if isinstance(e.__cause__, HttpError):
+                raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
+            if e.status in (401, 403):
+                raise AuditInputError(
+                    f"collector {self.url} refused {e}; give the read token "
+                    "(--token-file or FLEETLENS_READ_TOKEN)"
+                ) from None
+            raise AuditInputError(f"collector {self.url}: {e}") from None
 
     def check(self) -> None:
         """Reachable, healthy, and our token may read."""
-        health = self.get("/healthz")
+        with self.asking():
+            health = self.api.get("/healthz")
         if not isinstance(health, dict) or "status" not in health:
             raise AuditInputError(f"{self.url} does not look like a FleetLens collector")
-        self.get("/v1/clocks", limit=1)
-
-    def paged(self, path: str, **params: object) -> list[dict]:
-        out: list[dict] = []
-        while True:
-            page = self.get(path, limit=PAGE, offset=len(out), **params)
-            if not isinstance(page, list):
-                raise AuditInputError(f"collector {self.url}: {path} did not answer a list")
-            out += page
-            if len(page) < PAGE:
-                return out
-
-    def link_history(self, link: str, since_ns: int, until_ns: int) -> list[dict]:
-        out: list[dict] = []
-        path = "/v1/links/" + quote(link, safe="")
-        while True:
-            d = self.get(path, since=since_ns, until=until_ns, limit=PAGE, offset=len(out))
-            page = d.get("history", []) if isinstance(d, dict) else []
-            out += page
-            if len(page) < PAGE:
-                return out
+        with self.asking():
+            self.api.get("/v1/clocks", limit=1)
 
     def pair(self, src: str, dst: str, since_ns: int, until_ns: int) -> dict | None:
         """One bucket over the whole period: probes, loss, one-way delay of one NIC pair."""
-        path = f"/v1/pairs/{quote(src, safe='')}/{quote(dst, safe='')}/owd"
         step = max(until_ns - since_ns, 1_000_000)
-        d = self.get(path, since=since_ns, until=until_ns, step=step)
-        pts = d.get("points", []) if isinstance(d, dict) else []
+        with self.asking():
+            pts = self.api.pair_owd(src, dst, since_ns, until_ns, step).get("points", [])
         if not pts:
             return None
         sent = sum(p["sent"] for p in pts)
@@ -127,42 +108,35 @@ class RestReader:
         page by page in the collector's stable order; None when the collector predates the
         endpoint (404). The typical delay is the median window minimum, as :func:`read_flows`
         computes it; the path is the flow's newest known one. A late upload adding a flow
-        while we page would shift the offsets: then the count differs and we read again."""
+        while we page would shift the offsets:
+        then the count differs and we read again."""
         for _ in range(attempts):
-            total = self._flow_count(since_ns, until_ns)
-            if total is None:
-                return None
-            rows = self.paged("/v1/flows", since=since_ns, until=until_ns)
+            with self.asking():
+                try:
+                    total = self.api.flow_count(since_ns, until_ns)
+                except CollectorError as e:
+                    if e.status == 404:
+                        return None
+                    raise
+                rows = self.api.flows(since_ns, until_ns)
             if len(rows) == total:
                 return flows_from_rows(rows)
         raise AuditInputError(
             f"collector {self.url}: /v1/flows kept changing while being read ({attempts} tries)"
         )
 
-    def _flow_count(self, since_ns: int, until_ns: int) -> int | None:
-        params = {"since": since_ns, "until": until_ns, "limit": 1}
-        try:
-            r = self.http.get("/v1/flows", params=params)
-        except httpx.HTTPError as e:
-            raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
-        if r.status_code == 404:
-            return None
-        if r.status_code != 200:
-            self.get("/v1/flows", **params)  # asked again: its errors become sentences
-        try:
-            return int(r.headers["X-Total-Count"])
-        except (KeyError, ValueError):
-            raise AuditInputError(f"collector {self.url}: /v1/flows without a count") from None
-
     def gather(self, since_ns: int, until_ns: int, pairs: list[tuple[str, str]]) -> RestEvidence:
-        ev = RestEvidence(
-            links=self.paged("/v1/links"),
-            nics=self.paged("/v1/nics"),
-            hosts=self.paged("/v1/hosts"),
-            clocks=self.paged("/v1/clocks"),
-        )
-        for row in ev.links:
-            ev.history[row["link_id"]] = self.link_history(row["link_id"], since_ns, until_ns)
+        with self.asking():
+            ev = RestEvidence(
+                links=self.api.links(),
+                nics=self.api.nics(),
+                hosts=self.api.hosts(),
+                clocks=self.api.paged("/v1/clocks"),
+            )
+        with self.asking():
+            for row in ev.links:
+                link = row["link_id"]
+                ev.history[link] = self.api.link_history(link, since_ns, until_ns)
         ev.pairs = self.gather_pairs(since_ns, until_ns, pairs)
         return ev
 
@@ -172,6 +146,18 @@ class RestReader:
         """One request per NIC pair (only when no per-flow data is to be had)."""
         out = [self.pair(src, dst, since_ns, until_ns) for src, dst in pairs]
         return [p for p in out if p is not None]
+
+    def probed_pairs(self, hosts: list[str]) -> list[tuple[str, str]]:
+        """The NIC pairs the agents of ``hosts`` probe: their plans (the read token may read
+        them); none when the collector serves no plans (it has no inventory)."""
+        pairs: set[tuple[str, str]] = set()
+        for host in hosts:
+            try:
+                plan = self.api.plan(host)
+            except CollectorError:
+                continue
+            pairs |= {(e.src_nic, e.dst_nic) for e in plan.entries}
+        return sorted(pairs)
 
 
 # ---- per-flow aggregates from the collector's DuckDB file ----------------------------------
