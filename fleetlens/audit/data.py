@@ -1,17 +1,18 @@
-"""What ``fleetlens audit`` reads: the collector's REST API, and per-flow aggregates.
+"""What ``fleetlens audit`` reads: the collector's REST API, and per-flow totals.
 
 - :class:`RestReader` asks a running collector for its inventory (links, NICs), clock models,
   the live triangulation's verdict history per link, and every probed NIC pair's one-way delay
   and loss over the audit period (one bucket per pair).
-- :meth:`RestReader.flows` asks the collector for the same per-flow totals
-  (``GET /v1/flows``, paged), so an audit from any machine fits the same tomography; and
+- :meth:`RestReader.flows` asks the collector for its per-flow totals (``GET /v1/flows``,
+  paged), so an audit from any machine fits the same tomography; and
   :func:`topology_from_rest` rebuilds the fleet inventory the collector serves when the
   operator passes none.
-- :func:`read_flows` aggregates the stored windows per probe flow (src NIC, dst NIC, source
-  port) over the audit period: probes sent and received, the typical one-way delay and the
-  flow's path, with host stalls left out (see ``_STALLS_SQL``). It reads a DuckDB file, which
-  DuckDB only lets another process open once the collector has stopped (the lab mode stops it
-  first; on the collector's machine, ``--db`` reads a copy of the live file).
+- :func:`read_flows` reads the same per-flow totals (:meth:`Store.flow_totals
+  <fleetlens.api.store.Store.flow_totals>`: probes sent and received, the typical one-way
+  delay, the path that carried most of the period's windows) from a DuckDB file, with host
+  stalls left out (:class:`~fleetlens.api.store.StallRule`). DuckDB lets another process
+  open the file only once the collector has stopped (the lab mode stops it first; on the
+  collector's machine, ``--db`` reads a copy of the live file).
 
 Every failure to reach or understand the collector is an :class:`AuditInputError` with a
 sentence for the operator, never a traceback.
@@ -30,7 +31,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from fleetlens.api.codec import LinkDict, blob_to_list
+from fleetlens.api.store import StallRule, Store
 from fleetlens.client import CollectorClient, CollectorError, HttpError
 from fleetlens.topology import TIER_LEAF, TIER_SPINE, Link, Nic, Switch, Topology
 
@@ -106,9 +107,7 @@ class RestReader:
     def flows(self, since_ns: int, until_ns: int, attempts: int = 3) -> Flows | None:
         """Per-flow totals of the windows wholly inside [since, until) from ``GET /v1/flows``,
         page by page in the collector's stable order; None when the collector predates the
-        endpoint (404). The typical delay is the median window minimum, as :func:`read_flows`
-        computes it; the path is the flow's newest known one. A late upload adding a flow
-        while we page would shift the offsets:
+        endpoint (404). A late upload adding a flow while we page would shift the offsets:
         then the count differs and we read again."""
         for _ in range(attempts):
             with self.asking():
@@ -160,7 +159,7 @@ class RestReader:
         return sorted(pairs)
 
 
-# ---- per-flow aggregates from the collector's DuckDB file ----------------------------------
+# ---- per-flow totals ----------------------------------------------------------------------
 @dataclass
 class Flows:
     """One row per probe flow over the audit period (arrays of equal length)."""
@@ -172,7 +171,7 @@ class Flows:
     sent: np.ndarray  # float64 probe packets
     received: np.ndarray
     owd_ns: np.ndarray  # float64: median over windows of the window's minimum (NaN: none)
-    path: pa.Array  # list<string>: the flow's most reported path (null: never learned)
+    path: pa.Array  # list<string>: the path of most of its windows (null: never learned)
 
     @property
     def n(self) -> int:
@@ -195,52 +194,6 @@ class Flows:
                 "owd_p50_ns": float(np.median(owd)) if owd.size else None,
             })  # fmt: skip
         return out
-
-
-# A host whose agent stalls (descheduled on a loaded machine) for longer than the ack timeout
-# loses every probe to or from it for that moment: a burst on all its NICs, from almost every
-# peer, over every path. A degraded link loses a steady share of the flows crossing it, every
-# second. So host-seconds where most peers lost probes to (or from) the host at once are
-# "stalls" and their windows are left out — unless the host stalls for more than
-# `max_stall_share` of the period, which is then a host problem to report, not an artefact.
-_STALLS_SQL = """
-WITH w AS (
-    SELECT src_nic, dst_nic, sent, received, start_ns // 1000000000 AS sec,
-           split_part(src_nic, '/', 1) AS sh, split_part(dst_nic, '/', 1) AS dh
-    FROM windows WHERE start_ns >= $since AND start_ns + duration_ns <= $until),
-secs AS (SELECT greatest(count(DISTINCT sec), 1) AS n FROM w),
-side AS (
-    SELECT 'dst' AS side, dh AS host, sec, sum(sent - received) / sum(sent) AS loss,
-           count(DISTINCT src_nic) FILTER (WHERE received < sent) / count(DISTINCT src_nic)
-               AS spread
-    FROM w GROUP BY dh, sec
-    UNION ALL
-    SELECT 'src', sh, sec, sum(sent - received) / sum(sent),
-           count(DISTINCT dst_nic) FILTER (WHERE received < sent) / count(DISTINCT dst_nic)
-    FROM w GROUP BY sh, sec),
-bursts AS (SELECT * FROM side WHERE loss >= $stall_loss AND spread >= $spread),
-per_host AS (
-    SELECT side, host, count(*) AS seconds, (SELECT n FROM secs) AS of_seconds
-    FROM bursts GROUP BY side, host)
-SELECT b.side, b.host, b.sec, b.loss, p.seconds, p.of_seconds,
-       p.seconds <= $max_share * p.of_seconds AS excluded
-FROM bursts b JOIN per_host p USING (side, host)
-"""
-
-_LINK_DICT_SQL = "SELECT link_id FROM link_dict ORDER BY idx"  # paths are stored as link numbers
-
-_FLOWS_SQL = """
-SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
-       sum(received)::BIGINT AS received, median(owd_min_ns) AS owd,
-       mode(path) AS path
-FROM windows
-WHERE start_ns >= $since AND start_ns + duration_ns <= $until
-  AND (split_part(src_nic, '/', 1), start_ns // 1000000000) NOT IN (SELECT host, sec FROM _cut
-       WHERE side = 'src')
-  AND (split_part(dst_nic, '/', 1), start_ns // 1000000000) NOT IN (SELECT host, sec FROM _cut
-       WHERE side = 'dst')
-GROUP BY src_nic, dst_nic, sport ORDER BY src_nic, dst_nic, sport
-"""
 
 
 def flows_from_rows(rows: list[dict]) -> Flows:
@@ -281,13 +234,6 @@ def topology_from_rest(links: list[dict], nics: list[dict]) -> Topology | None:
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class StallRule:
-    loss: float = 0.02  # a host-second losing this share of its probes ...
-    spread: float = 0.5  # ... to/from at least this share of its peers is a burst
-    max_share: float = 0.25  # left out only while a host has at most this share of bursts
-
-
 def snapshot(db: Path, into: Path) -> Path:
     """Copy a collector's DuckDB file and its WAL (DuckDB locks the file it has open against
     every other process, readers included; a copy is ours). The copy is taken while the
@@ -317,54 +263,43 @@ def snapshot(db: Path, into: Path) -> Path:
 def read_flows(
     db: Path, since_ns: int, until_ns: int, rule: StallRule | None = None
 ) -> tuple[Flows, list[dict]]:
-    """Per-flow aggregates of the windows wholly inside [since, until), host stalls left out
-    (see ``_STALLS_SQL``); and the stalls found, per host and side."""
-    rule = rule or StallRule()
+    """Per-flow totals of the windows wholly inside [since, until) in a collector's DuckDB
+    file, host stalls left out (:class:`~fleetlens.api.store.StallRule`); and the stalls
+    found, per host and side."""
     if not db.exists():
         raise AuditInputError(f"no collector database at {db}")
     try:
-        con = duckdb.connect(str(db), read_only=True)
+        store = Store(db, read_only=True)
     except duckdb.Error as e:
         raise AuditInputError(
             f"cannot open {db} read-only ({e}); DuckDB allows that only while no collector "
             "has it open: stop the collector or pass a copy"
         ) from None
     try:
-        links = LinkDict([r[0] for r in con.execute(_LINK_DICT_SQL).fetchall()])
-        t, stalls = _aggregate(con, since_ns, until_ns, rule)
+        return _totals(store, since_ns, until_ns, rule or StallRule())
     finally:
-        con.close()
-    paths = (
-        links.decode(blob_to_list(t["path"], pa.int32()))
-        if t.num_rows
-        else pa.array([], pa.list_(pa.string()))
-    )
-    return _flows(t, paths), _stall_summary(stalls)
+        store.close()
 
 
 def aggregate_windows(
     windows: pa.Table, since_ns: int, until_ns: int, rule: StallRule | None = None
 ) -> tuple[Flows, list[dict]]:
-    """:func:`read_flows` over window records in memory (WINDOW_SCHEMA, paths as lists)."""
-    con = duckdb.connect()
+    """:func:`read_flows` over window records in memory (WINDOW_SCHEMA), stored first in an
+    in-memory store as the collector stores them."""
+    store = Store(Path(":memory:"))
     try:
-        con.register("windows", windows)
-        t, stalls = _aggregate(con, since_ns, until_ns, rule or StallRule())
+        store.insert_windows_raw(windows)
+        return _totals(store, since_ns, until_ns, rule or StallRule())
     finally:
-        con.close()
-    return _flows(t, t["path"].combine_chunks()), _stall_summary(stalls)
+        store.close()
 
 
-def _aggregate(
-    con: duckdb.DuckDBPyConnection, since_ns: int, until_ns: int, rule: StallRule
-) -> tuple[pa.Table, pa.Table]:
-    p = {"since": since_ns, "until": until_ns}
-    stalls = con.sql(
-        _STALLS_SQL,
-        params={**p, "stall_loss": rule.loss, "spread": rule.spread, "max_share": rule.max_share},
-    ).to_arrow_table()
-    con.register("_cut", stalls.filter(stalls["excluded"]))
-    return con.sql(_FLOWS_SQL, params=p).to_arrow_table(), stalls
+def _totals(
+    store: Store, since_ns: int, until_ns: int, rule: StallRule
+) -> tuple[Flows, list[dict]]:
+    stalls = store.host_stalls(since_ns, until_ns, rule)
+    t = store.flow_totals(since_ns, until_ns, without=stalls.filter(stalls["excluded"]))
+    return _flows(t, store.decode_paths(t["path"])), _stall_summary(stalls)
 
 
 def _stall_summary(stalls: pa.Table) -> list[dict]:
@@ -388,6 +323,6 @@ def _flows(t: pa.Table, paths: pa.Array) -> Flows:
         windows=np.asarray(t["windows"].to_numpy(), np.int64),
         sent=np.asarray(t["sent"].to_numpy(), np.float64),
         received=np.asarray(t["received"].to_numpy(), np.float64),
-        owd_ns=np.asarray(t["owd"].to_numpy(zero_copy_only=False), np.float64),
+        owd_ns=np.asarray(t["owd_min_median_ns"].to_numpy(zero_copy_only=False), np.float64),
         path=paths,
     )
