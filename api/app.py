@@ -421,7 +421,9 @@ def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:
         ports of a pair that share a path report as one flow under the lowest of them), totals
         over the windows lying wholly inside [since, until): windows, probes sent and
         received, the smallest and the median window-minimum one-way delay, the median of the
-        window medians, and the newest known path. Ordered by src_nic, dst_nic, sport
+        window medians, and the path that carried most of those windows (a flow whose path
+        changed mid-period reports that one, not its newest; ties: the newest). Ordered by
+        src_nic, dst_nic, sport
         (stable for paging a past period); X-Total-Count gives the number of flows. Read from
         the raw windows (retention keeps them for a limited time; older periods have only
         per-pair minute rollups, see /v1/pairs). This is the evidence ``fleetlens audit`` fits

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 from fleetlens.api.config import Flag, Settings
+
+from fleetlens.secrets import INGEST_TOKEN_ENV, READ_TOKEN_ENV, read_secret
 
 # Field annotation -> argparse type for flags given in the field's own unit.
 _TYPES: dict[str, type] = {"int": int, "int | None": int, "float": float, "str | None": str,
@@ -51,12 +52,6 @@ def _annotation(name: str) -> object:
     return next(f.type for f in fields(Settings) if f.name == name)
 
 
-def _token(env: str, path: Path | None) -> str | None:
-    if path is not None:
-        return path.read_text().strip() or None
-    return os.environ.get(env) or None
-
-
 def settings_from_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     a = parser().parse_args(argv)
     given: dict[str, Any] = {}
@@ -65,8 +60,8 @@ def settings_from_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         given[name] = int(value * flag.per_unit) if flag.per_unit and value is not None else value
     settings = Settings(
         **given,
-        ingest_token=_token("FLEETLENS_INGEST_TOKEN", a.ingest_token_file),
-        read_token=_token("FLEETLENS_READ_TOKEN", a.read_token_file),
+        ingest_token=read_secret(INGEST_TOKEN_ENV, a.ingest_token_file),
+        read_token=read_secret(READ_TOKEN_ENV, a.read_token_file),
     )
     return settings, a
 

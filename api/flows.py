@@ -1,9 +1,10 @@
 """``GET /v1/flows``: per-flow totals over a period, the evidence of ``fleetlens audit``.
 
 One aggregation over the raw windows (``Store.flow_totals``: flows need the source port,
-which the minute rollups drop).
-A window counts when it lies wholly inside [since, until) — the audit's rule, so a remote
-audit sees exactly the evidence a local one reads from the DuckDB file.
+which the minute rollups drop), the one the audit's local reader runs on a copy of the DuckDB
+file too: a window counts when it lies wholly inside [since, until), and a flow's path is the
+one that carried most of those windows, so a remote audit sees exactly the evidence a local
+one reads.
 
 Paging: with LIMIT/OFFSET in SQL every page would aggregate the whole period again, so reading
 F flows costs F/limit full aggregations (quadratic in fleet size: 10^6 flows are 1000 pages).

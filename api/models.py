@@ -156,8 +156,8 @@ class FlowOut(BaseModel):
         description="median over the windows of each window's median (as in the pair series)"
     )
     path: list[str] | None = Field(
-        description="directed link ids of the newest window that carried a path (null: the "
-        "agent never learned this flow's path in the period)"
+        description="directed link ids of the path that carried most of the period's windows "
+        "(ties: the newest; null: the agent never learned this flow's path in the period)"
     )
 
 

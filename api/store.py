@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,16 +88,76 @@ ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
 """
 
 
-# Per flow over a period (windows wholly inside it); the newest known path.
+# Per flow over a period (windows wholly inside it, less the host-seconds in `_cut` when
+# `{cut}` is filled in). Its path is the one that carried most of those windows (ties: the
+# newest): a path that changed mid-period reports the one behind most of the totals.
 _FLOW_TOTALS_SQL = """
-SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
-       sum(received)::BIGINT AS received, min(owd_min_ns) AS owd_min_ns,
-       median(owd_min_ns) AS owd_min_median_ns, median(owd_p50_ns) AS owd_p50_ns,
-       arg_max(path, start_ns) FILTER (WHERE path IS NOT NULL) AS path
-FROM windows
-WHERE start_ns >= $since AND start_ns + duration_ns <= $until
-GROUP BY src_nic, dst_nic, sport
+WITH w AS (
+    SELECT src_nic, dst_nic, sport, start_ns, sent, received, owd_min_ns, owd_p50_ns, path
+    FROM windows
+    WHERE start_ns >= $since AND start_ns + duration_ns <= $until{cut}),
+totals AS (
+    SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
+           sum(received)::BIGINT AS received, min(owd_min_ns) AS owd_min_ns,
+           median(owd_min_ns) AS owd_min_median_ns, median(owd_p50_ns) AS owd_p50_ns
+    FROM w GROUP BY src_nic, dst_nic, sport),
+used AS (
+    SELECT src_nic, dst_nic, sport, path, count(*) AS n, max(start_ns) AS newest
+    FROM w WHERE path IS NOT NULL GROUP BY src_nic, dst_nic, sport, path),
+most AS (
+    SELECT src_nic, dst_nic, sport, arg_max(path, {{'n': n, 'newest': newest}}) AS path
+    FROM used GROUP BY src_nic, dst_nic, sport)
+SELECT t.*, m.path
+FROM totals t LEFT JOIN most m USING (src_nic, dst_nic, sport)
 ORDER BY src_nic, dst_nic, sport
+"""
+_CUT_SQL = """
+  AND (split_part(src_nic, '/', 1), start_ns // 1000000000) NOT IN (
+      SELECT host, sec FROM _cut WHERE side = 'src')
+  AND (split_part(dst_nic, '/', 1), start_ns // 1000000000) NOT IN (
+      SELECT host, sec FROM _cut WHERE side = 'dst')"""
+
+
+@dataclass(frozen=True)
+class StallRule:
+    """When a host-second is a stall of the host rather than evidence about the fabric.
+
+    A host whose agent stalls (descheduled on a loaded machine) for longer than the ack
+    timeout loses every probe to or from it for that moment: a burst on all its NICs, from
+    almost every peer, over every path. A degraded link loses a steady share of the flows
+    crossing it, every second. So host-seconds where most peers lost probes to (or from) the
+    host at once are bursts, left out of per-flow totals unless the host has bursts in more
+    than ``max_share`` of the period, which is then a host problem to report, not an artefact.
+    """
+
+    loss: float = 0.02  # a host-second losing this share of its probes ...
+    spread: float = 0.5  # ... to/from at least this share of its peers is a burst
+    max_share: float = 0.25  # left out only while a host has at most this share of bursts
+
+
+# The bursts of StallRule per host, side (src: sending, dst: receiving) and second.
+_HOST_STALLS_SQL = """
+WITH w AS (
+    SELECT src_nic, dst_nic, sent, received, start_ns // 1000000000 AS sec,
+           split_part(src_nic, '/', 1) AS sh, split_part(dst_nic, '/', 1) AS dh
+    FROM windows WHERE start_ns >= $since AND start_ns + duration_ns <= $until),
+secs AS (SELECT greatest(count(DISTINCT sec), 1) AS n FROM w),
+side AS (
+    SELECT 'dst' AS side, dh AS host, sec, sum(sent - received) / sum(sent) AS loss,
+           count(DISTINCT src_nic) FILTER (WHERE received < sent) / count(DISTINCT src_nic)
+               AS spread
+    FROM w GROUP BY dh, sec
+    UNION ALL
+    SELECT 'src', sh, sec, sum(sent - received) / sum(sent),
+           count(DISTINCT dst_nic) FILTER (WHERE received < sent) / count(DISTINCT dst_nic)
+    FROM w GROUP BY sh, sec),
+bursts AS (SELECT * FROM side WHERE loss >= $stall_loss AND spread >= $spread),
+per_host AS (
+    SELECT side, host, count(*) AS seconds, (SELECT n FROM secs) AS of_seconds
+    FROM bursts GROUP BY side, host)
+SELECT b.side, b.host, b.sec, b.loss, p.seconds, p.of_seconds,
+       p.seconds <= $max_share * p.of_seconds AS excluded
+FROM bursts b JOIN per_host p USING (side, host)
 """
 
 # One pair's buckets, from raw windows from $raw_lo and from minute rollups before $split.
@@ -377,13 +437,20 @@ class Store:
         }  # fmt: skip
         return self.read().execute(_PAIR_SERIES_SQL, params).fetchall()
 
-    def flow_totals(self, since_ns: int, until_ns: int) -> pa.Table:
+    def flow_totals(
+        self, since_ns: int, until_ns: int, without: pa.Table | None = None
+    ) -> pa.Table:
         """Per probe flow (src NIC, dst NIC, source port), totals over the windows lying wholly
         inside [since_ns, until_ns): ``windows``, ``sent``, ``received``, the smallest and the
         median window-minimum one-way delay (``owd_min_ns``, ``owd_min_median_ns``), the
-        median of the window medians (``owd_p50_ns``) and the newest known ``path``, still
-        in storage form (decode it with :meth:`decode_paths`). Ordered by src_nic, dst_nic,
-        sport. Reads raw windows only: periods before ``raw_floor_ns`` come back short.
+        median of the window medians (``owd_p50_ns``) and the ``path`` that carried most of
+        those windows (ties: the newest; null: none carried one), still in storage form
+        (decode it with :meth:`decode_paths`). Ordered by src_nic, dst_nic, sport. Reads raw
+        windows only: periods before ``raw_floor_ns`` come back short.
+
+        ``without``: host-seconds whose windows are left out (columns ``side`` 'src'|'dst',
+        ``host``, ``sec`` in whole seconds of ``start_ns``), e.g. the excluded rows of
+        :meth:`host_stalls`.
 
         Works on the collector's store and on a file read by another process::
 
@@ -392,7 +459,26 @@ class Store:
             paths = store.decode_paths(t["path"])
         """
         params = {"since": since_ns, "until": until_ns}
-        return self.read().sql(_FLOW_TOTALS_SQL, params=params).to_arrow_table()
+        cur = self.read()
+        if without is None:
+            return cur.sql(_FLOW_TOTALS_SQL.format(cut=""), params=params).to_arrow_table()
+        cur.register("_cut", without)
+        try:
+            sql = _FLOW_TOTALS_SQL.format(cut=_CUT_SQL)
+            return cur.sql(sql, params=params).to_arrow_table()
+        finally:
+            cur.unregister("_cut")
+
+    def host_stalls(self, since_ns: int, until_ns: int, rule: StallRule) -> pa.Table:
+        """Every burst of ``rule`` in the windows wholly inside [since_ns, until_ns): ``side``
+        ('src': the host sending, 'dst': receiving), ``host``, ``sec``, ``loss``; the host's
+        burst ``seconds`` on that side ``of_seconds`` in the period, and whether its bursts
+        are ``excluded`` from per-flow totals (see :class:`StallRule`)."""
+        params = {
+            "since": since_ns, "until": until_ns, "stall_loss": rule.loss,
+            "spread": rule.spread, "max_share": rule.max_share,
+        }  # fmt: skip
+        return self.read().sql(_HOST_STALLS_SQL, params=params).to_arrow_table()
 
     def decode_paths(self, stored: pa.Array | pa.ChunkedArray) -> pa.Array:
         """A ``path`` column as stored (link-dictionary indices) -> lists of link ids. Call it

@@ -55,25 +55,15 @@ def peer_pairs(topo: Topology, peers: int = 16, seed: int = 0) -> tuple[np.ndarr
     offs = peer_offsets(n, peers, seed)
     src = np.repeat(np.arange(n), 2 * offs.size)
     dst = (src + np.tile(np.concatenate([offs, -offs]), n)) % n
-    host_idx = _host_index(topo)
-    keep = host_idx[src] != host_idx[dst]
+    host_of = topo.index.nic_host
+    keep = host_of[src] != host_of[dst]
     pairs = np.unique(np.stack([src[keep], dst[keep]], axis=1), axis=0)
     return pairs[:, 0], pairs[:, 1]
 
 
-def _host_index(topo: Topology) -> np.ndarray:
-    idx = {h: i for i, h in enumerate(topo.hosts)}
-    return np.fromiter((idx[n.host] for n in topo.nics), dtype=np.int64, count=len(topo.nics))
-
-
-def _leaf_index(topo: Topology) -> np.ndarray:
-    idx = {s.id: i for i, s in enumerate(topo.switches)}
-    return np.fromiter((idx[n.leaf] for n in topo.nics), dtype=np.int64, count=len(topo.nics))
-
-
 def port_counts(topo: Topology, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Source ports per pair, from the number of equal-cost paths between their leaves."""
-    leaf = _leaf_index(topo)
+    leaf = topo.index.nic_leaf  # switch numbers
     key = leaf[src] * len(topo.switches) + leaf[dst]
     uniq, inverse = np.unique(key, return_inverse=True)
     sw = topo.switches
@@ -104,7 +94,7 @@ def host_plan(
 ) -> HostPlan:
     """The plan of one host: every local NIC's peers with their source ports."""
     src, dst = peer_pairs(topo, peers, seed)
-    mine = np.flatnonzero(_host_index(topo)[src] == topo.hosts.index(host))
+    mine = np.flatnonzero(topo.index.nic_host[src] == topo.index.host[host])
     src, dst = src[mine], dst[mine]
     counts, bases = port_counts(topo, src, dst), base_ports(src, seed)
     entries = [

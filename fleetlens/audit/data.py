@@ -1,17 +1,18 @@
-"""What ``fleetlens audit`` reads: the collector's REST API, and per-flow aggregates.
+"""What ``fleetlens audit`` reads: the collector's REST API, and per-flow totals.
 
 - :class:`RestReader` asks a running collector for its inventory (links, NICs), clock models,
   the live triangulation's verdict history per link, and every probed NIC pair's one-way delay
   and loss over the audit period (one bucket per pair).
-- :meth:`RestReader.flows` asks the collector for the same per-flow totals
-  (``GET /v1/flows``, paged), so an audit from any machine fits the same tomography; and
+- :meth:`RestReader.flows` asks the collector for its per-flow totals (``GET /v1/flows``,
+  paged), so an audit from any machine fits the same tomography; and
   :func:`topology_from_rest` rebuilds the fleet inventory the collector serves when the
   operator passes none.
-- :func:`read_flows` aggregates the stored windows per probe flow (src NIC, dst NIC, source
-  port) over the audit period: probes sent and received, the typical one-way delay and the
-  flow's path, with host stalls left out (see ``_STALLS_SQL``). It reads a DuckDB file, which
-  DuckDB only lets another process open once the collector has stopped (the lab mode stops it
-  first; on the collector's machine, ``--db`` reads a copy of the live file).
+- :func:`read_flows` reads the same per-flow totals (:meth:`Store.flow_totals
+  <fleetlens.api.store.Store.flow_totals>`: probes sent and received, the typical one-way
+  delay, the path that carried most of the period's windows) from a DuckDB file, with host
+  stalls left out (:class:`~fleetlens.api.store.StallRule`). DuckDB lets another process
+  open the file only once the collector has stopped (the lab mode stops it first; on the
+  collector's machine, ``--db`` reads a copy of the live file).
 
 Every failure to reach or understand the collector is an :class:`AuditInputError` with a
 sentence for the operator, never a traceback.
@@ -21,19 +22,18 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
 import duckdb
-import httpx
 import numpy as np
 import pyarrow as pa
 
-from fleetlens.api.codec import LinkDict, blob_to_list
+from fleetlens.api.store import StallRule, Store
+from fleetlens.client import CollectorClient, CollectorError, HttpError
 from fleetlens.topology import TIER_LEAF, TIER_SPINE, Link, Nic, Switch, Topology
-
-PAGE = 1000  # the API's largest page
 
 
 class AuditInputError(RuntimeError):
@@ -51,64 +51,46 @@ class RestEvidence:
 
 
 class RestReader:
+    """The collector's API (:class:`~fleetlens.client.CollectorClient`) as the audit reads it."""
+
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self.api = CollectorClient(self.url, token, timeout_s)
 
     def close(self) -> None:
-        self.http.close()
+        self.api.close()
 
-    def get(self, path: str, **params: object) -> object:
+    @contextmanager
+    def asking(self) -> Iterator[None]:
+        """A failed call inside is an AuditInputError saying why, for the operator (the
+        client's message names the request and the collector's answer)."""
         try:
-            r = self.http.get(path, params=params)
-        except httpx.HTTPError as e:
-            raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
-        if r.status_code in (401, 403):
-            raise AuditInputError(
-                f"collector {self.url} refused {path} ({r.status_code}): give the read token "
-                "(--token-file or FLEETLENS_READ_TOKEN)"
-            )
-        if r.status_code != 200:
-            raise AuditInputError(f"collector {self.url}: GET {path} -> {r.status_code} {r.text}")
-        try:
-            return r.json()
-        except ValueError:
-            raise AuditInputError(f"collector {self.url}: {path} did not answer JSON") from None
+            yield
+        except CollectorError as e:
+            # No status: no answer at all, or an answer that is not what the endpoint promises.
+            if isinstance(e.__cause__, HttpError):
+                raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
+            if e.status in (401, 403):
+                raise AuditInputError(
+                    f"collector {self.url} refused {e}; give the read token "
+                    "(--token-file or FLEETLENS_READ_TOKEN)"
+                ) from None
+            raise AuditInputError(f"collector {self.url}: {e}") from None
 
     def check(self) -> None:
         """Reachable, healthy, and our token may read."""
-        health = self.get("/healthz")
+        with self.asking():
+            health = self.api.get("/healthz")
         if not isinstance(health, dict) or "status" not in health:
             raise AuditInputError(f"{self.url} does not look like a FleetLens collector")
-        self.get("/v1/clocks", limit=1)
-
-    def paged(self, path: str, **params: object) -> list[dict]:
-        out: list[dict] = []
-        while True:
-            page = self.get(path, limit=PAGE, offset=len(out), **params)
-            if not isinstance(page, list):
-                raise AuditInputError(f"collector {self.url}: {path} did not answer a list")
-            out += page
-            if len(page) < PAGE:
-                return out
-
-    def link_history(self, link: str, since_ns: int, until_ns: int) -> list[dict]:
-        out: list[dict] = []
-        path = "/v1/links/" + quote(link, safe="")
-        while True:
-            d = self.get(path, since=since_ns, until=until_ns, limit=PAGE, offset=len(out))
-            page = d.get("history", []) if isinstance(d, dict) else []
-            out += page
-            if len(page) < PAGE:
-                return out
+        with self.asking():
+            self.api.get("/v1/clocks", limit=1)
 
     def pair(self, src: str, dst: str, since_ns: int, until_ns: int) -> dict | None:
         """One bucket over the whole period: probes, loss, one-way delay of one NIC pair."""
-        path = f"/v1/pairs/{quote(src, safe='')}/{quote(dst, safe='')}/owd"
         step = max(until_ns - since_ns, 1_000_000)
-        d = self.get(path, since=since_ns, until=until_ns, step=step)
-        pts = d.get("points", []) if isinstance(d, dict) else []
+        with self.asking():
+            pts = self.api.pair_owd(src, dst, since_ns, until_ns, step).get("points", [])
         if not pts:
             return None
         sent = sum(p["sent"] for p in pts)
@@ -125,44 +107,35 @@ class RestReader:
     def flows(self, since_ns: int, until_ns: int, attempts: int = 3) -> Flows | None:
         """Per-flow totals of the windows wholly inside [since, until) from ``GET /v1/flows``,
         page by page in the collector's stable order; None when the collector predates the
-        endpoint (404). The typical delay is the median window minimum, as :func:`read_flows`
-        computes it; the path is the flow's newest known one. A late upload adding a flow
-        while we page would shift the offsets: then the count differs and we read again."""
+        endpoint (404). A late upload adding a flow while we page would shift the offsets:
+        then the count differs and we read again."""
         for _ in range(attempts):
-            total = self._flow_count(since_ns, until_ns)
-            if total is None:
-                return None
-            rows = self.paged("/v1/flows", since=since_ns, until=until_ns)
+            with self.asking():
+                try:
+                    total = self.api.flow_count(since_ns, until_ns)
+                except CollectorError as e:
+                    if e.status == 404:
+                        return None
+                    raise
+                rows = self.api.flows(since_ns, until_ns)
             if len(rows) == total:
                 return flows_from_rows(rows)
         raise AuditInputError(
             f"collector {self.url}: /v1/flows kept changing while being read ({attempts} tries)"
         )
 
-    def _flow_count(self, since_ns: int, until_ns: int) -> int | None:
-        params = {"since": since_ns, "until": until_ns, "limit": 1}
-        try:
-            r = self.http.get("/v1/flows", params=params)
-        except httpx.HTTPError as e:
-            raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
-        if r.status_code == 404:
-            return None
-        if r.status_code != 200:
-            self.get("/v1/flows", **params)  # asked again: its errors become sentences
-        try:
-            return int(r.headers["X-Total-Count"])
-        except (KeyError, ValueError):
-            raise AuditInputError(f"collector {self.url}: /v1/flows without a count") from None
-
     def gather(self, since_ns: int, until_ns: int, pairs: list[tuple[str, str]]) -> RestEvidence:
-        ev = RestEvidence(
-            links=self.paged("/v1/links"),
-            nics=self.paged("/v1/nics"),
-            hosts=self.paged("/v1/hosts"),
-            clocks=self.paged("/v1/clocks"),
-        )
-        for row in ev.links:
-            ev.history[row["link_id"]] = self.link_history(row["link_id"], since_ns, until_ns)
+        with self.asking():
+            ev = RestEvidence(
+                links=self.api.links(),
+                nics=self.api.nics(),
+                hosts=self.api.hosts(),
+                clocks=self.api.paged("/v1/clocks"),
+            )
+        with self.asking():
+            for row in ev.links:
+                link = row["link_id"]
+                ev.history[link] = self.api.link_history(link, since_ns, until_ns)
         ev.pairs = self.gather_pairs(since_ns, until_ns, pairs)
         return ev
 
@@ -173,8 +146,20 @@ class RestReader:
         out = [self.pair(src, dst, since_ns, until_ns) for src, dst in pairs]
         return [p for p in out if p is not None]
 
+    def probed_pairs(self, hosts: list[str]) -> list[tuple[str, str]]:
+        """The NIC pairs the agents of ``hosts`` probe: their plans (the read token may read
+        them); none when the collector serves no plans (it has no inventory)."""
+        pairs: set[tuple[str, str]] = set()
+        for host in hosts:
+            try:
+                plan = self.api.plan(host)
+            except CollectorError:
+                continue
+            pairs |= {(e.src_nic, e.dst_nic) for e in plan.entries}
+        return sorted(pairs)
 
-# ---- per-flow aggregates from the collector's DuckDB file ----------------------------------
+
+# ---- per-flow totals ----------------------------------------------------------------------
 @dataclass
 class Flows:
     """One row per probe flow over the audit period (arrays of equal length)."""
@@ -186,7 +171,7 @@ class Flows:
     sent: np.ndarray  # float64 probe packets
     received: np.ndarray
     owd_ns: np.ndarray  # float64: median over windows of the window's minimum (NaN: none)
-    path: pa.Array  # list<string>: the flow's most reported path (null: never learned)
+    path: pa.Array  # list<string>: the path of most of its windows (null: never learned)
 
     @property
     def n(self) -> int:
@@ -209,52 +194,6 @@ class Flows:
                 "owd_p50_ns": float(np.median(owd)) if owd.size else None,
             })  # fmt: skip
         return out
-
-
-# A host whose agent stalls (descheduled on a loaded machine) for longer than the ack timeout
-# loses every probe to or from it for that moment: a burst on all its NICs, from almost every
-# peer, over every path. A degraded link loses a steady share of the flows crossing it, every
-# second. So host-seconds where most peers lost probes to (or from) the host at once are
-# "stalls" and their windows are left out — unless the host stalls for more than
-# `max_stall_share` of the period, which is then a host problem to report, not an artefact.
-_STALLS_SQL = """
-WITH w AS (
-    SELECT src_nic, dst_nic, sent, received, start_ns // 1000000000 AS sec,
-           split_part(src_nic, '/', 1) AS sh, split_part(dst_nic, '/', 1) AS dh
-    FROM windows WHERE start_ns >= $since AND start_ns + duration_ns <= $until),
-secs AS (SELECT greatest(count(DISTINCT sec), 1) AS n FROM w),
-side AS (
-    SELECT 'dst' AS side, dh AS host, sec, sum(sent - received) / sum(sent) AS loss,
-           count(DISTINCT src_nic) FILTER (WHERE received < sent) / count(DISTINCT src_nic)
-               AS spread
-    FROM w GROUP BY dh, sec
-    UNION ALL
-    SELECT 'src', sh, sec, sum(sent - received) / sum(sent),
-           count(DISTINCT dst_nic) FILTER (WHERE received < sent) / count(DISTINCT dst_nic)
-    FROM w GROUP BY sh, sec),
-bursts AS (SELECT * FROM side WHERE loss >= $stall_loss AND spread >= $spread),
-per_host AS (
-    SELECT side, host, count(*) AS seconds, (SELECT n FROM secs) AS of_seconds
-    FROM bursts GROUP BY side, host)
-SELECT b.side, b.host, b.sec, b.loss, p.seconds, p.of_seconds,
-       p.seconds <= $max_share * p.of_seconds AS excluded
-FROM bursts b JOIN per_host p USING (side, host)
-"""
-
-_LINK_DICT_SQL = "SELECT link_id FROM link_dict ORDER BY idx"  # paths are stored as link numbers
-
-_FLOWS_SQL = """
-SELECT src_nic, dst_nic, sport, count(*) AS windows, sum(sent)::BIGINT AS sent,
-       sum(received)::BIGINT AS received, median(owd_min_ns) AS owd,
-       mode(path) AS path
-FROM windows
-WHERE start_ns >= $since AND start_ns + duration_ns <= $until
-  AND (split_part(src_nic, '/', 1), start_ns // 1000000000) NOT IN (SELECT host, sec FROM _cut
-       WHERE side = 'src')
-  AND (split_part(dst_nic, '/', 1), start_ns // 1000000000) NOT IN (SELECT host, sec FROM _cut
-       WHERE side = 'dst')
-GROUP BY src_nic, dst_nic, sport ORDER BY src_nic, dst_nic, sport
-"""
 
 
 def flows_from_rows(rows: list[dict]) -> Flows:
@@ -295,13 +234,6 @@ def topology_from_rest(links: list[dict], nics: list[dict]) -> Topology | None:
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class StallRule:
-    loss: float = 0.02  # a host-second losing this share of its probes ...
-    spread: float = 0.5  # ... to/from at least this share of its peers is a burst
-    max_share: float = 0.25  # left out only while a host has at most this share of bursts
-
-
 def snapshot(db: Path, into: Path) -> Path:
     """Copy a collector's DuckDB file and its WAL (DuckDB locks the file it has open against
     every other process, readers included; a copy is ours). The copy is taken while the
@@ -331,54 +263,43 @@ def snapshot(db: Path, into: Path) -> Path:
 def read_flows(
     db: Path, since_ns: int, until_ns: int, rule: StallRule | None = None
 ) -> tuple[Flows, list[dict]]:
-    """Per-flow aggregates of the windows wholly inside [since, until), host stalls left out
-    (see ``_STALLS_SQL``); and the stalls found, per host and side."""
-    rule = rule or StallRule()
+    """Per-flow totals of the windows wholly inside [since, until) in a collector's DuckDB
+    file, host stalls left out (:class:`~fleetlens.api.store.StallRule`); and the stalls
+    found, per host and side."""
     if not db.exists():
         raise AuditInputError(f"no collector database at {db}")
     try:
-        con = duckdb.connect(str(db), read_only=True)
+        store = Store(db, read_only=True)
     except duckdb.Error as e:
         raise AuditInputError(
             f"cannot open {db} read-only ({e}); DuckDB allows that only while no collector "
             "has it open: stop the collector or pass a copy"
         ) from None
     try:
-        links = LinkDict([r[0] for r in con.execute(_LINK_DICT_SQL).fetchall()])
-        t, stalls = _aggregate(con, since_ns, until_ns, rule)
+        return _totals(store, since_ns, until_ns, rule or StallRule())
     finally:
-        con.close()
-    paths = (
-        links.decode(blob_to_list(t["path"], pa.int32()))
-        if t.num_rows
-        else pa.array([], pa.list_(pa.string()))
-    )
-    return _flows(t, paths), _stall_summary(stalls)
+        store.close()
 
 
 def aggregate_windows(
     windows: pa.Table, since_ns: int, until_ns: int, rule: StallRule | None = None
 ) -> tuple[Flows, list[dict]]:
-    """:func:`read_flows` over window records in memory (WINDOW_SCHEMA, paths as lists)."""
-    con = duckdb.connect()
+    """:func:`read_flows` over window records in memory (WINDOW_SCHEMA), stored first in an
+    in-memory store as the collector stores them."""
+    store = Store(Path(":memory:"))
     try:
-        con.register("windows", windows)
-        t, stalls = _aggregate(con, since_ns, until_ns, rule or StallRule())
+        store.insert_windows_raw(windows)
+        return _totals(store, since_ns, until_ns, rule or StallRule())
     finally:
-        con.close()
-    return _flows(t, t["path"].combine_chunks()), _stall_summary(stalls)
+        store.close()
 
 
-def _aggregate(
-    con: duckdb.DuckDBPyConnection, since_ns: int, until_ns: int, rule: StallRule
-) -> tuple[pa.Table, pa.Table]:
-    p = {"since": since_ns, "until": until_ns}
-    stalls = con.sql(
-        _STALLS_SQL,
-        params={**p, "stall_loss": rule.loss, "spread": rule.spread, "max_share": rule.max_share},
-    ).to_arrow_table()
-    con.register("_cut", stalls.filter(stalls["excluded"]))
-    return con.sql(_FLOWS_SQL, params=p).to_arrow_table(), stalls
+def _totals(
+    store: Store, since_ns: int, until_ns: int, rule: StallRule
+) -> tuple[Flows, list[dict]]:
+    stalls = store.host_stalls(since_ns, until_ns, rule)
+    t = store.flow_totals(since_ns, until_ns, without=stalls.filter(stalls["excluded"]))
+    return _flows(t, store.decode_paths(t["path"])), _stall_summary(stalls)
 
 
 def _stall_summary(stalls: pa.Table) -> list[dict]:
@@ -402,6 +323,6 @@ def _flows(t: pa.Table, paths: pa.Array) -> Flows:
         windows=np.asarray(t["windows"].to_numpy(), np.int64),
         sent=np.asarray(t["sent"].to_numpy(), np.float64),
         received=np.asarray(t["received"].to_numpy(), np.float64),
-        owd_ns=np.asarray(t["owd"].to_numpy(zero_copy_only=False), np.float64),
+        owd_ns=np.asarray(t["owd_min_median_ns"].to_numpy(zero_copy_only=False), np.float64),
         path=paths,
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fleetlens.audit
+from fleetlens.secrets import READ_TOKEN_ENV, read_secret
 
 MAX_MINUTES = 24 * 60
 # Probe loss the judgement's fit treats as normal: the measurement's own. (The lab mode's
@@ -118,12 +119,11 @@ def validate(a: argparse.Namespace) -> None:
 
 
 def read_token(a: argparse.Namespace) -> str | None:
-    if a.token_file is not None:
-        try:
-            return a.token_file.read_text().strip() or None
-        except OSError as e:
-            raise UsageError(f"--token-file {a.token_file}: {e.strerror}") from None
-    return os.environ.get("FLEETLENS_READ_TOKEN") or None
+    """--token-file, else $FLEETLENS_READ_TOKEN (:func:`fleetlens.secrets.read_secret`)."""
+    try:
+        return read_secret(READ_TOKEN_ENV, a.token_file)
+    except OSError as e:
+        raise UsageError(f"--token-file {a.token_file}: {e.strerror}") from None
 
 
 def thresholds(a: argparse.Namespace) -> Thresholds:

@@ -8,13 +8,13 @@ naming NICs or links outside the topology, or impossible counts, are dropped and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetlens.ids import is_nic_id
 from fleetlens.topology import Topology
 
 
@@ -37,30 +37,21 @@ class FlowRows:
 
 
 class TopoIndex:
-    """Topology numbering: NICs, links, each NIC's access links and host."""
+    """The topology's numbering (:attr:`Topology.index`: NICs, links, each NIC's access links
+    and host), and the leaves numbered among themselves for the per-leaf-pair ECMP priors."""
 
     def __init__(self, topo: Topology) -> None:
+        ix = topo.index
         self.topo = topo
-        self.nic_ids = [n.id for n in topo.nics]
-        self.link_ids = [lk.id for lk in topo.links]
-        self.n_nics, self.n_links = len(self.nic_ids), len(self.link_ids)
-        self.link_index = {lk: i for i, lk in enumerate(self.link_ids)}
-        nic_index = {n: i for i, n in enumerate(self.nic_ids)}
-        self.nic_index = nic_index
-        self.nic_up = np.full(self.n_nics, -1, np.int64)
-        self.nic_down = np.full(self.n_nics, -1, np.int64)
-        for i, lk in enumerate(topo.links):
-            if is_nic_id(lk.a) and lk.a in nic_index:
-                self.nic_up[nic_index[lk.a]] = i
-            if is_nic_id(lk.b) and lk.b in nic_index:
-                self.nic_down[nic_index[lk.b]] = i
-        hosts = {h: i for i, h in enumerate(topo.hosts)}
-        self.nic_host = np.array([hosts[n.host] for n in topo.nics], np.int64)
+        self.nic_ids, self.link_ids = ix.nic_ids, ix.link_ids
+        self.n_nics, self.n_links = len(ix.nic_ids), len(ix.link_ids)
+        self.nic_index, self.link_index = ix.nic, ix.link
+        self.nic_up, self.nic_down, self.nic_host = ix.nic_up, ix.nic_down, ix.nic_host
         leaves = sorted({n.leaf for n in topo.nics})
         self.leaves = leaves
         self.nic_leaf = np.array([leaves.index(n.leaf) for n in topo.nics], np.int64)
 
-    def lookup(self, names: pa.Array, index: dict[str, int]) -> np.ndarray:
+    def lookup(self, names: pa.Array, index: Mapping[str, int]) -> np.ndarray:
         """Names -> numbers (-1 unknown or null), one dictionary lookup per distinct name."""
         enc = pc.dictionary_encode(names)
         lut = np.array([index.get(v, -1) for v in enc.dictionary.to_pylist()] + [-1], np.int64)

@@ -45,19 +45,6 @@ def _wait(seconds: float, what: str) -> None:
             next_note += 30
 
 
-def _probed_pairs(rest: RestReader, nics: list[dict]) -> list[tuple[str, str]]:
-    """The NIC pairs the agents probe: every host's plan (readable with the read token)."""
-    pairs: set[tuple[str, str]] = set()
-    for host in sorted({n["host_id"] for n in nics}):
-        try:
-            plan = rest.get(f"/v1/plan/{host}")
-        except AuditInputError:
-            continue  # no inventory on the collector: no plans, no pair list
-        for e in plan.get("entries", []) if isinstance(plan, dict) else []:
-            pairs.add((e["src_nic"], e["dst_nic"]))
-    return sorted(pairs)
-
-
 def run_collector(a: argparse.Namespace) -> dict:
     rest = RestReader(a.collector, read_token(a))
     try:
@@ -80,7 +67,8 @@ def run_collector(a: argparse.Namespace) -> dict:
             flows = rest.flows(since, until)
         if flows is None or topo is None:  # only the live verdicts: per-pair figures for them
             _say("no per-flow data: judging from the collector's verdict history")
-            ev.pairs = rest.gather_pairs(since, until, _probed_pairs(rest, ev.nics))
+            pairs = rest.probed_pairs(sorted({n["host_id"] for n in ev.nics}))
+            ev.pairs = rest.gather_pairs(since, until, pairs)
     finally:
         rest.close()
     verdict = None

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 from rich.console import Console
 
+from fleetlens.client import CollectorClient
 from fleetlens.demo.fabric import Evidence, Pacing, Reading, Step, StepRule, percentile
 from fleetlens.demo.linkpass import run_linkpass
 from fleetlens.demo.summary import ClockRow, Summary
@@ -89,6 +89,7 @@ class LabFabric:
         self.pacing = Pacing(SYNC_BOUND_NS, SYNC_HOLD_S, SYNC_READS, a.warmup)
         self.lab: Lab | None = None
         self.stack: Stack | None = None
+        self.api: CollectorClient | None = None
         self.truth: dict[str, tuple[float, float]] = {}  # host -> injected (offset, drift)
         self.epoch = 0
         self.t0 = time.monotonic()
@@ -107,6 +108,7 @@ class LabFabric:
             self.lab, work, collector_args=["--background-loss", str(a.background_loss)]
         )
         self.stack.start_collector()
+        self.api = CollectorClient(self.stack.url, timeout_s=5.0)
         s = LabSummary(lab=self.lab.name, collector=self.stack.url)
         self._start_agents()
         self.t0 = time.monotonic()
@@ -140,7 +142,8 @@ class LabFabric:
 
     def observe(self) -> Reading:
         t = self.now_s()
-        served = {c["host_id"]: c for c in self._get("/v1/clocks")}
+        assert self.api is not None
+        served = self.api.clocks()
         now = time.time_ns()
         hosts = list(self.truth)
         err = np.full(len(hosts), np.nan)
@@ -150,26 +153,15 @@ class LabFabric:
                 continue
             off, drift = self.truth[h]
             true_now = off + drift * 1e-9 * (now - self.epoch)  # raw - real for this host now
-            model = c["offset_ns"] + c["drift_ppb"] * 1e-9 * (now + true_now - c["t0_ns"])
+            model = c.offset_ns + c.drift_ppb * 1e-9 * (now + true_now - c.t0_ns)
             err[i] = model - true_now
         ok = np.isfinite(err)
         if ok.any():
             err -= err[ok].mean()  # fleet time is the fleet mean
-        synced = np.array([bool(served.get(h, {}).get("synced")) for h in hosts])
-        return Reading(
-            t, hosts, err, synced, bool(synced.all() and ok.all()),
-            self._faulty("/v1/links"), self._faulty("/v1/nics"),
-        )  # fmt: skip
-
-    def _get(self, path: str) -> list[dict]:
-        assert self.stack is not None
-        r = httpx.get(self.stack.url + path, timeout=5)
-        r.raise_for_status()
-        return list(r.json())
-
-    def _faulty(self, path: str) -> list[str]:
-        rows = self._get(f"{path}?state=faulty&limit=1000")
-        return sorted(r.get("link_id") or r.get("nic_id") for r in rows)
+        synced = np.array([h in served and served[h].synced for h in hosts])
+        links = sorted(r["link_id"] for r in self.api.links(state="faulty"))
+        nics = sorted(r["nic_id"] for r in self.api.nics(state="faulty"))
+        return Reading(t, hosts, err, synced, bool(synced.all() and ok.all()), links, nics)
 
     def inject_fault(self) -> dict[str, object]:
         assert self.lab is not None
@@ -225,6 +217,8 @@ class LabFabric:
     def stop(self, keep: bool, s: LabSummary | None) -> None:
         """Stop and remove everything (the fabric too when it was half built); the collector's
         and agents' logs stay on disk only when something failed."""
+        if self.api is not None:
+            self.api.close()
         if keep and self.stack is not None and self.lab is not None:
             adopt(self.lab, self.stack)
             self.say(

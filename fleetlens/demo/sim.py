@@ -40,12 +40,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pyarrow as pa
 from rich.console import Console
 
-from fleetlens.demo.collector import CollectorProcess, SimDemoError
+from fleetlens.client import CollectorError
+from fleetlens.demo.collector import DemoCollector, SimDemoError
 from fleetlens.demo.fabric import Evidence, Pacing, Reading, Step, StepRule, percentile
 from fleetlens.demo.sim_agents import WINDOW_NS, clock_errors, snap_starts, withhold_unsynced_owd
 from fleetlens.demo.story import Story
@@ -188,7 +188,7 @@ class SimFabric:
         if self.link not in self.topo.link_by_id:
             raise ValueError(f"fault link {self.link!r} is not in {self.spec}")
         self.work: Path | None = None
-        self.collector: CollectorProcess | None = None
+        self.collector: DemoCollector | None = None
         self.stream: CollectorStream | None = None
         self.on_window: Callable[[int, SimFabric], None] | None = None  # tests: inject failures
         self.t_s = 0  # simulated seconds judged so far
@@ -205,8 +205,7 @@ class SimFabric:
         self.work = Path(tempfile.mkdtemp(prefix="fleetlens-demo-sim-", dir=c.work_parent))
         self.topo.save(self.work / "topology.json")
         interval = c.loop_interval_s or quiet_interval(self.sim.n_flows)
-        self.collector = CollectorProcess(self.work, self.work / "topology.json", interval)
-        self.collector.start()
+        self.collector = DemoCollector(self.work, self.work / "topology.json", interval)
         s = SimSummary(fabric=self.spec, collector=self.collector.url,
                        hosts=len(self.topo.hosts), nics=len(self.topo.nics),
                        loop_interval_s=interval)  # fmt: skip
@@ -248,7 +247,7 @@ class SimFabric:
         t0 = time.monotonic()
         try:
             self.stream.register(self.sim.topo, self.sim.cfg.ts_source)
-        except (httpx.HTTPError, OSError, RuntimeError) as e:
+        except (CollectorError, OSError) as e:
             self.collector.check_alive("registering the hosts")
             raise SimDemoError(f"registering the hosts failed: {e}") from e
         s.wall_s["register"] = round(time.monotonic() - t0, 1)
@@ -302,7 +301,7 @@ class SimFabric:
         rounds = self.collector.metrics("posting").get(_RUNS + "clocks", 0)
         try:
             self.stream.send_window(win, self.cfg.seed)
-        except (httpx.HTTPError, OSError) as e:
+        except (CollectorError, OSError) as e:
             self.collector.check_alive(f"posting window {win.index}")
             raise SimDemoError(f"posting window {win.index} failed: {e}") from e
         # Window 0 is nobody's judged window (the collector skips each host's first one).
@@ -328,7 +327,7 @@ class SimFabric:
         gen = self.epoch // WINDOW_NS + w
         while time.monotonic() < deadline:
             self._metrics(doing, w)  # a failed loop is an error, not a wait
-            models = self._served(doing)
+            models = self.collector.clocks(doing)
             refs = [(m.t0_ns - round(m.offset_ns)) // WINDOW_NS for m in models.values()]
             if refs and max(refs) >= gen:
                 return models
@@ -338,14 +337,6 @@ class SimFabric:
             f"collector did not process window {w} within "
             f"{self.cfg.window_timeout_s:.0f} s{self.collector.log_tail()}"
         )
-
-    def _served(self, doing: str) -> dict[str, ClockModel]:
-        assert self.collector is not None
-        return {
-            d["host_id"]: ClockModel(d["host_id"], int(d["t0_ns"]), float(d["offset_ns"]),
-                                     float(d["drift_ppb"]), d["error_bound_ns"], d["synced"])
-            for d in self.collector.get_all("/v1/clocks", doing)
-        }  # fmt: skip
 
     def _metrics(self, doing: str, w: int) -> dict[str, float]:
         assert self.collector is not None
@@ -366,10 +357,7 @@ class SimFabric:
         hosts = win.truth_clocks["host_id"].to_pylist()
         flagged = np.array([bool(models.get(h) and models[h].synced) for h in hosts])
         err = clock_errors(models, win.truth_clocks, self.ready)
-        links = sorted(r["link_id"] for r in self.collector.get_all("/v1/links", doing,
-                                                                     state="faulty"))  # fmt: skip
-        nics = sorted(r["nic_id"] for r in self.collector.get_all("/v1/nics", doing,
-                                                                   state="faulty"))  # fmt: skip
+        links, nics = self.collector.faulty(doing)
         self.t_s = win.index + 1  # simulated seconds of probes judged so far
         r = Reading(float(self.t_s), hosts, err, flagged, bool(np.isfinite(err).all()), links,
                     nics)  # fmt: skip
@@ -453,14 +441,14 @@ class SimFabric:
     def stop(self, keep: bool, s: SimSummary | None) -> None:
         if self.stream is not None:
             self.stream.close()
-        if keep and s is not None and self.collector and self.collector.proc:
+        if keep and s is not None and self.collector is not None:
             s.workdir, s.collector_pid = str(self.work), self.collector.proc.pid
             self.say(
                 f"[bold]kept running[/]: collector {self.collector.url} (docs at /docs), "
                 f"pid {s.collector_pid}; stop it with 'kill {s.collector_pid}' and remove "
                 f"{self.work}"
             )
-            self.collector.http.close()
+            self.collector.release()
             return
         if self.collector is not None:
             self.collector.stop()

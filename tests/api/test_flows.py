@@ -1,7 +1,8 @@
 """GET /v1/flows: per-flow totals over a period, from a real collector holding simulated
 windows streamed by the simulator's own client. Every figure is checked against the windows
 that were sent (computed here in numpy, not by the collector's SQL), as are paging over a
-stable order, the period boundaries, the newest known path, auth and bad parameters."""
+stable order, the period boundaries, the path of most windows (also for flows whose path
+changed mid-period, as the audit reads them), auth and bad parameters."""
 
 from __future__ import annotations
 
@@ -17,15 +18,18 @@ import pytest
 from collector_helpers import INGEST, READ, Server, start_server
 from fleetlens.api.store import Store
 
+from fleetlens.audit.data import Flows, RestReader, read_flows
 from fleetlens.records import WINDOW_SCHEMA
-from fleetlens.topology import leaf_spine
+from fleetlens.topology import Topology, leaf_spine
 
 sim = pytest.importorskip("fleetlens.fixtures.sim")
 stream = pytest.importorskip("fleetlens.fixtures.sim.stream")
 
 N_WINDOWS = 4
 WIN = 10**9
-NO_PATH_SRC = "h001/eth0"  # its flows never carry a path: the API must answer null
+NO_PATH_SRC = "h01/eth0"  # its flows never carry a path: the API must answer null
+MOVED_SRC = "h02/eth1"  # its odd ports move to another path in the newest window
+FlowKey = tuple[str, str, int]
 
 
 @dataclasses.dataclass
@@ -33,12 +37,26 @@ class Fleet:
     server: Server
     epoch: int
     sent: pa.Table  # every window posted, WINDOW_SCHEMA
+    moved: dict[FlowKey, tuple[list[str], list[str]]]  # flow -> (path before, newest path)
 
 
 def _hide_paths(t: pa.Table, mask: np.ndarray) -> pa.Table:
     path = t["path"].combine_chunks()
     kept = pc.if_else(pa.array(~mask), path, pa.scalar(None, path.type))
     return t.set_column(t.schema.get_field_index("path"), "path", kept)
+
+
+def _move_paths(t: pa.Table, mask: np.ndarray, topo: Topology) -> tuple[pa.Table, dict]:
+    """The rows of ``mask`` take another of their pair's ECMP paths; flow -> (before, after)."""
+    paths, moved = t["path"].to_pylist(), {}
+    for i in np.flatnonzero(mask):
+        src, dst, sport = t["src_nic"][i].as_py(), t["dst_nic"][i].as_py(), t["sport"][i].as_py()
+        other = [p for p in topo.ecmp_paths(src, dst) if p != paths[i]]
+        if other:
+            moved[(src, dst, sport)] = (paths[i], other[0])
+            paths[i] = other[0]
+    column = pa.array(paths, t.schema.field("path").type)
+    return t.set_column(t.schema.get_field_index("path"), "path", column), moved
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +72,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     )
     simulator = sim.Simulator(topo, cfg, seed=5)
     server = start_server(tmp, inventory)
-    sent = []
+    sent, moved = [], {}
     try:
         cs = stream.CollectorStream(server.url, INGEST, workers=2)
         try:
@@ -64,14 +82,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 src = np.array(t["src_nic"].to_pylist(), dtype=object)
                 hide = src == NO_PATH_SRC
                 if win.index == N_WINDOWS - 1:  # newest window: half the flows lost their path
-                    hide |= np.asarray(t["sport"].to_numpy()) % 2 == 0
+                    odd = np.asarray(t["sport"].to_numpy()) % 2 == 1
+                    hide |= ~odd
+                    # ... and some of the others moved to another path, for this window only
+                    t, moved = _move_paths(t, odd & (src == MOVED_SRC), topo)
                 win = dataclasses.replace(win, windows=_hide_paths(t, hide))
                 cs.send_window(win, seed=5)
                 sent.append(win.windows.select(WINDOW_SCHEMA.names))
         finally:
             cs.close()
         assert not cs.stats.rejected, cs.stats.rejected[:3]
-        yield Fleet(server, epoch, pa.concat_tables(sent))
+        assert moved  # (the flows of a pair on two leaves have two paths over 2 spines)
+        yield Fleet(server, epoch, pa.concat_tables(sent), moved)
     finally:
         server.stop()
 
@@ -94,15 +116,19 @@ def _expected(sent: pa.Table, since: int, until: int) -> list[dict]:
         ix = np.array(idx)
         mins = cols["owd_min_ns"][ix].astype(float)
         p50 = cols["owd_p50_ns"][ix].astype(float)
-        known = [i for i in idx if paths[i] is not None]
-        newest = max(known, key=lambda i: cols["start_ns"][i]) if known else None
+        # the path of most windows, ties to the newest (max of (count, newest start))
+        used: dict[tuple, list[int]] = {}
+        for i in idx:
+            if paths[i] is not None:
+                used.setdefault(tuple(paths[i]), []).append(int(cols["start_ns"][i]))
+        best = max(used.items(), key=lambda kv: (len(kv[1]), max(kv[1])), default=None)
         out.append({
             "src_nic": src, "dst_nic": dst, "sport": sport, "windows": len(idx),
             "sent": int(cols["sent"][ix].sum()), "received": int(cols["received"][ix].sum()),
             "owd_min_ns": float(np.nanmin(mins)) if np.isfinite(mins).any() else None,
             "owd_min_median_ns": float(np.nanmedian(mins)) if np.isfinite(mins).any() else None,
             "owd_p50_ns": float(np.nanmedian(p50)) if np.isfinite(p50).any() else None,
-            "path": paths[newest] if newest is not None else None,
+            "path": list(best[0]) if best is not None else None,
         })  # fmt: skip
     return out
 
@@ -203,14 +229,8 @@ def test_read_token_required(fleet: Fleet) -> None:
 def test_a_copy_of_the_store_file_gives_the_same_totals(fleet: Fleet, tmp_path: Path) -> None:
     """What the audit reads without a collector: the totals from a read-only Store opened on
     a copy of the live file (with its write-ahead log) equal the windows sent."""
-    db = fleet.server.db
-    copy = tmp_path / "snapshot.duckdb"
-    copy.write_bytes(db.read_bytes())
-    wal = db.with_name(db.name + ".wal")
-    if wal.exists():
-        copy.with_name(copy.name + ".wal").write_bytes(wal.read_bytes())
     since, until = fleet.epoch, fleet.epoch + N_WINDOWS * WIN
-    store = Store(copy, read_only=True)
+    store = Store(_copy_of_store(fleet.server.db, tmp_path), read_only=True)
     try:
         t = store.flow_totals(since, until)
         paths = store.decode_paths(t["path"]).to_pylist()
@@ -220,3 +240,40 @@ def test_a_copy_of_the_store_file_gives_the_same_totals(fleet: Fleet, tmp_path: 
         dict(r, path=p) for r, p in zip(t.drop_columns(["path"]).to_pylist(), paths, strict=True)
     ]
     _same(got, _expected(fleet.sent, since, until))
+
+
+def _copy_of_store(db: Path, into: Path) -> Path:
+    copy = into / "snapshot.duckdb"
+    copy.write_bytes(db.read_bytes())
+    wal = db.with_name(db.name + ".wal")
+    if wal.exists():
+        copy.with_name(copy.name + ".wal").write_bytes(wal.read_bytes())
+    return copy
+
+
+def test_a_flow_whose_path_changed_reports_its_most_used_path(fleet: Fleet, tmp_path: Path) -> None:
+    """A path that changed mid-period: the API and the audit (remote and local) report the
+    path that carried most of the period's windows, not the newest one."""
+    since, until = fleet.epoch, fleet.epoch + N_WINDOWS * WIN
+    api, _ = _get_all(fleet, 1000, since=since, until=until)
+    rest = RestReader(fleet.server.url, READ)
+    try:
+        remote = rest.flows(since, until)
+    finally:
+        rest.close()
+    local, _ = read_flows(_copy_of_store(fleet.server.db, tmp_path), since, until)
+    assert remote is not None
+    by_source = {
+        "api": {(r["src_nic"], r["dst_nic"], r["sport"]): r["path"] for r in api},
+        "remote audit": _paths(remote),
+        "local audit": _paths(local),
+    }
+    for source, paths in by_source.items():
+        for flow, (before, newest) in fleet.moved.items():
+            assert before != newest
+            assert paths[flow] == before, (source, flow)  # 3 windows of 4 took it
+
+
+def _paths(flows: Flows) -> dict[FlowKey, list[str] | None]:
+    keys = zip(flows.src.tolist(), flows.dst.tolist(), flows.sport.tolist(), strict=True)
+    return dict(zip(keys, flows.path.to_pylist(), strict=True))

@@ -6,15 +6,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from fleetlens.fixtures.collector import free_port, start_collector
 
 from fleetlens.audit.cli import main
 from fleetlens.audit.data import RestReader, topology_from_rest
@@ -28,12 +27,6 @@ def audit(*args: str, timeout: float = 120, env: dict | None = None) -> subproce
         [*CLI, *args], capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(
@@ -114,7 +107,7 @@ def test_unreachable_collector_fractional_minutes(tmp_path: Path) -> None:
     t0 = time.monotonic()
     r = audit(
         "--minutes", "0.5", "--report", str(tmp_path),
-        "--collector", f"http://127.0.0.1:{_free_port()}",
+        "--collector", f"http://127.0.0.1:{free_port()}",
     )  # fmt: skip
     assert r.returncode == 2
     assert "unreachable" in r.stderr and "Traceback" not in r.stderr
@@ -134,29 +127,11 @@ def test_missing_token_file(tmp_path: Path) -> None:
 def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real collector with tokens, a 4-host x 2-NIC inventory, and no agents."""
     d = tmp_path_factory.mktemp("collector")
-    port = _free_port()
-    env = {**os.environ, "FLEETLENS_INGEST_TOKEN": "ingest-secret", "FLEETLENS_READ_TOKEN": "rd"}
-    with open(d / "log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetlens.cli", "collector", "--db", str(d / "c.duckdb"),
-             "--listen", f"127.0.0.1:{port}", "--inventory", "leafspine:hosts=4,nics=2,leaves=2"],
-            env=env, stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            pytest.fail(f"collector did not start: {(d / 'log').read_text()[-2000:]}")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    inventory = "leafspine:hosts=4,nics=2,leaves=2"
+    with start_collector(
+        d / "c.duckdb", inventory, tokens=("ingest-secret", "rd"), timeout_s=60
+    ) as c:
+        yield c.url
 
 
 def test_wrong_token(tmp_path: Path, collector: str) -> None:

@@ -9,25 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+from fleetlens.fixtures.collector import start_collector, stop_process
 
 from fleetlens.topology import from_spec
 
 SPEC = "leafspine:hosts=8,nics=2,leaves=4,spines=2"
 FAULT = "leaf2->spine1"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _audits_while_streaming(
@@ -37,20 +30,19 @@ def _audits_while_streaming(
     the --db one) over the same period, at once. Per audit: (exit code, stderr, report)."""
     topo = tmp_path / "topology.json"
     from_spec(SPEC).save(topo)
-    db, url = tmp_path / "c.duckdb", f"http://127.0.0.1:{_port()}"
-    env = {**os.environ, "FLEETLENS_INGEST_TOKEN": "in-tok", "FLEETLENS_READ_TOKEN": "rd-tok"}
+    db, tokens = tmp_path / "c.duckdb", ("in-tok", "rd-tok")
+    env = {**os.environ, "FLEETLENS_INGEST_TOKEN": tokens[0], "FLEETLENS_READ_TOKEN": tokens[1]}
     py = [sys.executable, "-m", "fleetlens.cli"]
     audits = {"remote": []}  # nothing but the URL (and the read token)
     if with_db:
         audits["db"] = ["--db", str(db), "--inventory", str(topo)]
     procs: list[subprocess.Popen] = []
-    with open(tmp_path / "collector.log", "wb") as clog, open(tmp_path / "sim.log", "wb") as slog:
+    with (
+        start_collector(db, topo, tokens=tokens, timeout_s=60) as collector,
+        open(tmp_path / "sim.log", "wb") as slog,
+    ):
+        url = collector.url
         try:
-            procs.append(subprocess.Popen(
-                [*py, "collector", "--db", str(db), "--listen", url[7:], "--inventory", str(topo)],
-                env=env, stdout=clog, stderr=clog,
-            ))  # fmt: skip
-            _wait_healthy(url)
             procs.append(subprocess.Popen(
                 [*py, "sim", "--topology", SPEC, "--seconds", "35", "--seed", "3", "--paths-known",
                  *(["--fault", f"{fault}:loss=0.005"] if fault else []), "--collector", url],
@@ -69,8 +61,7 @@ def _audits_while_streaming(
             done = {name: (p, p.communicate(timeout=180)[1]) for name, p in runs.items()}
         finally:
             for p in procs:  # (the audits have exited unless the test failed)
-                p.terminate()
-                p.wait(30)
+                stop_process(p, timeout_s=30)
     out = {}
     for name, (p, err) in done.items():
         assert p.returncode in (0, 1), f"{name}: {err}"
@@ -109,14 +100,3 @@ def test_remote_audit_of_a_clean_fabric_passes(tmp_path: Path) -> None:
     assert all(lk["status"] == "validated" for lk in rep["links"]) and len(rep["links"]) == 48
     # flows are path groups (fleetlens.pathgroups): up to 2 per NIC pair on 2 spines
     assert rep["flows"]["known_path"] == rep["flows"]["count"] > 300
-
-
-def _wait_healthy(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError("collector did not start")

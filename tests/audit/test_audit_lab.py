@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root: builds network namespaces (CI runs as root)"
-)
+pytestmark = [
+    pytest.mark.root,  # deselected by -m "not root"
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="needs root: builds network namespaces (CI runs as root)"
+    ),
+]
 
 
 def _namespaces(prefix: str) -> list[str]:

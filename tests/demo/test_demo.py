@@ -15,7 +15,10 @@ from fleetlens.fixtures.lab.fabric import Lab
 
 from fleetlens.demo.lab import SYNC_BOUND_NS
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces")
+pytestmark = [
+    pytest.mark.root,  # deselected by -m "not root"
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces"),
+]
 NAME = f"d{os.getpid() % 100000}"
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fleetlens.fixtures.lab import faults
+from fleetlens.fixtures.lab.defaults import LAB_BACKGROUND_LOSS
 from fleetlens.fixtures.lab.fabric import Lab, lab_fabric
 from fleetlens.fixtures.lab.stack import Stack, lab_stack
 
@@ -39,7 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work: Path = tmp_path_factory.mktemp("tri-lab")
     with (
         lab_fabric(NAME, hosts=8, nics=2, leaves=4, spines=2) as lab,
-        lab_stack(lab, work, collector_args=["--background-loss", "1e-3"]) as st,
+        lab_stack(lab, work, collector_args=["--background-loss", str(LAB_BACKGROUND_LOSS)]) as st,
     ):
         # No primers (``--primer``): eight agents and the collector share two vCPUs here, and
         # the primers' 1.33x agent CPU delayed the collector's rounds: 2 % loss localized in
