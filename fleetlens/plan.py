@@ -45,7 +45,11 @@ def peer_offsets(n_nics: int, peers: int, seed: int) -> np.ndarray:
     half = max(1, min(peers // 2, (n_nics - 1) // 2))
     rng = np.random.default_rng(seed)
     pool = np.arange(2, max(3, n_nics // 2 + 1))
-    extra = rng.choice(pool, size=min(half - 1, pool.size), replace=False) if half > 1 else []
+    extra: np.ndarray = (
+        rng.choice(pool, size=min(half - 1, pool.size), replace=False)
+        if half > 1
+        else np.empty(0, np.int64)
+    )
     return np.unique(np.concatenate([[1], extra]).astype(np.int64))
 
 

@@ -15,6 +15,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,7 +79,7 @@ class LabRun:
     spines: int
     seed: int
     background_loss: float
-    say: object = print
+    say: Callable[[str], object] = print
     lab: Lab | None = None
     stack: Stack | None = None
     injected: list[dict] = field(default_factory=list)

@@ -128,12 +128,12 @@ def _host_warnings(hosts: list[dict], verdict: Judgement | None, stalls: list[di
             if r > 0
         ]
     for st in stalls:
-        h = by.get(st["host_id"])
-        if h is None:
+        stalled = by.get(st["host_id"])
+        if stalled is None:
             continue
-        h["stalls"].append(st)
+        stalled["stalls"].append(st)
         what = "left out" if st["excluded"] else "kept: too many to be load artefacts"
-        h["warnings"].append(
+        stalled["warnings"].append(
             f"{st['side']} stalls in {st['seconds']} of {st['of_seconds']} s "
             f"(worst {100 * st['worst_loss']:.3g} % of probes lost; {what})"
         )

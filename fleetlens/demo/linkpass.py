@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from fleetlens.fixtures.lab import faults, netns
 from fleetlens.fixtures.lab.fabric import Lab
@@ -57,10 +58,10 @@ def run_linkpass(
 def _spawn_in(lab: Lab, host: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return netns.popen(
         lab.ns(host), argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )  # type: ignore[return-value]
+    )
 
 
-def _done_event(p: subprocess.Popen[str], timeout_s: float) -> dict[str, object]:
+def _done_event(p: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
     try:
         out, _ = p.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
