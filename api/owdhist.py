@@ -164,11 +164,12 @@ class OwdHistograms(Collector):
         leaf = inv.leaf if inv is not None else UNKNOWN
         sw = self._topology.switch_by_id.get(leaf) if self._topology is not None else None
         rail = self._rail_name(split_nic_id(nic)[1])
+        leaf_rows = [self.leaf.row((leaf, d)) for d in DIRECTIONS]
         nic_rows = [self.nic.row((nic, d)) for d in DIRECTIONS] if self.nic else [-1, -1]
         place = [
-            self._leaf_number(sw.id) if sw is not None else -1,
+            leaf_rows[0] if sw is not None else -1,  # the leaf's number: its tx row
             sw.pod if sw is not None and sw.pod is not None else -1,
-            *(self.leaf.row((leaf, d)) for d in DIRECTIONS),
+            *leaf_rows,
             *(self.rail.row((rail, d)) for d in DIRECTIONS),
             *nic_rows,
         ]  # fmt: skip
@@ -179,9 +180,6 @@ class OwdHistograms(Collector):
             self._places = grown
         self._places[slot] = place
         return slot
-
-    def _leaf_number(self, leaf: str) -> int:
-        return self.leaf.row((leaf, "tx"))  # a number per leaf: its tx row
 
     def _places_of(self, src: pa.Array, dst: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """The places of the NICs of two columns (one row per value): the distinct NICs of
