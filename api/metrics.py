@@ -1,20 +1,17 @@
 """Prometheus metrics on the collector's own registry.
 
 Conventions: base units (seconds, ratios), ``_total`` counters whose label values are created
-up front so they exist from 0, one-way-delay histograms per NIC (per-pair data stays in
-DuckDB), a gauge per faulty link bounded to the top K, ingest counters, writer depth and lag,
-sync quality per host. Histograms are filled with numpy (one bincount per batch), not one
-``observe`` call per window.
+up front so they exist from 0, one-way-delay histograms per leaf, rail and path tier
+(``owdhist.py``: bounded by the fabric's shape, not its NIC count; per NIC only with
+``--per-nic-metrics``; per-pair data stays in DuckDB), a gauge per faulty link bounded to the
+top K, ingest counters, writer depth and lag, sync quality per host.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+from fleetlens.api.owdhist import OwdHistograms
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -24,10 +21,11 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleetlens.records import STATES, ClockModel, Verdict
+from fleetlens.topology import Topology
 
 EXPOSITION_TYPE = CONTENT_TYPE_LATEST
 # The collector's own process: the *_created series only double the scrape size.
@@ -49,74 +47,6 @@ REJECT_REASONS = (
     "write_error",
 )
 LOOPS = ("clocks", "triangulate", "retention")
-OWD_BUCKETS_S = (
-    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4,
-    1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0,
-)  # fmt: skip
-
-
-class NicOwdHistograms(Collector):
-    """``fleetlens_nic_owd_seconds{nic,direction}``: one observation per window, its median
-    one-way delay, under the sending (tx) and the receiving (rx) NIC."""
-
-    def __init__(self) -> None:
-        self._bounds = np.asarray(OWD_BUCKETS_S)
-        self._keys: list[tuple[str, str]] = []
-        self._index: dict[str, dict[str, int]] = {"tx": {}, "rx": {}}
-        self._counts = np.zeros((0, len(OWD_BUCKETS_S) + 1), dtype=np.int64)
-        self._sums = np.zeros(0)
-        self._lock = threading.Lock()
-
-    def observe(self, windows: pa.Table) -> None:
-        owd = windows["owd_p50_ns"]
-        valid = pc.is_valid(owd)
-        if not pc.any(valid).as_py():
-            return
-        values = pc.filter(owd, valid).to_numpy() * 1e-9
-        bucket = np.searchsorted(self._bounds, values, side="left")
-        nb = self._counts.shape[1]
-        for direction, col in (("tx", "src_nic"), ("rx", "dst_nic")):
-            nics = pc.filter(windows[col], valid).combine_chunks()
-            with self._lock:
-                rows = self._rows_of(direction, nics)
-                cells = np.bincount(rows * nb + bucket, minlength=self._counts.size)
-                self._counts += cells.reshape(self._counts.shape)
-                self._sums += np.bincount(rows, weights=values, minlength=self._sums.size)
-
-    def _rows_of(self, direction: str, nics: pa.Array) -> np.ndarray:
-        """Histogram row of each value: distinct NICs of the batch through a dict, new NICs
-        get rows appended (a batch names a few hundred NICs; the fleet has 10^4-10^5)."""
-        enc = nics.dictionary_encode()
-        distinct = enc.dictionary.to_pylist()
-        index = self._index[direction]
-        new = [n for n in distinct if n not in index]
-        if new:
-            for n in new:
-                index[n] = len(self._keys)
-                self._keys.append((n, direction))
-            grow = len(self._keys) - self._counts.shape[0]
-            self._counts = np.vstack(
-                [self._counts, np.zeros((grow, self._counts.shape[1]), np.int64)]
-            )
-            self._sums = np.concatenate([self._sums, np.zeros(grow)])
-        lookup = np.fromiter((index[n] for n in distinct), np.int64, len(distinct))
-        return lookup[enc.indices.to_numpy()]
-
-    def collect(self) -> Iterable[HistogramMetricFamily]:
-        fam = HistogramMetricFamily(
-            "fleetlens_nic_owd_seconds",
-            "One-way delay per NIC: one observation per window (its median), tx and rx side",
-            labels=["nic", "direction"],
-        )
-        with self._lock:
-            cum = np.cumsum(self._counts, axis=1)
-            for i, (nic, direction) in enumerate(self._keys):
-                buckets = [
-                    (str(b), int(c)) for b, c in zip(OWD_BUCKETS_S, cum[i, :-1], strict=True)
-                ]
-                buckets.append(("+Inf", int(cum[i, -1])))
-                fam.add_metric([nic, direction], buckets, float(self._sums[i]))
-        yield fam
 
 
 class StateCollector(Collector):
@@ -203,6 +133,8 @@ class Metrics:
         queue_rows: Callable[[], float],
         writer_lag: Callable[[], float],
         judged_age: Callable[[], float],
+        topology: Topology | None = None,
+        per_nic: bool = False,
     ) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.batches = Counter(
@@ -253,7 +185,7 @@ class Metrics:
         Gauge("fleetlens_triangulated_window_age_seconds",
               "Time since the end of the newest window triangulation has judged (NaN: none)",
               registry=r).set_function(judged_age)  # fmt: skip
-        self.owd = NicOwdHistograms()
+        self.owd = OwdHistograms(topology, per_nic)
         r.register(self.owd)
 
     def add_collector(self, collector: Collector) -> None:

@@ -117,7 +117,8 @@ class Collector:
 
     def _metrics(self) -> Metrics:
         w = self.writer
-        m = Metrics(w.depth, w.queued_rows, w.lag_s, lambda: self.rounds.judged_age_s())
+        m = Metrics(w.depth, w.queued_rows, w.lag_s, lambda: self.rounds.judged_age_s(),
+                    self.topology, self.settings.per_nic_metrics)  # fmt: skip
         m.add_collector(WriterCounters(lambda: w.busy_cpu_s, lambda: w.rows_written))
         m.add_state(
             StateCollector(

@@ -211,35 +211,65 @@ def fabric_overview() -> dict[str, Any]:
 
 
 # ---- one-way delay and loss ------------------------------------------------------------------
-def _owd_sel() -> str:
-    return 'fleetlens_nic_owd_seconds_bucket{nic=~"$nic", direction="$direction"}'
+HEATMAP = {"calculate": False, "yAxis": {"unit": "s"}, "cellGap": 1,
+           "color": {"mode": "scheme", "scheme": "Spectral", "steps": 64},
+           "rowsFrame": {"layout": "auto"}}  # fmt: skip
+SIDE = 'direction="$direction"'
+
+
+def _heatmap(title: str, buckets: str, repeat: str, w: int, h: int, lay: Layout) -> Panel:
+    """One heatmap per value of ``$repeat`` from a histogram's buckets (increase per interval)."""
+    return lay.place(panel("heatmap", title, [target(
+        f"sum by (le) (increase({buckets}[{RATE}]))", "{{le}}", format="heatmap")],
+        unit="s", repeat=repeat, repeatDirection="h", maxPerRow=4, options=HEATMAP),
+        w, h)  # fmt: skip
+
+
+def _p99_by(label: str, buckets: str) -> str:
+    return f"histogram_quantile(0.99, sum by (le, {label}) (rate({buckets}[{RATE}])))"
+
+
+def _mean_by(label: str, family: str, sel: str) -> str:
+    return (f"sum by ({label}) (rate({family}_sum{{{sel}}}[{RATE}])) / sum by ({label}) "
+            f"(rate({family}_count{{{sel}}}[{RATE}]))")  # fmt: skip
 
 
 def delay_and_loss() -> dict[str, Any]:
     lay = Layout()
-    rail_rec = 'fleetlens:nic_owd_seconds_bucket:rail_rate1m{rail="$rail", direction="$direction"}'
+    leaf_sel = f'leaf=~"$leaf", {SIDE}'
+    nic_sel = f'nic=~"$nic", {SIDE}'
     p = [
-        lay.row("One-way delay per rail (window medians, fleet time)"),
-        lay.place(panel("heatmap", "One-way delay, rail $rail", [target(
-            f"sum by (le) ({rail_rec})", "{{le}}", format="heatmap")],
-            unit="s", repeat="rail", repeatDirection="h", maxPerRow=4,
-            options={"calculate": False, "yAxis": {"unit": "s"}, "cellGap": 1,
-                     "color": {"mode": "scheme", "scheme": "Spectral", "steps": 64},
-                     "rowsFrame": {"layout": "auto"}}), 12, 8),
-        lay.row("One-way delay per NIC"),
-        lay.place(panel("heatmap", "One-way delay, NIC $nic", [target(
-            f"sum by (le) (increase({_owd_sel()}[{RATE}]))", "{{le}}", format="heatmap")],
-            unit="s", repeat="nic", repeatDirection="h", maxPerRow=4,
-            options={"calculate": False, "yAxis": {"unit": "s"}, "cellGap": 1,
-                     "color": {"mode": "scheme", "scheme": "Spectral", "steps": 64},
-                     "rowsFrame": {"layout": "auto"}}), 6, 7),
+        lay.row("One-way delay per path tier (window medians, fleet time)"),
+        _heatmap("One-way delay, $tier paths",
+                 'fleetlens_tier_owd_seconds_bucket{tier="$tier"}', "tier", 8, 8, lay),
+        lay.place(panel("timeseries", "p99 of window medians per tier", [target(
+            "fleetlens:tier_owd_seconds:p99_rate1m", "{{tier}}")], unit="s",
+            description="leaf: both NICs on one leaf; spine: across the spines; core: across "
+                        "fat-tree pods (recording rule over every collector)."), 24, 7),
+        lay.row("One-way delay per rail"),
+        _heatmap("One-way delay, rail $rail",
+                 f'fleetlens_rail_owd_seconds_bucket{{rail="$rail", {SIDE}}}', "rail", 6, 7, lay),
+        lay.row("One-way delay per leaf"),
+        lay.place(panel("bargauge", "Leaves with the highest p99 now", [target(
+            f"topk(10, fleetlens:leaf_owd_seconds:p99_rate1m{{{SIDE}}})", "{{leaf}}",
+            instant=True)], unit="s", options={"orientation": "horizontal",
+                                              "displayMode": "basic"}), 8, 8),
+        lay.place(panel("timeseries", "p99 of window medians per leaf", [target(
+            _p99_by("leaf", f"fleetlens_leaf_owd_seconds_bucket{{{leaf_sel}}}"), "{{leaf}}")],
+            unit="s"), 8, 8),
+        lay.place(panel("timeseries", "Mean one-way delay per leaf", [target(
+            _mean_by("leaf", "fleetlens_leaf_owd_seconds", leaf_sel), "{{leaf}}")], unit="s"),
+            8, 8),
+        lay.row("One-way delay per NIC (collector --per-nic-metrics; else GET /v1/pairs, "
+                "/v1/flows)"),
+        _heatmap("One-way delay, NIC $nic",
+                 f"fleetlens_nic_owd_seconds_bucket{{{nic_sel}}}", "nic", 6, 7, lay),
         lay.place(panel("timeseries", "p99 of window medians per NIC", [target(
-            f"histogram_quantile(0.99, sum by (le, nic) (rate({_owd_sel()}[{RATE}])))",
-            "{{nic}}")], unit="s"), 12, 8),
+            _p99_by("nic", f"fleetlens_nic_owd_seconds_bucket{{{nic_sel}}}"), "{{nic}}")],
+            unit="s"), 12, 8),
         lay.place(panel("timeseries", "Mean one-way delay per NIC", [target(
-            'sum by (nic) (rate(fleetlens_nic_owd_seconds_sum{nic=~"$nic", direction='
-            f'"$direction"}}[{RATE}])) / sum by (nic) (rate(fleetlens_nic_owd_seconds_count'
-            f'{{nic=~"$nic", direction="$direction"}}[{RATE}]))', "{{nic}}")], unit="s"), 12, 8),
+            _mean_by("nic", "fleetlens_nic_owd_seconds", nic_sel), "{{nic}}")], unit="s"),
+            12, 8),
         lay.row("Loss"),
         lay.place(panel("timeseries", "Probe loss per host (agent side)", [target(
             f"sum by (host) (rate(fleetlens_agent_probe_packets_lost_total{{{AGENT}}}[{RATE}]))"
@@ -254,8 +284,9 @@ def delay_and_loss() -> dict[str, Any]:
             "{{host}}")], unit="reqps"), 12, 8),
     ]  # fmt: skip
     variables = [
-        query_var("rail", "Rail",
-                  "label_values(fleetlens:nic_owd_seconds_bucket:rail_rate1m, rail)"),
+        query_var("tier", "Tier", "label_values(fleetlens_tier_owd_seconds_bucket, tier)"),
+        query_var("rail", "Rail", "label_values(fleetlens_rail_owd_seconds_bucket, rail)"),
+        query_var("leaf", "Leaf", "label_values(fleetlens_leaf_owd_seconds_bucket, leaf)"),
         query_var("nic", "NIC", "label_values(fleetlens_nic_owd_seconds_bucket, nic)"),
         {"type": "custom", "name": "direction", "label": "Side", "query": "tx,rx",
          "current": {"text": "tx", "value": "tx"}, "options": [
@@ -265,8 +296,9 @@ def delay_and_loss() -> dict[str, Any]:
     ]  # fmt: skip
     return dashboard(
         "fleetlens-delay", "FleetLens / One-way delay and loss",
-        "Per-NIC and per-rail one-way delay histograms (one observation per window: its "
-        "median) and probe loss. Per-pair data lives in the collector (DuckDB), not here.",
+        "One-way delay histograms (one observation per window: its median) per path tier, "
+        "rail and leaf; per NIC on collectors run with --per-nic-metrics (small fleets); "
+        "probe loss. Per-pair data lives in the collector (DuckDB), not here.",
         p, variables,
     )  # fmt: skip
 

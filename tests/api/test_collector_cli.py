@@ -13,8 +13,9 @@ from fleetlens.triangulate import TriangulateConfig
 
 FLAGS = {
     "--db", "--listen", "--inventory", "--ingest-token-file", "--read-token-file",
-    "--insecure-no-auth", "--public-metrics", "--raw-retention-hours", "--agg-retention-days",
-    "--batch-id-retention-minutes", "--max-future-seconds", "--queue-batches", "--queue-rows",
+    "--insecure-no-auth", "--public-metrics", "--per-nic-metrics", "--raw-retention-hours",
+    "--agg-retention-days", "--batch-id-retention-minutes", "--max-future-seconds",
+    "--queue-batches", "--queue-rows",
     "--loop-interval", "--background-loss", "--retention-interval", "--duckdb-threads",
     "--duckdb-memory-limit", "--log-level",
 }  # fmt: skip

@@ -184,13 +184,16 @@ def test_metrics(fed: Server, topo: Topology) -> None:
         LOSS, abs=0.01
     )
     assert metric(text, "fleetlens_faulty_link_excess_delay_seconds", link=FABRIC) == 0.0
-    # One OWD observation per window per side; 2 windows x 2 ports x 6 remote NICs from h00/eth0.
-    n = metric(text, "fleetlens_nic_owd_seconds_count", nic="h00/eth0", direction="tx")
-    assert n == 2 * 2 * 6
-    assert metric(text, "fleetlens_nic_owd_seconds_bucket", nic="h00/eth0", direction="tx",
+    # One OWD observation per window per side; leaf0 holds eth0 of the 4 hosts, each sending
+    # 2 windows x 2 ports x 6 remote NICs, 3 of them on its own leaf.
+    n = metric(text, "fleetlens_leaf_owd_seconds_count", leaf="leaf0", direction="tx")
+    assert n == 4 * 2 * 2 * 6
+    assert metric(text, "fleetlens_leaf_owd_seconds_bucket", leaf="leaf0", direction="tx",
                   le="1e-05") == n  # every generated median is 3-6 us  # fmt: skip
-    assert metric(text, "fleetlens_nic_owd_seconds_bucket", nic="h00/eth0", direction="tx",
+    assert metric(text, "fleetlens_leaf_owd_seconds_bucket", leaf="leaf0", direction="tx",
                   le="2e-06") == 0  # fmt: skip
+    assert metric(text, "fleetlens_rail_owd_seconds_count", rail="eth1", direction="rx") == n
+    assert metric(text, "fleetlens_tier_owd_seconds_count", tier="leaf") == n
     for host, is_synced in synced.items():  # the gauge says what the API says
         assert metric(text, "fleetlens_clock_synced", host=host) == float(is_synced)
     assert metric(text, "fleetlens_ingest_rejected_batches_total", reason="future") == 0
@@ -198,14 +201,14 @@ def test_metrics(fed: Server, topo: Topology) -> None:
     assert metric(text, "fleetlens_writer_queue_depth") == 0
     assert metric(text, "fleetlens_writer_lag_seconds") >= 0
     assert metric(text, "fleetlens_loop_runs_total", loop="triangulate") >= 1
-    # Per NIC, never per pair: the histogram's only labels are nic, direction (and le).
+    # Never per pair, and per NIC only with --per-nic-metrics: no delay series names a NIC.
     owd_labels = {
         frozenset(sample.labels)
         for fam in text_string_to_metric_families(text)
-        if fam.name == "fleetlens_nic_owd_seconds"
+        if fam.name.endswith("_owd_seconds")
         for sample in fam.samples
     }
-    assert owd_labels <= {frozenset({"nic", "direction", "le"}), frozenset({"nic", "direction"})}
+    assert owd_labels and not any(labels & {"nic", "src_nic", "dst_nic"} for labels in owd_labels)
 
 
 def test_docs_and_openapi(fed: Server) -> None:
