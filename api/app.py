@@ -127,7 +127,7 @@ def create_app(collector: Collector, start: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if start:
-            c.start()
+            c.start(loops=not c.settings.ingest_only)
         try:
             yield
         finally:

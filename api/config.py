@@ -48,6 +48,10 @@ class Settings:
     read_token: str | None = None
     insecure_no_auth: bool = flag(False, "--insecure-no-auth", "no tokens (local lab only)")
     public_metrics: bool = flag(False, "--public-metrics", "serve /metrics without a token")
+    # Benchmarks of the ingest path alone: the loops would compete for the same cores.
+    ingest_only: bool = flag(
+        False, "--ingest-only", "store and serve only: no clock solve, triangulation, retention"
+    )
     raw_retention_ns: int = flag(DAY_NS, "--raw-retention-hours", "", HOUR_NS)
     agg_retention_ns: int = flag(30 * DAY_NS, "--agg-retention-days", "", DAY_NS)
     # How long a batch id is remembered: a retry within this time is stored once.
