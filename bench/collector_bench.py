@@ -398,8 +398,11 @@ def main() -> int:
     )
     ap.add_argument("--clients", type=int,
                     help="concurrent posting agents (default 8; agents: 256)")  # fmt: skip
-    ap.add_argument("--batches-per-second", type=int,
-                    help="batches stamped with the same window second (default: one per host)")
+    ap.add_argument(
+        "--batches-per-second",
+        type=int,
+        help="batches stamped with the same window second (default: one per host)",
+    )
     ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
     ap.add_argument("--skip-api", action="store_true")
     ap.add_argument("--skip-ingest", action="store_true")

@@ -240,6 +240,10 @@ def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
 
 # ---- context-free checks (vectorized) ------------------------------------------------------
 def _fail_if(mask: pa.Array | pa.ChunkedArray, field: str, what: str, reason: str) -> None:
+    # One kernel call when the batch is clean (nulls skipped: a null comparison is no
+    # failure); the offending row is looked for only when there is one.
+    if not pc.any(mask).as_py():
+        return
     m = pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
     if m.any():
         row = int(np.flatnonzero(m)[0])
