@@ -152,7 +152,7 @@ def create_app(collector: Collector, start: bool = True) -> CollectorApp:
     c = collector
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: CollectorApp) -> AsyncIterator[None]:
         if start:
             c.start(loops=not c.settings.ingest_only)
         try:
@@ -160,6 +160,7 @@ def create_app(collector: Collector, start: bool = True) -> CollectorApp:
         finally:
             if start:
                 await run_in_threadpool(c.stop)
+            app.ingest.close()
 
     app = CollectorApp(
         title="FleetLens collector",
