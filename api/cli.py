@@ -12,8 +12,6 @@ from typing import Any
 
 from fleetlens.api.config import Flag, Settings
 
-SWITCH_INTERVAL_S = 0.0005
-
 # Field annotation -> argparse type for flags given in the field's own unit.
 _TYPES: dict[str, type] = {"int": int, "int | None": int, "float": float, "str | None": str,
                            "Path": Path}  # fmt: skip
@@ -99,10 +97,6 @@ def main(argv: list[str]) -> int:
     from fleetlens.heap import keep_freed_memory
 
     keep_freed_memory()  # per-window arrays reused, not faulted in again (fleetlens/heap.py)
-    # The writer thread gives the GIL up around every DuckDB call and must win it back from
-    # the event loop, which holds it while parsing requests: at the default 5 ms switch
-    # interval that wait, not DuckDB, paced ingest at the agents' request rate (issue 29).
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     collector = Collector(settings)
     app = create_app(collector)
