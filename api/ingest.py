@@ -32,6 +32,9 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 PATH = "/v1/ingest"
 WRITE_TIMEOUT_S = 120.0
+# Bodies up to this size are decoded on the event loop (an agent's ~910-row Arrow batch is
+# ~0.2 MB and decodes in ~1 ms); larger ones on the decoding thread.
+INLINE_DECODE_BYTES = 1 << 20
 # Status of a refused batch by BatchError.reason (anything else: 422).
 _BATCH_STATUS = {"content_type": 415, "decode": 400}
 
@@ -60,9 +63,11 @@ class Ingest:
         # At most `ingest_concurrency` bodies are read and decoded at once: with the writer
         # queue bound, memory stays bounded whatever the number of connected agents.
         self._decoding = asyncio.Semaphore(collector.settings.ingest_concurrency)
-        # One decoding thread: decoding holds the GIL for most of its ~1 ms per agent batch,
-        # and with a pool of them the threads' GIL hand-offs tripled its CPU cost (issue 29).
-        # Off the event loop still, so a large body never stalls the other connections.
+        # Decoding holds the GIL for most of its ~1 ms per agent batch: handing it to a pool
+        # of threads tripled its CPU cost in GIL hand-offs, and even one thread cost ~20% of
+        # ingest's wall time (bench/collector_bench.py --shape agents). An agent's body is
+        # decoded on the event loop; a body past INLINE_DECODE_BYTES (a large JSON batch:
+        # seconds) goes to one decoding thread, so it never stalls the other connections.
         self._decoder: ThreadPoolExecutor | None = None  # started on first use
 
     async def handle(
@@ -78,9 +83,8 @@ class Ingest:
         async with self._decoding:
             raw = await self._read_body(headers.get("content-length"), body)
             ctype = headers.get("content-type", "")
-            decoder, loop = self._decoding_thread(), asyncio.get_running_loop()
             try:
-                batch = await loop.run_in_executor(decoder, self._decode, raw, ctype)
+                batch = await self._decoded(raw, ctype)
             except BatchError as e:
                 c.metrics.reject(e.reason)
                 raise Refused(_BATCH_STATUS.get(e.reason, 422), str(e), e.field) from None
@@ -90,10 +94,14 @@ class Ingest:
             "stored": await self._store(batch),
         }  # fmt: skip
 
-    def _decoding_thread(self) -> ThreadPoolExecutor:
+    async def _decoded(self, body: bytes, ctype: str) -> Batch:
+        if len(body) <= INLINE_DECODE_BYTES:
+            return self._decode(body, ctype)
         if self._decoder is None:
             self._decoder = ThreadPoolExecutor(1, thread_name_prefix="fleetlens-decode")
-        return self._decoder
+        return await asyncio.get_running_loop().run_in_executor(
+            self._decoder, self._decode, body, ctype
+        )
 
     def close(self) -> None:
         """End the decoding thread (the app's shutdown); a later request starts another."""

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from collector_helpers import INGEST, READ, InProcessServer, make_windows
+from fleetlens.api import ingest
 from fleetlens.api.config import Settings
 
 from fleetlens.batch import Batch, encode_batch
@@ -144,3 +146,22 @@ def test_failing_batch_in_a_group_loses_none_of_the_others(
             body, ctype = bodies[bad]
             again = cl.post("/v1/ingest", content=body, headers={"Content-Type": ctype})
         assert again.status_code == 200 and again.json()["stored"], again.text
+
+
+def test_large_bodies_decode_off_the_event_loop(
+    tmp_path: Path, inventory: Path, topo: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past INLINE_DECODE_BYTES a body is decoded on the decoding thread, with the same
+    answers: stored, or refused naming the field."""
+    monkeypatch.setattr(ingest, "INLINE_DECODE_BYTES", 0)
+    good, ctype = _bodies(topo, time.time_ns() - 60 * 10**9)[0]
+    bad_rows = make_windows(topo, "h00", time.time_ns() - 60 * 10**9)
+    bad_rows = bad_rows.set_column(6, "received", pa.array([10**6] * bad_rows.num_rows, pa.int32()))
+    bad, _ = encode_batch("h00", bad_rows, "bad")
+    with InProcessServer(_settings(tmp_path, inventory)) as srv, srv.client(INGEST) as cl:
+        ok = cl.post("/v1/ingest", content=good, headers={"Content-Type": ctype})
+        refused = cl.post("/v1/ingest", content=bad, headers={"Content-Type": ctype})
+        threads = {t.name for t in threading.enumerate()}
+    assert ok.status_code == 200 and ok.json()["stored"], ok.text
+    assert refused.status_code == 422 and refused.json()["field"] == "received", refused.text
+    assert any(name.startswith("fleetlens-decode") for name in threads)
