@@ -23,15 +23,15 @@ from fleetlens.api import flows as fq
 from fleetlens.api import models as m
 from fleetlens.api import queries as q
 from fleetlens.api.config import MINUTE_NS
+from fleetlens.api.ingest import PATH, Authorize, Ingest, Receive, Refused, Scope, Send
 from fleetlens.api.metrics import EXPOSITION_TYPE
 from fleetlens.api.service import Collector
 from fleetlens.api.timeparse import TimeParamError, parse_duration, parse_instant
-from fleetlens.api.writer import Backpressure
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 
-from fleetlens.batch import CT_ARROW, CT_JSON, CT_MSGPACK, BatchError, decode_batch
+from fleetlens.batch import CT_ARROW, CT_JSON, CT_MSGPACK
 from fleetlens.ids import split_link_id
 
 
@@ -71,7 +71,7 @@ def _auth(collector: Collector, allowed: tuple[str, ...]) -> Callable:
     def check(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
         if not s.auth_enabled():
             return
-        status, detail = _verify(creds, tokens, allowed)
+        status, detail = _verify(creds.credentials if creds else None, tokens, allowed)
         if status:
             if "ingest" in allowed and "read" not in allowed:
                 collector.metrics.reject("auth")
@@ -81,15 +81,29 @@ def _auth(collector: Collector, allowed: tuple[str, ...]) -> Callable:
     return check
 
 
+def _ingest_authorizer(collector: Collector) -> Authorize:
+    """The ingest path's check of an ``Authorization`` header, as ``HTTPBearer`` parses it."""
+    s = collector.settings
+    tokens = {"ingest": s.ingest_token, "read": s.read_token}
+
+    def authorize(header: str | None) -> tuple[int, str]:
+        if not s.auth_enabled():
+            return 0, ""
+        scheme, _, token = (header or "").partition(" ")
+        token = token.strip()
+        bearer = scheme.lower() == "bearer" and token
+        return _verify(token if bearer else None, tokens, ("ingest",))
+
+    return authorize
+
+
 def _verify(
-    creds: HTTPAuthorizationCredentials | None,
-    tokens: dict[str, str | None],
-    allowed: tuple[str, ...],
+    token: str | None, tokens: dict[str, str | None], allowed: tuple[str, ...]
 ) -> tuple[int, str]:
     """(0, '') when allowed, else (401|403, why). Constant-time comparison of the token."""
-    if creds is None or creds.scheme.lower() != "bearer":
+    if token is None:
         return 401, "missing bearer token"
-    given = creds.credentials.encode()
+    given = token.encode()
     for kind, tok in tokens.items():
         if tok and hmac.compare_digest(given, tok.encode()):
             if kind in allowed:
@@ -121,20 +135,34 @@ def _time_range(
     return s, u
 
 
-def create_app(collector: Collector, start: bool = True) -> FastAPI:
+class CollectorApp(FastAPI):
+    """FastAPI, except that ``POST /v1/ingest`` goes straight to the lean path (``ingest.py``):
+    at the agents' request rate FastAPI's stack cost more than storing the batch."""
+
+    ingest: Ingest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
+            await self.ingest.asgi(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(collector: Collector, start: bool = True) -> CollectorApp:
     c = collector
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: CollectorApp) -> AsyncIterator[None]:
         if start:
-            c.start()
+            c.start(loops=not c.settings.ingest_only)
         try:
             yield
         finally:
             if start:
                 await run_in_threadpool(c.stop)
+            app.ingest.close()
 
-    app = FastAPI(
+    app = CollectorApp(
         title="FleetLens collector",
         version="0.1.0",
         description="Ingest of probe windows, fabric verdicts, clock models and decisions.",
@@ -210,39 +238,18 @@ _INGEST_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
-    decoding = asyncio.Semaphore(c.settings.ingest_concurrency)
+def _ingest_routes(app: CollectorApp, c: Collector, ingest_auth, agent_auth) -> None:
+    lean = app.ingest = Ingest(c, _ingest_authorizer(c))
 
+    # The OpenAPI document's route: CollectorApp serves the requests on the lean path first.
     @app.post("/v1/ingest", response_model=m.IngestOut, dependencies=[ingest_auth],
               responses=_INGEST_ERRORS, openapi_extra=_INGEST_BODY, tags=["ingest"])  # fmt: skip
     async def ingest(request: Request) -> m.IngestOut:
         """Store one agent's batch whole (200 after commit) or not at all (4xx naming the field)."""
-        # At most `ingest_concurrency` bodies are read and decoded at once: with the writer
-        # queue bound, memory stays bounded whatever the number of connected agents.
-        async with decoding:
-            body = await _read_body(request, c)
-            ctype = request.headers.get("content-type", "")
-            try:
-                batch = await run_in_threadpool(_decode_and_check, c, body, ctype)
-            except BatchError as e:
-                c.metrics.reject(e.reason)
-                status = {"content_type": 415, "decode": 400}.get(e.reason, 422)
-                raise ApiError(status, str(e), e.field) from None
-            del body
         try:
-            fut = c.submit(batch)
-        except Backpressure as e:
-            c.metrics.reject("backpressure")
-            raise ApiError(429, str(e), None, {"Retry-After": str(int(e.retry_after_s))}) from None
-        try:
-            # shield: a client hanging up must not cancel the write (a retry is deduplicated).
-            stored = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), 120)
-        except Exception as e:
-            c.metrics.reject("write_error")
-            raise ApiError(503, f"batch not stored: {e}", None, {"Retry-After": "5"}) from None
-        return m.IngestOut(
-            batch_id=batch.batch_id, host_id=batch.host_id, windows=batch.rows, stored=stored
-        )
+            return m.IngestOut(**await lean.handle(request.headers, request.stream()))
+        except Refused as e:
+            raise ApiError(e.status, e.detail, e.field, e.headers or None) from None
 
     @app.post("/v1/register", response_model=m.RegisterOut, dependencies=[ingest_auth],
               responses=ERRORS, tags=["ingest"])  # fmt: skip
@@ -276,29 +283,6 @@ def _ingest_routes(app: FastAPI, c: Collector, ingest_auth, agent_auth) -> None:
         """Switch interface address -> the directed link arriving there, from the inventory:
         agents turn their traceroute hops into paths with it (empty without one)."""
         return c.served.interfaces()
-
-
-async def _read_body(request: Request, c: Collector) -> bytes:
-    limit = c.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        c.metrics.reject("too_large")
-        raise ApiError(413, f"body larger than {limit} bytes", "body")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            c.metrics.reject("too_large")
-            raise ApiError(413, f"body larger than {limit} bytes", "body")
-        chunks.append(chunk)
-    c.metrics.received(size)
-    return b"".join(chunks)
-
-
-def _decode_and_check(c: Collector, body: bytes, ctype: str):
-    batch = decode_batch(body, ctype)
-    c.check_context(batch, time.time_ns())
-    return batch
 
 
 def _read_routes(app: FastAPI, c: Collector, read_auth, agent_auth) -> None:

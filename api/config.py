@@ -50,6 +50,10 @@ class Settings:
     public_metrics: bool = flag(False, "--public-metrics", "serve /metrics without a token")
     per_nic_metrics: bool = flag(False, "--per-nic-metrics", "also export one-way-delay "
                                  "histograms per NIC (44 series a NIC: small fleets)")  # fmt: skip
+    # Benchmarks of the ingest path alone: the loops would compete for the same cores.
+    ingest_only: bool = flag(
+        False, "--ingest-only", "store and serve only: no clock solve, triangulation, retention"
+    )
     raw_retention_ns: int = flag(DAY_NS, "--raw-retention-hours", "", HOUR_NS)
     agg_retention_ns: int = flag(30 * DAY_NS, "--agg-retention-days", "", DAY_NS)
     # How long a batch id is remembered: a retry within this time is stored once.

@@ -17,7 +17,7 @@ FLAGS = {
     "--agg-retention-days", "--batch-id-retention-minutes", "--max-future-seconds",
     "--queue-batches", "--queue-rows",
     "--loop-interval", "--background-loss", "--retention-interval", "--duckdb-threads",
-    "--duckdb-memory-limit", "--log-level",
+    "--duckdb-memory-limit", "--log-level", "--ingest-only",
 }  # fmt: skip
 
 
