@@ -106,7 +106,12 @@ class _Hulls:
     @classmethod
     def of(cls, src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray) -> _Hulls:
         """The hulls of the points, per directed pair (sorted by pair, then time)."""
-        pairs, row = np.unique(src << 32 | dst, return_inverse=True)
+        # Sorted by (pair, t, y) first: the hull's rows are then in order and need no sort
+        # of their own (a window's pair has a few paths' hulls, interleaved in time).
+        code = src << 32 | dst
+        order = np.lexsort((y, t, code))
+        code, t, y = code[order], t[order], y[order]
+        pairs, row = np.unique(code, return_inverse=True)
         mask, (tm, ym) = pad_rows(row.reshape(-1), pairs.size, t, y)
         size, ht, hy = lower_hull_rows(tm, ym, mask)
         keep = np.arange(ht.shape[1]) < size[:, None]
@@ -162,9 +167,10 @@ class HullPool:
         generations (a missed window still counts), restricted to the current window's
         NICs."""
         ids = self.nic_numbers(pts)
-        parts = [self._reduced(pts)]
+        parts = []  # oldest first: each pair's points stay in time order for the hulls
         if gen is not None and span > 1:
-            parts += [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
+            parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
+        parts.append(self._reduced(pts))
         cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
         cur[ids] = np.arange(ids.size)
         src = np.concatenate([cur[h.src] for h in parts])
