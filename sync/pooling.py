@@ -105,23 +105,24 @@ class _Hulls:
 
     @classmethod
     def of(cls, src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray) -> _Hulls:
-        """The hulls of the points, per directed pair (sorted by pair, then time)."""
-        # Sorted by (pair, t, y) first: the hull's rows are then in order and need no sort
-        # of their own (a window's pair has a few paths' hulls, interleaved in time).
+        """The hulls of the points, per directed pair, given points grouped by pair (any
+        order of the groups; within a group best in time order, else the hull sorts it)."""
         code = src << 32 | dst
-        order = np.lexsort((y, t, code))
-        code, t, y = code[order], t[order], y[order]
-        pairs, row = np.unique(code, return_inverse=True)
-        mask, (tm, ym) = pad_rows(row.reshape(-1), pairs.size, t, y)
+        new = np.flatnonzero(np.r_[True, code[1:] != code[:-1]]) if code.size else code
+        row = np.repeat(np.arange(new.size), np.diff(np.r_[new, code.size]))
+        mask, (tm, ym) = pad_rows(row, new.size, t, y)
         size, ht, hy = lower_hull_rows(tm, ym, mask)
         keep = np.arange(ht.shape[1]) < size[:, None]
-        pair = np.repeat(pairs, size)
+        pair = np.repeat(code[new], size)
         return cls(pair >> 32, pair & 0xFFFFFFFF, ht[keep], hy[keep])
 
     @classmethod
     def union(cls, parts: list[_Hulls]) -> _Hulls:
+        """Parts in time order: a pair's points stay in time order, and the parts' runs
+        sorted by pair merge in one pass of the stable sort."""
         cat = [np.concatenate([getattr(h, f.name) for h in parts]) for f in fields(cls)]
-        return cls.of(*cat)
+        order = np.argsort(cat[0] << 32 | cat[1], kind="stable")
+        return cls.of(*(c[order] for c in cat))
 
 
 @dataclass
@@ -218,7 +219,9 @@ class HullPool:
         if self._memo is not None and self._memo[0] is pts:
             return self._memo[1]
         ids = self.nic_numbers(pts)
-        hulls = _Hulls.of(ids[pts.src], ids[pts.dst], pts.t_raw, pts.owd_raw)
+        order = _pair_time_order(pts)
+        src, dst, t, y = (a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw))
+        hulls = _Hulls.of(ids[src], ids[dst], t, y)
         self._memo = (pts, hulls)
         return hulls
 
@@ -284,6 +287,19 @@ class HullPool:
         ids = np.array([reg.setdefault(n, len(reg)) for n in pts.nics], np.int64)
         self._ids = (pts, ids)
         return ids
+
+
+def _pair_time_order(pts: HullPoints) -> np.ndarray:
+    """The window's points ordered by (pair, time) with one integer sort: a pair has a few
+    paths' hulls, interleaved in time, and sorted rows need no sort in the hull (equal times
+    left out of order are sorted there)."""
+    n_nic = max(len(pts.nics), 1)
+    rel = pts.t_raw - (pts.t_raw.min() if pts.t_raw.size else 0)
+    bits = int(rel.max(initial=0)).bit_length()
+    pair = pts.src * n_nic + pts.dst
+    if bits + (n_nic * n_nic).bit_length() > 62:  # never with 1 s windows: pairs only
+        return np.argsort(pair, kind="stable")
+    return np.argsort(pair << bits | rel)
 
 
 def _score(
