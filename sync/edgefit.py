@@ -7,7 +7,8 @@ below it; with symmetric minimum delays the line is midway. The max-margin separ
 hard-margin SVM of Huygens) depends only on the lower hull of the upper set and the upper hull
 of the lower set, which is what the agents send.
 
-How it is solved, exactly and vectorized over all edges: for a fixed slope ``b`` the best
+How it is solved, exactly, all edges in one call (the bisection per edge in Cython,
+:mod:`._edgefit`): for a fixed slope ``b`` the best
 intercept and margin are ``F(b) = min_up (y − b·t)``, ``G(b) = max_low (y − b·t)``,
 ``margin = (F − G)/2``, ``a = (F + G)/2``. ``margin(b)`` is concave and piecewise linear (its
 breakpoints are the hull-edge slopes), and ``t_low* − t_up*`` at the active points is a
