@@ -159,7 +159,7 @@ class HullPool:
         self.best = 0  # the fleet's best-ranked span at the last choice (index)
 
     @property
-    def history(self) -> bool:
+    def has_history(self) -> bool:
         """Whether older windows are stored."""
         return self.newest is not None
 

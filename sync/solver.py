@@ -190,7 +190,7 @@ class HuygensSync:
         # 16 ns single-window), so only software-stamped windows are pooled.
         pool_ok = kind != TS_HARDWARE and len(self.pool.sizes) > 1
         self._excess = None
-        if pool_ok and self.pool.history and mapped[off.solved].all():
+        if pool_ok and self.pool.has_history and mapped[off.solved].all():
             fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits, tracked)
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
