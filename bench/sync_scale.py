@@ -205,13 +205,15 @@ def export(rev: str, into: Path) -> str:
 
 # ---- report -----------------------------------------------------------------------------
 def summary(label: str, res: dict) -> float:
+    """Print one engine's rounds; returns the mean from round 5 on (all rounds if fewer)."""
     cpu = np.array(res["cpu"])
-    tail = cpu[4:] if cpu.size > 4 else cpu
-    grow = cpu[-1] / cpu[4] if cpu.size > 4 and cpu[4] > 0 else float("nan")
+    first = 5 if cpu.size >= 5 else 1
+    tail = cpu[first - 1 :]
+    grow = cpu[-1] / cpu[first - 1] if cpu[first - 1] > 0 else float("nan")
     print(f"  {label}: per round (CPU s) " + " ".join(f"{c:.3f}" for c in cpu))
-    print(f"  {label}: mean rounds 5-{cpu.size} {tail.mean():.3f} s, max {tail.max():.3f} s, "
-          f"round {cpu.size}/round 5 {grow:.2f}x; RSS {res['rss0']:.0f} MB before, "
-          f"after round 5 {res['rss'][min(4, cpu.size - 1)]:.0f} MB, after round {cpu.size} "
+    print(f"  {label}: mean rounds {first}-{cpu.size} {tail.mean():.3f} s, max {tail.max():.3f} "
+          f"s, round {cpu.size}/round {first} {grow:.2f}x; RSS {res['rss0']:.0f} MB before, "
+          f"after round {first} {res['rss'][first - 1]:.0f} MB, after round {cpu.size} "
           f"{res['rss'][-1]:.0f} MB, peak {res['peak']:.0f} MB")  # fmt: skip
     return float(tail.mean())
 
@@ -239,7 +241,8 @@ def main() -> None:
             new = summary("new", run_worker(hosts, data, args.rounds, None, args.profile))
             if old:
                 was = summary(args.against, run_worker(hosts, data, args.rounds, old, False))
-                print(f"  ratio {args.against}/new (mean rounds 5-{args.rounds}): "
+                first = 5 if args.rounds >= 5 else 1
+                print(f"  ratio {args.against}/new (mean rounds {first}-{args.rounds}): "
                       f"{was / new:.1f}x")  # fmt: skip
 
 
