@@ -12,6 +12,7 @@ CYTHON_PACKAGES = {
     "probe": "fleetlens.probe",
     "fixtures/lab": "fleetlens.fixtures.lab",
     "triangulate": "fleetlens.triangulate",
+    "sync": "fleetlens.sync",
 }
 
 

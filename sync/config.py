@@ -22,7 +22,7 @@ class SyncConfig:
     # with two a conflict cannot be told from a wrong edge, with three the majority wins
     min_edges: int = 3
     # windows pooled per candidate span (pooling.py); (1,): single-window fits only. Memory is
-    # the last max-1 windows' hull points: (1, 8) at 1024 hosts x 8 NICs x 16 peers
+    # the last max-1 windows' hulls per directed NIC pair and their blocks' hulls
     pool_sizes: tuple[int, ...] = (1, 8, 32)
     # first window: re-map times until the offsets used agree with the solution this closely
     # (≤ 200 ppm drift difference x 5 µs = 1 ns residual)

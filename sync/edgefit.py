@@ -7,7 +7,8 @@ below it; with symmetric minimum delays the line is midway. The max-margin separ
 hard-margin SVM of Huygens) depends only on the lower hull of the upper set and the upper hull
 of the lower set, which is what the agents send.
 
-How it is solved, exactly and vectorized over all edges: for a fixed slope ``b`` the best
+How it is solved, exactly, all edges in one call (the bisection per edge in Cython,
+:mod:`._edgefit`): for a fixed slope ``b`` the best
 intercept and margin are ``F(b) = min_up (y − b·t)``, ``G(b) = max_low (y − b·t)``,
 ``margin = (F − G)/2``, ``a = (F + G)/2``. ``margin(b)`` is concave and piecewise linear (its
 breakpoints are the hull-edge slopes), and ``t_low* − t_up*`` at the active points is a
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
+from ._edgefit import bisect_rows
 from .config import DEFAULT, SyncConfig
 
 
@@ -71,7 +73,9 @@ def fit_edges(
     tl, yl, nl = _padded(edge[~upper], t[~upper], y[~upper], n_edges, -np.inf)
     usable = (nu > 0) & (nl > 0)
     bracket = np.broadcast_to(np.asarray(bracket, np.float64), b_prior.shape)
-    b = _bisect(tu, yu, tl, yl, b_prior, bracket, cfg.bisections)
+    b = np.empty(n_edges)
+    bisect_rows(tu, yu, nu, tl, yl, nl, np.ascontiguousarray(b_prior, np.float64),
+                np.ascontiguousarray(bracket), cfg.bisections, b)  # fmt: skip
     span = _span(edge, t, n_edges)
     at_edge = np.abs(b - b_prior) > 0.999 * bracket
     slope_ok = usable & (span >= cfg.min_span_ns) & ~at_edge
@@ -91,7 +95,7 @@ def _padded(
     """(n, P) matrices of each edge's points, padded with ``fill`` in y and 0 in t."""
     order = np.argsort(e, kind="stable")
     e, t, y = e[order], t[order], y[order]
-    counts = np.bincount(e, minlength=n)
+    counts = np.bincount(e, minlength=n).astype(np.int64)
     width = max(int(counts.max(initial=0)), 1)
     start = np.cumsum(counts) - counts
     col = np.arange(e.size) - start[e]
@@ -107,26 +111,6 @@ def _f(tu: np.ndarray, yu: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _g(tl: np.ndarray, yl: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (yl - b[:, None] * tl).max(axis=1)
-
-
-def _bisect(
-    tu: np.ndarray,
-    yu: np.ndarray,
-    tl: np.ndarray,
-    yl: np.ndarray,
-    b_prior: np.ndarray,
-    bracket: np.ndarray,
-    bisections: int,
-) -> np.ndarray:
-    lo, hi = b_prior - bracket, b_prior + bracket
-    rows = np.arange(tu.shape[0])
-    for _ in range(bisections):
-        b = 0.5 * (lo + hi)
-        iu = (yu - b[:, None] * tu).argmin(axis=1)
-        il = (yl - b[:, None] * tl).argmax(axis=1)
-        up = tl[rows, il] > tu[rows, iu]  # supergradient > 0: the optimum is at larger b
-        lo, hi = np.where(up, b, lo), np.where(up, hi, b)
-    return 0.5 * (lo + hi)
 
 
 def _span(edge: np.ndarray, t: np.ndarray, n: int) -> np.ndarray:

@@ -38,16 +38,16 @@ that is right.
 Only the max-margin geometry changes: each pooled direction is reduced to its hull first, so
 the fit's cost grows with the hull size, not with ``k``.
 
-Cost: the collector keeps the last ``max(pool_sizes) − 1`` windows' hull points (about 32 B
-per point, a few points per flow and window): ~25 MB per window at 1024 hosts × 8 NICs × 16
-peers, where a smaller largest span (``SyncConfig(pool_sizes=(1, 8))``) is the sensible
-setting. The runs behind these choices: ``docs/notes/sync.md``.
+Cost: the collector keeps the last ``max(pool_sizes) − 1`` windows' hulls per directed NIC
+pair (a few points each, 24 B per point) and the hulls of their aligned blocks of 2-16
+windows (``HullPool``); a span's pooled points are at most ``2·log2 k`` block hulls per pair,
+so a round costs the same once the spans are full (``bench/sync_scale.py``). The runs behind
+these choices: ``docs/notes/sync.md``.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -60,34 +60,69 @@ from .purity import HullPoints
 
 
 @dataclass
-class _EdgeTrack:
-    t_ref: int  # fleet time the lines' intercepts are at
-    a: np.ndarray  # per span: intercept (ns)
-    b: np.ndarray  # per span: slope
-    ok: np.ndarray  # per span: the line was usable
-    margin: np.ndarray  # per span: the line's margin (ns)
-    score: np.ndarray  # per span: running mean squared prediction error
-    scored: np.ndarray  # per span: predictions scored so far
-    pending: np.ndarray  # per span: surprises in a row so far
-    bend: np.ndarray  # per span: running mean squared intrusion (``_intrusion``)
+class _Tracks:
+    """Per tracked edge (rows sorted by ``code``, a stable number of the NIC pair), each
+    span's last line and running scores; (edges, spans) arrays."""
+
+    code: np.ndarray  # (E,) int64
+    t_ref: np.ndarray  # (E,) fleet time the lines' intercepts are at
+    a: np.ndarray  # intercept (ns)
+    b: np.ndarray  # slope
+    ok: np.ndarray  # the line was usable
+    margin: np.ndarray  # the line's margin (ns)
+    score: np.ndarray  # running mean squared prediction error
+    scored: np.ndarray  # predictions scored so far
+    bend: np.ndarray  # running mean squared intrusion (``_intrusion``)
 
     @classmethod
-    def follow(
-        cls,
-        old: _EdgeTrack | None,
-        t_ref: int,
-        a: np.ndarray,
-        b: np.ndarray,
-        ok: np.ndarray,
-        margin: np.ndarray,
-    ) -> _EdgeTrack:
-        """This window's lines, with the running scores of the edge's last track (``old``), or
-        fresh ones for an edge not tracked."""
-        if old is not None:
-            return cls(t_ref, a, b, ok, margin, old.score, old.scored, old.pending, old.bend)
-        n = a.size
-        zeros = np.zeros(n, np.int64)
-        return cls(t_ref, a, b, ok, margin, np.zeros(n), zeros, zeros.copy(), np.full(n, np.nan))
+    def empty(cls, n_spans: int) -> _Tracks:
+        f, i = np.zeros((0, n_spans)), np.zeros((0, n_spans), np.int64)
+        z = np.zeros(0, np.int64)
+        return cls(z, z.copy(), f, f.copy(), f.astype(bool), f.copy(), f.copy(), i, f.copy())
+
+    def find(self, code: np.ndarray) -> tuple[_Tracks, np.ndarray]:
+        """The track of each code (any where not tracked), and whether it is tracked."""
+        if not self.code.size:
+            n, s = code.size, self.a.shape[1]
+            blank = [np.zeros((n, s), getattr(self, f.name).dtype) for f in fields(self)[2:]]
+            return _Tracks(code, np.zeros(n, np.int64), *blank), np.zeros(n, bool)
+        row = np.minimum(np.searchsorted(self.code, code), self.code.size - 1)
+        return self.take(row), self.code[row] == code
+
+    def take(self, keep: np.ndarray) -> _Tracks:
+        return _Tracks(*(getattr(self, f.name)[keep] for f in fields(self)))
+
+
+@dataclass
+class _Hulls:
+    """Points reduced to each directed NIC pair's lower hull of (raw time, raw one-way
+    delay), NICs by the pool's stable numbers."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    t_raw: np.ndarray
+    owd_raw: np.ndarray
+
+    @classmethod
+    def of(cls, src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray) -> _Hulls:
+        """The hulls of the points, per directed pair, given points grouped by pair (any
+        order of the groups; within a group best in time order, else the hull sorts it)."""
+        code = src << 32 | dst
+        new = np.flatnonzero(np.r_[True, code[1:] != code[:-1]]) if code.size else code
+        row = np.repeat(np.arange(new.size), np.diff(np.r_[new, code.size]))
+        mask, (tm, ym) = pad_rows(row, new.size, t, y)
+        size, ht, hy = lower_hull_rows(tm, ym, mask)
+        keep = np.arange(ht.shape[1]) < size[:, None]
+        pair = np.repeat(code[new], size)
+        return cls(pair >> 32, pair & 0xFFFFFFFF, ht[keep], hy[keep])
+
+    @classmethod
+    def union(cls, parts: list[_Hulls]) -> _Hulls:
+        """Parts in time order: a pair's points stay in time order, and the parts' runs
+        sorted by pair merge in one pass of the stable sort."""
+        cat = [np.concatenate([getattr(h, f.name) for h in parts]) for f in fields(cls)]
+        order = np.argsort(cat[0] << 32 | cat[1], kind="stable")
+        return cls.of(*(c[order] for c in cat))
 
 
 @dataclass
@@ -98,54 +133,112 @@ class Pooled:
     dst: np.ndarray
     t_raw: np.ndarray
     owd_raw: np.ndarray
-    age: np.ndarray  # windows before the current one (0: current)
 
 
 class HullPool:
-    """The last windows' hull points and, per edge, each span's last line and score."""
+    """The last windows' hulls and, per edge, each span's last line and score.
+
+    Older windows are kept as the hulls of aligned blocks of 1, 2, 4, 8, 16 window
+    generations (block ``(L, j)``: generations ``j·2^L`` to ``(j+1)·2^L − 1``), each built
+    once from its two halves when first needed. The last ``k − 1`` generations then take at
+    most ``2·log2 k`` blocks, so a span's pooled points per pair are a few hulls, not ``k``
+    windows' points, and the cost of a round stops growing with the span once the spans
+    are full. The hull of a union is the hull of the parts' hulls: the fits see the same
+    hulls as from every window's raw points."""
 
     def __init__(self, cfg: SyncConfig) -> None:
         self.cfg = cfg
         self.sizes = sizes = cfg.pool_sizes
-        self.history: deque[tuple[int | None, HullPoints]] = deque(maxlen=max(sizes) - 1)
-        self.tracks: dict[str, _EdgeTrack] = {}
+        self.blocks: dict[tuple[int, int], _Hulls | None] = {}  # (level, index) -> hulls
+        self.newest: int | None = None  # generation of the newest remembered window
+        self._nic_ids: dict[str, int] = {}  # NIC id -> number, stable across windows
+        self._memo: tuple[HullPoints, _Hulls] | None = None
+        self._ids: tuple[HullPoints, np.ndarray] | None = None
+        self.tracks = _Tracks.empty(len(sizes))
         self.noise = np.zeros(0)  # per edge of the last choice: the chosen span's noise, ns
         self.best = 0  # the fleet's best-ranked span at the last choice (index)
 
-    def pooled(self, pts: HullPoints, gen: int | None) -> Pooled:
-        """The stored windows' points whose NICs occur in the current window; a window's age
-        is counted in window generations (a missed window still counts)."""
-        pos = {n: i for i, n in enumerate(pts.nics)}
-        parts = [(pts.src, pts.dst, pts.t_raw, pts.owd_raw, 0)]
-        for k, (g, old) in enumerate(reversed(self.history), start=1):
-            age = gen - g if gen is not None and g is not None else k
-            if not 0 < age < max(self.sizes):
-                continue
-            remap = np.array([pos.get(n, -1) for n in old.nics], np.int64)
-            s, d = remap[old.src], remap[old.dst]
-            keep = (s >= 0) & (d >= 0)
-            parts.append((s[keep], d[keep], old.t_raw[keep], old.owd_raw[keep], age))
-        src, dst, t_raw, owd_raw = (np.concatenate([p[i] for p in parts]) for i in range(4))
-        ages = np.concatenate([np.full(p[0].size, p[4], np.int64) for p in parts])
-        return Pooled(src, dst, t_raw, owd_raw, ages)
+    @property
+    def has_history(self) -> bool:
+        """Whether older windows are stored."""
+        return self.newest is not None
+
+    def pooled(self, pts: HullPoints, gen: int | None, span: int) -> Pooled:
+        """The current window's hulls plus those of the stored windows of the last ``span``
+        generations (a missed window still counts), restricted to the current window's
+        NICs."""
+        ids = self.nic_numbers(pts)
+        parts = []  # oldest first: each pair's points stay in time order for the hulls
+        if gen is not None and span > 1:
+            parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
+        parts.append(self._reduced(pts))
+        cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
+        cur[ids] = np.arange(ids.size)
+        src = np.concatenate([cur[h.src] for h in parts])
+        dst = np.concatenate([cur[h.dst] for h in parts])
+        keep = (src >= 0) & (dst >= 0)
+        t_raw, owd_raw = (np.concatenate([getattr(h, c) for h in parts]) for c in
+                          ("t_raw", "owd_raw"))  # fmt: skip
+        return Pooled(src[keep], dst[keep], t_raw[keep], owd_raw[keep])
 
     def remember(self, pts: HullPoints, gen: int | None) -> None:
-        if len(self.sizes) > 1:
-            self.history.append((gen, pts))
+        if len(self.sizes) < 2 or gen is None:
+            return
+        self.blocks[(0, gen)] = self._reduced(pts)
+        self.newest = gen
+        oldest = gen - max(self.sizes) + 2  # the oldest generation a later span can reach
+        for key in [k for k in self.blocks if (k[1] + 1 << k[0]) <= oldest]:
+            del self.blocks[key]  # wholly older than any span
+
+    def _range(self, lo: int, hi: int) -> list[_Hulls | None]:
+        """Hulls covering the generations lo..hi: the largest aligned blocks inside."""
+        out = []
+        while lo <= hi:
+            level = 0
+            while lo % (2 << level) == 0 and lo + (2 << level) - 1 <= hi:
+                level += 1
+            out.append(self._block(level, lo >> level))
+            lo += 1 << level
+        return out
+
+    def _block(self, level: int, j: int) -> _Hulls | None:
+        key = (level, j)
+        if key not in self.blocks:  # a missed window: None; a block: its halves' union
+            halves = [] if level == 0 else [self._block(level - 1, 2 * j + i) for i in (0, 1)]
+            parts = [h for h in halves if h is not None]
+            self.blocks[key] = _Hulls.union(parts) if parts else None
+        return self.blocks[key]
+
+    def _reduced(self, pts: HullPoints) -> _Hulls:
+        """``pts`` reduced to each directed NIC pair's hull, computed once per window. The
+        fits map a sender's raw times to fleet time by an affine map with positive scale, the
+        same for all points of a pair, and subtract a constant NIC latency from its delays:
+        neither changes which points are on the hull, so the pooled fits see the same hulls
+        from a few points per pair and window instead of every path's hull points (~7 rows
+        per pair at 16 peers)."""
+        if self._memo is not None and self._memo[0] is pts:
+            return self._memo[1]
+        ids = self.nic_numbers(pts)
+        order = _pair_time_order(pts)
+        src, dst, t, y = (a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw))
+        hulls = _Hulls.of(ids[src], ids[dst], t, y)
+        self._memo = (pts, hulls)
+        return hulls
 
     def choose(
         self,
-        keys: list[str],
+        codes: np.ndarray,
         t_ref: int,
         fits: list[EdgeFits],
         slope: np.ndarray,
         now: tuple[np.ndarray, ...] | None = None,
     ) -> tuple[EdgeFits, np.ndarray]:
         """Score every span on this window, then pick one fit per edge; returns the chosen
-        fits and the span index per edge. ``fits[0]`` is the single-window fit; ``slope``
-        (per edge, ns/ns; the current network drift difference) carries the spans' last
-        intercepts to this window where no span longer than one window is usable now."""
-        one = fits[0]
+        fits and the span index per edge. ``codes``: each edge's stable number
+        (:meth:`edge_codes`). ``fits[0]`` is the single-window fit; ``slope`` (per edge,
+        ns/ns; the current network drift difference) carries the spans' last intercepts to
+        this window where no span longer than one window is usable now."""
+        cfg, one = self.cfg, fits[0]
         ok = np.array([f.usable & ~f.soft for f in fits])  # (spans, edges)
         a = np.array([f.a for f in fits])
         b = np.array([f.b for f in fits])
@@ -154,69 +247,99 @@ class HullPool:
         # ~100 ppb with software stamps, 100 ns over the 1 s carried: that noise, common to
         # all spans, would drown the differences between them).
         longest = ok.shape[0] - 1 - np.argmax(ok[::-1], axis=0)
-        carry = np.where(ok.any(axis=0), b[longest, np.arange(len(keys))], slope)
-        cfg, tracks = self.cfg, []
-        for e, key in enumerate(keys):
-            tr = self.tracks.get(key)
-            if tr is not None and t_ref - tr.t_ref > cfg.pool_stale_ns:  # gone: start over
-                tr = None
-            if tr is not None and ok[0, e]:
-                _score(tr, one.a[e], t_ref, float(carry[e]), cfg)
-            tracks.append(tr)
+        carry = np.where(ok.any(axis=0), b[longest, np.arange(codes.size)], slope)
+        old, have = self.tracks.find(codes)
+        have &= t_ref - old.t_ref <= cfg.pool_stale_ns  # gone too long: start over
+        score = np.where(have, old.score.T, 0.0)
+        scored = np.where(have, old.scored.T, 0)
+        bend = np.where(have, old.bend.T, np.nan)
+        _score(score, scored, old, have & ok[0], one.a, t_ref, carry, cfg)
         if now is not None:
-            _bend(tracks, _intrusion(tracks, now, t_ref, carry, ok.shape[0]), cfg.score_weight)
+            _bend(bend, _intrusion(have, old, now, t_ref, carry), cfg.score_weight)
         usable = np.array([f.usable for f in fits])
-        choice, self.best = _pick(tracks, ok, usable, self.best, cfg)
-        self.noise = _noise(tracks, choice, cfg.min_scored)
-        for e, (key, tr) in enumerate(zip(keys, tracks, strict=True)):
-            self.tracks[key] = _EdgeTrack.follow(
-                tr, t_ref, a[:, e].copy(), b[:, e].copy(), ok[:, e].copy(), margin[:, e].copy()
-            )
+        choice, self.best = _pick(have, score, scored, bend, ok, usable, self.best, cfg)
+        self.noise = _noise(have, score, scored, choice, cfg.min_scored)
+        self._follow(codes, t_ref, (a, b, ok, margin, score, scored, bend))
         return _select(fits, choice), choice
 
-    def forget(self, keys: list[str]) -> None:
+    def _follow(self, codes: np.ndarray, t_ref: int, state: tuple[np.ndarray, ...]) -> None:
+        """This window's lines and scores replace the edges' tracks; tracks of edges not in
+        this window are kept until they are stale (they would start over anyway)."""
+        tr = self.tracks
+        keep = ~np.isin(tr.code, codes) & (t_ref - tr.t_ref <= self.cfg.pool_stale_ns)
+        n = codes.size
+        new = _Tracks(codes, np.full(n, t_ref, np.int64), *(x.T.copy() for x in state))
+        both = [tr.take(keep), new]
+        merged = _Tracks(*(np.concatenate([getattr(t, f.name) for t in both])
+                           for f in fields(_Tracks)))  # fmt: skip
+        self.tracks = merged.take(np.argsort(merged.code, kind="stable"))
+
+    def forget(self, codes: np.ndarray) -> None:
         """Edges of a host whose clock stepped: their spans start over."""
-        for k in keys:
-            self.tracks.pop(k, None)
+        self.tracks = self.tracks.take(~np.isin(self.tracks.code, codes))
+
+    def nic_numbers(self, pts: HullPoints) -> np.ndarray:
+        """Stable numbers of the window's NICs: the same NIC has the same number in every
+        window (edge numbers across windows are built from them)."""
+        if self._ids is not None and self._ids[0] is pts:
+            return self._ids[1]
+        reg = self._nic_ids
+        ids = np.array([reg.setdefault(n, len(reg)) for n in pts.nics], np.int64)
+        self._ids = (pts, ids)
+        return ids
 
 
-def _score(tr: _EdgeTrack, measured: float, t_ref: int, slope: float, cfg: SyncConfig) -> None:
+def _pair_time_order(pts: HullPoints) -> np.ndarray:
+    """The window's points ordered by (pair, time) with one integer sort: a pair has a few
+    paths' hulls, interleaved in time, and sorted rows need no sort in the hull (equal times
+    left out of order are sorted there)."""
+    n_nic = max(len(pts.nics), 1)
+    rel = pts.t_raw - (pts.t_raw.min() if pts.t_raw.size else 0)
+    bits = int(rel.max(initial=0)).bit_length()
+    pair = pts.src * n_nic + pts.dst
+    if bits + (n_nic * n_nic).bit_length() > 62:  # never with 1 s windows: pairs only
+        return np.argsort(pair, kind="stable")
+    return np.argsort(pair << bits | rel)
+
+
+def _score(
+    score: np.ndarray,
+    scored: np.ndarray,
+    old: _Tracks,
+    upd_edge: np.ndarray,
+    measured: np.ndarray,
+    t_ref: int,
+    slope: np.ndarray,
+    cfg: SyncConfig,
+) -> None:
+    """Fold this window's single fit (``measured``) into the (spans, edges) prediction scores
+    of the edges in ``upd_edge``, in place."""
     # Every span's intercept is carried by the same slope: what is scored is how good each
     # span's value at the end of its span was, the quantity the solve uses. (Each span's own
     # slope would charge a single window for its slope noise, ~100 ppb = 100 ns over 1 s,
     # which its in-window value does not have: long spans then won where they bend.)
-    pred = tr.a + slope * float(t_ref - tr.t_ref)
+    pred = old.a.T + slope * (t_ref - old.t_ref).astype(np.float64)
     err2 = np.minimum((measured - pred) ** 2, cfg.score_cap_ns**2)
-    upd = tr.ok
-    # cfg.surprise_run surprises in a row (the clocks bent: a drift jump) take a span out; it
-    # must predict cfg.min_scored windows again before it is used. Fewer are more often the
-    # single-window reference being wild (two-host lab under load: windows 6-8 µs off, and
-    # bursts of them, which took the 32-window span out and left 8- or 1-window fits in use,
-    # 100-400 ns off, where the 32-window one stayed within ~20 ns): they are not scored at
-    # all. A clock step is handled apart (``forget``).
-    surprise = upd & (tr.scored >= cfg.min_scored) & (err2 > cfg.surprise_k**2 * tr.score)
-    eligible = upd & (tr.scored >= cfg.min_scored)
-    if eligible.sum() >= 2 and surprise[eligible].all():
-        # Every span, the previous single window included, misses it: this window's single
-        # fit is the wild one, not the spans (a bend leaves the previous window's line close
-        # and the long spans off). Nothing is scored or counted.
-        return
-    again = tr.pending >= cfg.surprise_run
-    tr.pending = np.where(again, 0, tr.pending)
-    upd = upd & (tr.pending == 0)
-    tr.scored = np.where(again, 0, tr.scored)
+    upd = old.ok.T & upd_edge
+    # A surprise (an error beyond cfg.surprise_k of the span's rms) from every span, the
+    # previous single window included: this window's single fit is the wild one, not the
+    # spans (a bend leaves the previous window's line close and the long spans off; two-host
+    # lab under load: windows 6-8 µs off, in bursts). Nothing is scored or counted.
+    eligible = upd & (scored >= cfg.min_scored)
+    surprise = eligible & (err2 > cfg.surprise_k**2 * score)
+    wild = (eligible.sum(axis=0) >= 2) & (surprise == eligible).all(axis=0)
+    upd &= ~wild
     w = cfg.score_weight
-    tr.score = np.where(upd, (1 - w) * tr.score + w * err2, tr.score)
-    tr.score = np.where(upd & (tr.scored == 0), err2, tr.score)
-    tr.scored = tr.scored + upd
+    score[...] = np.where(upd, np.where(scored == 0, err2, (1 - w) * score + w * err2), score)
+    scored += upd
 
 
 def _intrusion(
-    tracks: list[_EdgeTrack | None],
+    have: np.ndarray,
+    old: _Tracks,
     now: tuple[np.ndarray, ...],
     t_ref: int,
     carry: np.ndarray,
-    n_spans: int,
 ) -> np.ndarray:
     """Per span and edge, how far this window's points reach into the band the span's last
     line kept clear (ns, ≥ 0; NaN where not measurable). A straight clock leaves the band
@@ -227,23 +350,17 @@ def _intrusion(
     by half the difference, every window alike, and a span scored against it looks worse the
     better it is (lab, flood one way: single windows −200 ns, 32-window spans −20 ns)."""
     edge, upper, t, y = now
-    n_e = len(tracks)
-    have = np.array([tr is not None for tr in tracks], bool)
+    n_spans, n_e = old.a.shape[1], have.size
     out = np.full((n_spans, n_e), np.nan)
     if not have.any() or edge.size == 0:
         return out
-    a0 = np.zeros((n_spans, n_e))
-    m0 = np.zeros((n_spans, n_e))
-    ok0 = np.zeros((n_spans, n_e), bool)
-    dt = np.zeros(n_e)
-    for i, tr in _present(tracks):
-        good = tr.ok & (tr.margin > 0)
-        if not good.any():
-            continue
-        # one band for all spans: the narrowest any span found, near the true floors (a
-        # span's own margin would charge a single window for its floors sitting high)
-        a0[:, i], m0[:, i], ok0[:, i] = tr.a, tr.margin[good].min(), good
-        dt[i] = float(t_ref - tr.t_ref)
+    good = (old.ok & (old.margin > 0)).T & have
+    some = good.any(axis=0)
+    # one band for all spans: the narrowest any span found, near the true floors (a span's
+    # own margin would charge a single window for its floors sitting high)
+    m0 = np.where(some, np.where(good, old.margin.T, np.inf).min(axis=0), 0.0)
+    a0 = np.where(some, old.a.T, 0.0)
+    dt = np.where(some, (t_ref - old.t_ref).astype(np.float64), 0.0)
     line0 = a0 + carry * dt  # each span's line at t = 0 of this window
     use = have[edge]
     e, up, tt, yy = edge[use], upper[use], t[use], y[use]
@@ -253,31 +370,25 @@ def _intrusion(
         np.minimum.at(lo_gap, e[up], r[up])  # upper points: distance above the line
         hi_gap = np.full(n_e, np.inf)
         np.minimum.at(hi_gap, e[~up], -r[~up])  # lower points: distance below it
-        worst = np.maximum(m0[k] - lo_gap, m0[k] - hi_gap)  # -inf where a side is empty
+        worst = np.maximum(m0 - lo_gap, m0 - hi_gap)  # -inf where a side is empty
         seen = np.isfinite(lo_gap) | np.isfinite(hi_gap)
-        out[k] = np.where(ok0[k] & seen, np.maximum(worst, 0.0), np.nan)
+        out[k] = np.where(good[k] & seen, np.maximum(worst, 0.0), np.nan)
     return out
 
 
-def _present(tracks: list[_EdgeTrack | None]) -> list[tuple[int, _EdgeTrack]]:
-    """The edges that have a track, with their index."""
-    return [(i, tr) for i, tr in enumerate(tracks) if tr is not None]
-
-
-def _bend(tracks: list[_EdgeTrack | None], intrusion: np.ndarray, w: float) -> None:
-    """Running mean square of each span's intrusions (weight ``w``)."""
-    for e, tr in enumerate(tracks):
-        if tr is None:
-            continue
-        x = intrusion[:, e]
-        fresh = np.isfinite(x) & ~np.isfinite(tr.bend)
-        upd = np.isfinite(x) & np.isfinite(tr.bend)
-        tr.bend = np.where(fresh, x**2, tr.bend)
-        tr.bend = np.where(upd, (1 - w) * tr.bend + w * x**2, tr.bend)
+def _bend(bend: np.ndarray, intrusion: np.ndarray, w: float) -> None:
+    """Running mean square of each span's intrusions (weight ``w``), in place."""
+    x2 = intrusion**2
+    fresh = np.isfinite(x2) & ~np.isfinite(bend)
+    upd = np.isfinite(x2) & np.isfinite(bend)
+    bend[...] = np.where(fresh, x2, np.where(upd, (1 - w) * bend + w * x2, bend))
 
 
 def _pick(
-    tracks: list[_EdgeTrack | None],
+    have: np.ndarray,
+    score_: np.ndarray,
+    scored_: np.ndarray,
+    bend: np.ndarray,
     ok: np.ndarray,
     usable: np.ndarray,
     prev_best: int,
@@ -290,19 +401,14 @@ def _pick(
     than what separates the spans), while the clocks' wander that decides the best span is a
     property of the oscillators, alike across the fleet; a bent edge (a drift step) is caught
     per edge by its surprise reset."""
-    n_sp, n_e = ok.shape
-    score = np.full((n_sp, n_e), np.inf)
-    scored = np.zeros((n_sp, n_e), np.int64)
-    present = _present(tracks)
-    if present:
-        idx = [i for i, _ in present]
-        score[:, idx] = np.array([tr.score for _, tr in present]).T
-        scored[:, idx] = np.array([tr.scored for _, tr in present]).T
+    n_sp = ok.shape[0]
+    score = np.where(have, score_, np.inf)
+    scored = np.where(have, scored_, 0)
     allowed = ok & (scored >= cfg.min_scored)
     allowed[0] = True
     med = np.array([np.median(score[k, allowed[k]]) if allowed[k].any() else np.inf
                     for k in range(n_sp)])  # fmt: skip
-    med = _rank_by_bend(tracks, allowed, med, cfg)
+    med = _rank_by_bend(bend, allowed, med, cfg)
     # Per edge, the allowed span with the best fleet-wide median (the fleet's best span where
     # it is allowed, else the next best, e.g. a shorter span while a long one re-qualifies).
     rank = np.where(allowed & ok, med[:, None], np.inf)
@@ -328,16 +434,12 @@ def _pick(
 
 
 def _rank_by_bend(
-    tracks: list[_EdgeTrack | None], allowed: np.ndarray, med: np.ndarray, cfg: SyncConfig
+    bend: np.ndarray, allowed: np.ndarray, med: np.ndarray, cfg: SyncConfig
 ) -> np.ndarray:
     """Fleet-wide rank value per span from the median intrusion score over the edges where
     it is allowed (see ``_intrusion``; inf for a span scored nowhere), a longer span ranking
     first among equals; ``med`` (prediction scores) until single windows have one."""
-    n_sp, n_e = allowed.shape
-    bend = np.full((n_sp, n_e), np.nan)
-    for i, tr in enumerate(tracks):
-        if tr is not None:
-            bend[:, i] = tr.bend
+    n_sp = allowed.shape[0]
     use = allowed & np.isfinite(bend)
     if not use[0].any():
         return med
@@ -361,7 +463,9 @@ def _rank_by_bend(
     return rank
 
 
-def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray, min_scored: int) -> np.ndarray:
+def _noise(
+    have: np.ndarray, score: np.ndarray, scored: np.ndarray, choice: np.ndarray, min_scored: int
+) -> np.ndarray:
     """Each edge's offset noise with the chosen span, from its prediction score: the score
     is the mean square of (span's carried value − next single window), about σ_span² + σ_1²,
     so √(score/2) is σ_1 for the single window and an upper bound for longer spans (0 where
@@ -369,12 +473,9 @@ def _noise(tracks: list[_EdgeTrack | None], choice: np.ndarray, min_scored: int)
     the tracker needs it, or a switch from a smooth 32-window span to a single window (σ 150
     ns in the lab under load) reads as a clock change against a noise estimate learnt on the
     smooth span."""
-    out = np.zeros(choice.size)
-    for e, tr in enumerate(tracks):
-        k = int(choice[e])
-        if tr is not None and tr.scored[k] >= min_scored:
-            out[e] = np.sqrt(tr.score[k] / 2.0)
-    return out
+    e = np.arange(choice.size)
+    known = have & (scored[choice, e] >= min_scored)
+    return np.where(known, np.sqrt(score[choice, e] / 2.0), 0.0)
 
 
 def _select(fits: list[EdgeFits], choice: np.ndarray) -> EdgeFits:

@@ -70,7 +70,7 @@ class SolveReport:
     steps: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
     passes: int = 0
-    edge_keys: list[str] = field(default_factory=list)  # "lo_nic|hi_nic" per edge
+    edge_codes: np.ndarray | None = None  # per edge: its number, the same in every window
     span: np.ndarray | None = None  # windows pooled for each edge's fit (:mod:`.pooling`)
     edge_noise: np.ndarray | None = None  # per edge: the chosen span's offset noise (ns)
     edge_excess: np.ndarray | None = None  # per edge: margin above the pooled floor (ns)
@@ -143,10 +143,10 @@ class HuygensSync:
         self.report = rep
         win = _Solved.of(rep)
         models = self._publish(rep, win)
-        if rep.steps:  # spans through a step would fit nothing: those edges start over
-            stepped = {rep.hosts.index(h) for h in rep.steps}
-            ends = zip(rep.edge_keys, win.lo, win.hi, strict=True)
-            self.pool.forget([k for k, lo, hi in ends if lo in stepped or hi in stepped])
+        if rep.steps and rep.edge_codes is not None:  # spans through a step fit nothing:
+            # those edges start over
+            stepped = np.isin(np.arange(len(rep.hosts)), [rep.hosts.index(h) for h in rep.steps])
+            self.pool.forget(rep.edge_codes[stepped[win.lo] | stepped[win.hi]])
         self.pool.remember(pts, gen)
         return models
 
@@ -155,7 +155,7 @@ class HuygensSync:
         hidx = {h: i for i, h in enumerate(hosts)}
         nic_h = np.array([hidx[h] for h in pts.nic_host], np.int64)
         src_h = nic_h[pts.src]
-        geo = _EdgeGeometry(pts, nic_h)
+        geo = _EdgeGeometry(pts, nic_h, self.pool.nic_numbers(pts))
         theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
         tracked = (drift.copy(), self._drift_sd.copy(), known.copy())
         net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.cfg)
@@ -190,18 +190,18 @@ class HuygensSync:
         # 16 ns single-window), so only software-stamped windows are pooled.
         pool_ok = kind != TS_HARDWARE and len(self.pool.sizes) > 1
         self._excess = None
-        if pool_ok and self.pool.history and mapped[off.solved].all():
+        if pool_ok and self.pool.has_history and mapped[off.solved].all():
             fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits, tracked)
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
         elif pool_ok:
             slope = (drift[geo.hi] - drift[geo.lo]) * 1e-9
-            self.pool.choose(geo.keys, t_ref, [fits] * len(self.pool.sizes), slope)  # start
+            self.pool.choose(geo.codes, t_ref, [fits] * len(self.pool.sizes), slope)  # start
         rep = SolveReport(
             t_ref, hosts, geo.lo, geo.hi, geo.nics, pairwise, fits, off, dft,
             [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
         )  # fmt: skip
-        rep.edge_keys, rep.span = geo.keys, np.array(self.pool.sizes)[span]
+        rep.edge_codes, rep.span = geo.codes, np.array(self.pool.sizes)[span]
         if pool_ok and self.pool.noise.size == geo.n:
             rep.edge_noise = self.pool.noise
         rep.edge_excess = self._excess
@@ -230,17 +230,6 @@ class HuygensSync:
         the bracket's edge keeps the tracked one (the fit is then the min-of-mins intercept
         at that slope)."""
         cfg = self.cfg
-        pool = self.pool.pooled(pts, gen)
-        n_nic = len(pts.nics)
-        lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
-        key = lo_nic * n_nic + hi_nic
-        edge = np.minimum(np.searchsorted(geo.key_codes, key), geo.n - 1)
-        known = geo.key_codes[edge] == key  # older points of edges missing now: dropped
-        lat_out, lat_in = self._latency(pts)
-        t = _fleet_t(pool.t_raw, nic_h[pool.src], theta, drift, t_ref)
-        owd = pool.owd_raw - lat_out[pool.src] - lat_in[pool.dst]
-        upper = pool.src < pool.dst
-        y = np.where(upper, owd, -owd)
         b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
         d_tr, sd_tr, k_tr = tracked
         both = k_tr[geo.lo] & k_tr[geo.hi]
@@ -251,17 +240,44 @@ class HuygensSync:
             np.clip(cfg.pool_bracket_k * sd, cfg.pool_bracket_ppb, cfg.slope_bracket * 1e9) * 1e-9,
             cfg.slope_bracket,
         )
-        fits = [fits1]
+        fits, now = [fits1], None
         for k in self.pool.sizes:
-            m = known & (pool.age < k)
-            e, up, tt, yy = hull_reduce(edge[m], upper[m], t[m], y[m], geo.n)
+            e, up, tt, yy = self._pooled_points(pts, geo, nic_h, theta, drift, t_ref, gen, k)
+            if k == 1:
+                now = (e, up, tt, yy)
+            e, up, tt, yy = hull_reduce(e, up, tt, yy, geo.n)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket, cfg))
         held = fits.pop(1)  # this window alone, its slope held near the tracked one
-        cur = known & (pool.age == 0)
-        now = (edge[cur], upper[cur], t[cur], y[cur])
-        chosen, span = self.pool.choose(geo.keys, t_ref, fits, b_prior, now)
+        chosen, span = self.pool.choose(geo.codes, t_ref, fits, b_prior, now)
         self._excess = _margin_excess([*fits, held], chosen, span, held)
         return chosen, span
+
+    def _pooled_points(
+        self,
+        pts: HullPoints,
+        geo: _EdgeGeometry,
+        nic_h: np.ndarray,
+        theta: np.ndarray,
+        drift: np.ndarray,
+        t_ref: int,
+        gen: int | None,
+        span: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A span's pooled hull points of this window's edges as (edge, upper, t, y), times
+        in fleet time through the current models (older points of edges missing now are
+        dropped)."""
+        pool = self.pool.pooled(pts, gen, span)
+        n_nic = len(pts.nics)
+        lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
+        key = lo_nic * n_nic + hi_nic
+        edge = np.minimum(np.searchsorted(geo.key_codes, key), geo.n - 1)
+        known = geo.key_codes[edge] == key
+        lat_out, lat_in = self._latency(pts)
+        t = _fleet_t(pool.t_raw, nic_h[pool.src], theta, drift, t_ref)
+        owd = pool.owd_raw - lat_out[pool.src] - lat_in[pool.dst]
+        upper = pool.src < pool.dst
+        y = np.where(upper, owd, -owd)
+        return edge[known], upper[known], t[known], y[known]
 
     def _latency(self, pts: HullPoints) -> tuple[np.ndarray, np.ndarray]:
         lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
@@ -398,7 +414,8 @@ class _Network:
 class _EdgeGeometry:
     """NIC-pair edges: index per point, direction, and the hosts at both ends."""
 
-    def __init__(self, pts: HullPoints, nic_h: np.ndarray) -> None:
+    def __init__(self, pts: HullPoints, nic_h: np.ndarray, nic_numbers: np.ndarray) -> None:
+        """``nic_numbers``: each NIC's number stable across windows (:mod:`.pooling`)."""
         self.upper = pts.src < pts.dst  # lo→hi points lie above the line (ids in sorted order)
         lo_nic = np.minimum(pts.src, pts.dst)
         hi_nic = np.maximum(pts.src, pts.dst)
@@ -408,7 +425,7 @@ class _EdgeGeometry:
         self.nics = [(pts.nics[a], pts.nics[b]) for a, b in zip(lo, hi, strict=True)]
         self.lo, self.hi = nic_h[lo], nic_h[hi]
         self.key_codes = keys  # sorted lo·N + hi codes, N = NICs in this window
-        self.keys = [f"{a}|{b}" for a, b in self.nics]  # stable across windows
+        self.codes = nic_numbers[lo] << 32 | nic_numbers[hi]  # the same in every window
 
 
 def _fleet_t(

@@ -1,0 +1,250 @@
+"""Clock-sync cost per collector round at fleet scale, and how it grows with the rounds.
+
+Drives one ``HuygensSync`` the way the collector's clock round does (``api/rounds.py``): one
+call per window generation, handed the windows of the look-back (``loop_lookback_ns``, the
+newest generation and the ones before it) and the models of the last call. The windows are
+the simulator's on ``leafspine:hosts=N,nics=8,leaves=N/32,spines=8`` with 16 peers per NIC and
+paths known (one row per distinct path, the agents' real shape: ~910 rows per host).
+
+Simulating a 1024-host window takes ~12 s, so a few windows are simulated once per size
+(cached under ``--cache``) and replayed with shifted times: clocks are linear in the bench's
+fabric (no drift wander, no drift steps), so shifting a window by ``Δ`` of true time moves
+each sender's raw stamps by ``Δ·(1 + drift)`` and each one-way delay by ``(drift_dst −
+drift_src)·Δ``, exactly what the next windows would show.
+
+Prints per size: CPU seconds (all threads) of each round's solve, the growth from round 5 to
+the last round, the worker's RSS before the first round and its peak; with ``--against REV``
+the same for the ``sync/`` engine of git revision REV (exported into a temp dir and imported
+under another name, in its own process) and the ratio old/new of the mean of rounds 5-last.
+``--profile`` prints a cProfile of the current engine's rounds instead.
+
+    nice -n 10 .venv/bin/python bench/sync_scale.py --hosts 256,1024,4096 --rounds 20 \\
+        [--against REV] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_WINDOWS = 4  # simulated windows per size, replayed with shifted times
+LOOKBACK_NS = 2_000_000_000  # fleetlens.api.config.Settings.loop_lookback_ns
+COLUMNS = ["src_nic", "dst_nic", "start_ns", "duration_ns", "pure", "hull_t_ns",
+           "hull_owd_ns", "ts_source"]  # fmt: skip
+
+
+def spec(hosts: int) -> str:
+    return f"leafspine:hosts={hosts},nics=8,leaves={max(hosts // 32, 1)},spines=8"
+
+
+# ---- windows ----------------------------------------------------------------------------
+def simulate(hosts: int, cache: Path) -> Path:
+    """The size's base windows and per-host drifts, simulated once (Arrow IPC file)."""
+    path = cache / f"sync-scale-{hosts}-{BASE_WINDOWS}.arrow"
+    if path.exists():
+        return path
+    from fleetlens.fixtures.sim.config import SimConfig
+    from fleetlens.fixtures.sim.engine import Simulator
+
+    from fleetlens.topology import from_spec
+
+    cfg = SimConfig(clock="identity", paths_known=True, drift_walk_ppb=0.0, temp_step_rate=0.0)
+    sim = Simulator(from_spec(spec(hosts)), cfg, seed=1)
+    parts, drift = [], None
+    t0 = time.time()
+    for sw in sim.stream(float(BASE_WINDOWS)):
+        parts.append(sw.windows.select([*COLUMNS, "window"]))
+        if drift is None:
+            drift = sw.truth_clocks.select(["host_id", "drift_ppb"])
+    print(f"  simulated {BASE_WINDOWS} windows of {hosts} hosts in {time.time() - t0:.0f} s",
+          flush=True)  # fmt: skip
+    table = pa.concat_tables(parts)
+    meta = {b"drift": json.dumps(dict(zip(*drift.to_pydict().values(), strict=True))).encode()}
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, table.schema.with_metadata(meta)) as w:
+        w.write_table(table)
+    tmp.rename(path)
+    return path
+
+
+class Windows:
+    """Window generation ``r`` of the replay: base window ``r mod W``, shifted in time."""
+
+    def __init__(self, path: Path) -> None:
+        with pa.memory_map(str(path)) as f:
+            reader = pa.ipc.open_file(f)
+            table = reader.read_all()
+            drift = json.loads(reader.schema.metadata[b"drift"])
+        w = table["window"].to_numpy()
+        self.base = [table.filter(pa.array(w == i)).drop(["window"]) for i in range(w.max() + 1)]
+        self.period_ns = int(self.base[0]["duration_ns"][0].as_py()) * len(self.base)
+        self.drift = {h: float(d) * 1e-9 for h, d in drift.items()}
+
+    def __call__(self, r: int) -> pa.Table:
+        t = self.base[r % len(self.base)]
+        shift = (r // len(self.base)) * self.period_ns
+        if not shift:
+            return t
+        d_src = self._host_drift(t["src_nic"])
+        d_dst = self._host_drift(t["dst_nic"])
+        t = t.set_column(t.schema.get_field_index("start_ns"), "start_ns",
+                         pc.add(t["start_ns"], shift))  # fmt: skip
+        move_t = np.rint(shift * (1.0 + d_src)).astype(np.int64)
+        move_y = np.rint(shift * (d_dst - d_src)).astype(np.int64)
+        for name, move in (("hull_t_ns", move_t), ("hull_owd_ns", move_y)):
+            col = t[name].combine_chunks()
+            lens = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+            vals = col.values.to_numpy() + np.repeat(move, lens)
+            new = pa.ListArray.from_arrays(col.offsets, pa.array(vals, pa.int64()))
+            t = t.set_column(t.schema.get_field_index(name), name, new)
+        return t
+
+    def _host_drift(self, nics: pa.ChunkedArray) -> np.ndarray:
+        names = nics.combine_chunks().dictionary_encode()
+        per = np.array([self.drift[n.partition("/")[0]] for n in names.dictionary.to_pylist()])
+        return per[names.indices.to_numpy()]
+
+
+# ---- one engine, in its own process -----------------------------------------------------
+def engine_class(engine_dir: str | None) -> Callable[[], Callable]:
+    """``HuygensSync`` of this tree, or of a revision's ``sync/`` exported to ``engine_dir``
+    (a package ``fleetlens_sync_rev`` there)."""
+    if engine_dir is None:
+        from fleetlens.sync import HuygensSync
+
+        return HuygensSync
+    sys.path.insert(0, engine_dir)
+    import fleetlens_sync_rev  # type: ignore[import-not-found]
+
+    return fleetlens_sync_rev.HuygensSync
+
+
+def worker(args: argparse.Namespace) -> None:
+    from fleetlens.topology import from_spec
+
+    windows = Windows(Path(args.data))
+    topo = from_spec(spec(args.n_hosts))
+    sync = engine_class(args.engine_dir)()
+    back = LOOKBACK_NS // (windows.period_ns // len(windows.base))
+    recent: deque[pa.Table] = deque(maxlen=back + 1)
+    models: dict = {}
+    cpu, rss = [], []
+    rss0 = _rss_mb()
+    prof = cProfile.Profile() if args.profile else None
+    for r in range(args.rounds):
+        recent.append(windows(r))
+        table = pa.concat_tables(list(recent))
+        t0 = time.process_time()
+        if prof:
+            prof.enable()
+        out = sync(table, topo, models)
+        if prof:
+            prof.disable()
+        cpu.append(time.process_time() - t0)
+        models = {m.host_id: m for m in out}
+        rss.append(_rss_mb())
+        synced = sum(m.synced for m in out)
+        print(f"    round {r + 1:3d}: {cpu[-1]:7.3f} s  synced {synced}/{len(out)}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if prof:
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
+    print(json.dumps({"cpu": cpu, "rss0": rss0, "rss": rss, "peak": peak}))
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def run_worker(hosts: int, data: Path, rounds: int, engine_dir: str | None, profile: bool) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--n-hosts", str(hosts), "--data", str(data),
+           "--rounds", str(rounds)]  # fmt: skip
+    if engine_dir:
+        cmd += ["--engine-dir", engine_dir]
+    if profile:
+        cmd += ["--profile"]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def export(rev: str, into: Path) -> str:
+    """``sync/`` of ``rev`` as the package ``fleetlens_sync_rev`` under ``into`` (its relative
+    imports stay inside it; the vocabulary, ``fleetlens.*``, is this tree's)."""
+    arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "sync"], check=True,
+                          stdout=subprocess.PIPE).stdout  # fmt: skip
+    tar = into / "sync.tar"
+    tar.write_bytes(arch)
+    with tarfile.open(tar) as tf:
+        tf.extractall(into, filter="data")
+    (into / "sync").rename(into / "fleetlens_sync_rev")
+    pyx = [str(p) for p in (into / "fleetlens_sync_rev").glob("*.pyx")]
+    if pyx:  # its Cython kernels, built in place (needs the 'bench' extra's Cython)
+        subprocess.run([sys.executable, "-m", "Cython.Build.Cythonize", "-i", "-3", "-q", *pyx],
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    return str(into)
+
+
+# ---- report -----------------------------------------------------------------------------
+def summary(label: str, res: dict) -> float:
+    """Print one engine's rounds; returns the mean from round 5 on (all rounds if fewer)."""
+    cpu = np.array(res["cpu"])
+    first = 5 if cpu.size >= 5 else 1
+    tail = cpu[first - 1 :]
+    grow = cpu[-1] / cpu[first - 1] if cpu[first - 1] > 0 else float("nan")
+    print(f"  {label}: per round (CPU s) " + " ".join(f"{c:.3f}" for c in cpu))
+    print(f"  {label}: mean rounds {first}-{cpu.size} {tail.mean():.3f} s, max {tail.max():.3f} "
+          f"s, round {cpu.size}/round {first} {grow:.2f}x; RSS {res['rss0']:.0f} MB before, "
+          f"after round {first} {res['rss'][first - 1]:.0f} MB, after round {cpu.size} "
+          f"{res['rss'][-1]:.0f} MB, peak {res['peak']:.0f} MB")  # fmt: skip
+    return float(tail.mean())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", default="256,1024,4096")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--against", metavar="REV", help="also run the sync/ of this git revision")
+    ap.add_argument("--profile", action="store_true", help="cProfile the current engine")
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--n-hosts", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        old = export(args.against, Path(tmp)) if args.against else None
+        for hosts in (int(h) for h in args.hosts.split(",")):
+            print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds", flush=True)
+            data = simulate(hosts, args.cache)
+            new = summary("new", run_worker(hosts, data, args.rounds, None, args.profile))
+            if old:
+                was = summary(args.against, run_worker(hosts, data, args.rounds, old, False))
+                first = 5 if args.rounds >= 5 else 1
+                print(f"  ratio {args.against}/new (mean rounds {first}-{args.rounds}): "
+                      f"{was / new:.1f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The sync's carried state at scale: bounded in memory over many rounds, and the pooled fits
+from the per-window reduced hulls equal a re-pooling of every stored window's raw points."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pyarrow as pa
+from fleetlens.fixtures.sim.config import SimConfig
+from fleetlens.fixtures.sim.engine import Simulator
+from fleetlens.sync import HuygensSync, SyncConfig
+from fleetlens.sync.pooling import HullPool, Pooled
+from fleetlens.sync.purity import HullPoints
+
+from fleetlens.records import ClockModel
+from fleetlens.topology import Topology, from_spec
+
+FLEET = "leafspine:hosts=16,nics=2,leaves=4,spines=2"
+
+
+class RepoolingPool(HullPool):
+    """The pool as it was before the reduced hulls and their blocks: every stored window's
+    raw hull points, re-pooled on every call (the reference the blocks must reproduce)."""
+
+    def __init__(self, cfg: SyncConfig) -> None:
+        super().__init__(cfg)
+        self.raw: deque[tuple[int | None, HullPoints]] = deque(maxlen=max(cfg.pool_sizes) - 1)
+
+    def remember(self, pts: HullPoints, gen: int | None) -> None:
+        super().remember(pts, gen)
+        self.raw.append((gen, pts))
+
+    def pooled(self, pts: HullPoints, gen: int | None, span: int) -> Pooled:
+        pos = {n: i for i, n in enumerate(pts.nics)}
+        parts = [(pts.src, pts.dst, pts.t_raw, pts.owd_raw)]
+        for k, (g, old) in enumerate(reversed(self.raw), start=1):
+            age = gen - g if gen is not None and g is not None else k
+            if not 0 < age < span:
+                continue
+            remap = np.array([pos.get(n, -1) for n in old.nics], np.int64)
+            s, d = remap[old.src], remap[old.dst]
+            keep = (s >= 0) & (d >= 0)
+            parts.append((s[keep], d[keep], old.t_raw[keep], old.owd_raw[keep]))
+        src, dst, t_raw, owd_raw = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        return Pooled(src, dst, t_raw, owd_raw)
+
+
+def _windows(topo: Topology, seconds: int, seed: int, **cfg: float) -> list[pa.Table]:
+    sim_cfg = SimConfig(clock="identity", symmetric_paths=True, paths_known=True, **cfg)
+    sim = Simulator(topo, sim_cfg, seed=seed)
+    return [sw.windows.drop(["window"]) for sw in sim.stream(float(seconds))]
+
+
+def _drive(
+    sync: HuygensSync, windows: list[pa.Table], topo: Topology
+) -> tuple[list[dict[str, ClockModel]], int]:
+    """One call per window with the look-back (this window and the one before), as the
+    collector's clock round hands them; the models after each call, and how many edge fits
+    of the run were pooled over more than one window."""
+    models: dict[str, ClockModel] = {}
+    out, pooled = [], 0
+    for i in range(len(windows)):
+        table = pa.concat_tables(windows[max(i - 1, 0) : i + 1])
+        models = {m.host_id: m for m in sync(table, topo, models)}
+        out.append(models)
+        span = sync.report.span
+        pooled += 0 if span is None else int((span > 1).sum())
+    return out, pooled
+
+
+def test_reduced_pool_gives_the_models_of_re_pooling_every_window() -> None:
+    topo = from_spec(FLEET)
+    # Straight clocks (no wander, no drift steps): the long spans are chosen.
+    windows = _windows(topo, 40, seed=3, drift_walk_ppb=0.0, temp_step_rate=0.0)
+    new, ref = HuygensSync(), HuygensSync()
+    ref.pool = RepoolingPool(ref.cfg)
+    (got, pooled), (want, _) = _drive(new, windows, topo), _drive(ref, windows, topo)
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys()
+        for h, m in g.items():
+            assert m.synced == w[h].synced
+            assert abs(m.offset_ns - w[h].offset_ns) < 0.05
+            assert abs(m.drift_ppb - w[h].drift_ppb) < 0.01
+    assert pooled > 0  # the pooled spans were chosen, not only single windows
+
+
+def test_carried_state_stays_bounded_over_many_rounds() -> None:
+    topo = from_spec(FLEET)
+    # Clocks without drift: a window replayed ``shift`` later is what that window would show.
+    still = dict(max_drift_ppb=0.0, drift_walk_ppb=0.0, temp_step_rate=0.0)
+    windows = _windows(topo, 8, seed=5, **still)
+    sync = HuygensSync()
+    sizes = []
+    models: dict[str, ClockModel] = {}
+    shift = 8 * int(windows[0]["duration_ns"][0].as_py())
+    for r in range(80):
+        w = _shifted(windows[r % 8], (r // 8) * shift)
+        models = {m.host_id: m for m in sync(w, topo, models)}
+        assert all(m.synced for m in models.values())
+        # 32 rounds apart (a multiple of the replay's 8): the same windows in the spans, and
+        # the same alignment of the blocks
+        if r in (47, 79):
+            sizes.append(_state_sizes(sync))
+    assert sizes[0] == sizes[1]
+    # the last 31 windows, and the blocks of 2-16 of them that reach into the last 31
+    assert sizes[0]["windows"] == max(sync.cfg.pool_sizes) - 1
+    assert sizes[0]["blocks"] <= 31 + 16 + 9 + 5 + 3
+
+
+def _state_sizes(sync: HuygensSync) -> dict[str, int]:
+    pool = sync.pool
+    return {
+        "windows": sum(h is not None and k[0] == 0 for k, h in pool.blocks.items()),
+        "blocks": sum(h is not None for h in pool.blocks.values()),
+        "block_points": sum(h.t_raw.size for h in pool.blocks.values() if h is not None),
+        "tracks": int(pool.tracks.code.size),
+        "nics": len(pool._nic_ids),
+        "hosts": len(sync.tracker.states),
+    }
+
+
+def _shifted(t: pa.Table, shift: int) -> pa.Table:
+    """The window ``shift`` ns later on clocks without drift."""
+    for name in ("start_ns", "hull_t_ns"):
+        col = t[name].combine_chunks()
+        if pa.types.is_list(col.type):
+            moved = pa.ListArray.from_arrays(col.offsets, pa.array(col.values.to_numpy() + shift))
+        else:
+            moved = pa.array(col.to_numpy() + shift)
+        t = t.set_column(t.schema.get_field_index(name), name, moved)
+    return t
