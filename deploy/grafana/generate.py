@@ -234,6 +234,18 @@ def _mean_by(label: str, family: str, sel: str) -> str:
             f"(rate({family}_count{{{sel}}}[{RATE}]))")  # fmt: skip
 
 
+def _p99_and_mean(label: str, family: str, sel: str, w: int, lay: Layout) -> list[Panel]:
+    """Two time series per value of ``label``: the p99 and the mean of a delay histogram."""
+    name = label.upper() if label == "nic" else label
+    legend = "{{" + label + "}}"
+    return [
+        lay.place(panel("timeseries", f"p99 of window medians per {name}", [target(
+            _p99_by(label, f"{family}_bucket{{{sel}}}"), legend)], unit="s"), w, 8),
+        lay.place(panel("timeseries", f"Mean one-way delay per {name}", [target(
+            _mean_by(label, family, sel), legend)], unit="s"), w, 8),
+    ]  # fmt: skip
+
+
 def delay_and_loss() -> dict[str, Any]:
     lay = Layout()
     leaf_sel = f'leaf=~"$leaf", {SIDE}'
@@ -254,22 +266,12 @@ def delay_and_loss() -> dict[str, Any]:
             f"topk(10, fleetlens:leaf_owd_seconds:p99_rate1m{{{SIDE}}})", "{{leaf}}",
             instant=True)], unit="s", options={"orientation": "horizontal",
                                               "displayMode": "basic"}), 8, 8),
-        lay.place(panel("timeseries", "p99 of window medians per leaf", [target(
-            _p99_by("leaf", f"fleetlens_leaf_owd_seconds_bucket{{{leaf_sel}}}"), "{{leaf}}")],
-            unit="s"), 8, 8),
-        lay.place(panel("timeseries", "Mean one-way delay per leaf", [target(
-            _mean_by("leaf", "fleetlens_leaf_owd_seconds", leaf_sel), "{{leaf}}")], unit="s"),
-            8, 8),
+        *_p99_and_mean("leaf", "fleetlens_leaf_owd_seconds", leaf_sel, 8, lay),
         lay.row("One-way delay per NIC (collector --per-nic-metrics; else GET /v1/pairs, "
                 "/v1/flows)"),
         _heatmap("One-way delay, NIC $nic",
                  f"fleetlens_nic_owd_seconds_bucket{{{nic_sel}}}", "nic", 6, 7, lay),
-        lay.place(panel("timeseries", "p99 of window medians per NIC", [target(
-            _p99_by("nic", f"fleetlens_nic_owd_seconds_bucket{{{nic_sel}}}"), "{{nic}}")],
-            unit="s"), 12, 8),
-        lay.place(panel("timeseries", "Mean one-way delay per NIC", [target(
-            _mean_by("nic", "fleetlens_nic_owd_seconds", nic_sel), "{{nic}}")], unit="s"),
-            12, 8),
+        *_p99_and_mean("nic", "fleetlens_nic_owd_seconds", nic_sel, 12, lay),
         lay.row("Loss"),
         lay.place(panel("timeseries", "Probe loss per host (agent side)", [target(
             f"sum by (host) (rate(fleetlens_agent_probe_packets_lost_total{{{AGENT}}}[{RATE}]))"
