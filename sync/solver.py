@@ -159,13 +159,12 @@ class HuygensSync:
         theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
         tracked = (drift.copy(), self._drift_sd.copy(), known.copy())
         net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.cfg)
-        lat_out, lat_in = self._latency(pts)
+        lat = self._latency(pts)
+        y = _edge_owd(pts.owd_raw, pts.src, pts.dst, geo.upper, lat)
         npass, mapped = 0, known.copy()
         while True:
             npass += 1
             t = _fleet_t(pts.t_raw, src_h, theta, drift, t_ref)
-            owd = pts.owd_raw - lat_out[pts.src] - lat_in[pts.dst]
-            y = np.where(geo.upper, owd, -owd)
             b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
             fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg)
             # Edges to a host whose time mapping is still a guess may look overlapped only
@@ -191,7 +190,8 @@ class HuygensSync:
         pool_ok = kind != TS_HARDWARE and len(self.pool.sizes) > 1
         self._excess = None
         if pool_ok and self.pool.has_history and mapped[off.solved].all():
-            fits, span = self._pool_fits(pts, geo, nic_h, theta, drift, t_ref, gen, fits, tracked)
+            tm = _TimeMap(nic_h, theta, drift, t_ref, lat)
+            fits, span = self._pool_fits(pts, geo, tm, gen, fits, tracked)
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
         elif pool_ok:
@@ -212,10 +212,7 @@ class HuygensSync:
         self,
         pts: HullPoints,
         geo: _EdgeGeometry,
-        nic_h: np.ndarray,
-        theta: np.ndarray,
-        drift: np.ndarray,
-        t_ref: int,
+        tm: _TimeMap,
         gen: int | None,
         fits1: EdgeFits,
         tracked: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -229,7 +226,7 @@ class HuygensSync:
         the tracker, averaging offsets over many windows, knew the drift better. A slope at
         the bracket's edge keeps the tracked one (the fit is then the min-of-mins intercept
         at that slope)."""
-        cfg = self.cfg
+        cfg, drift = self.cfg, tm.drift
         b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
         d_tr, sd_tr, k_tr = tracked
         both = k_tr[geo.lo] & k_tr[geo.hi]
@@ -242,26 +239,18 @@ class HuygensSync:
         )
         fits, now = [fits1], None
         for k in self.pool.sizes:
-            e, up, tt, yy = self._pooled_points(pts, geo, nic_h, theta, drift, t_ref, gen, k)
+            e, up, tt, yy = self._pooled_points(pts, geo, tm, gen, k)
             if k == 1:
                 now = (e, up, tt, yy)
             e, up, tt, yy = hull_reduce(e, up, tt, yy, geo.n)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket, cfg))
         held = fits.pop(1)  # this window alone, its slope held near the tracked one
-        chosen, span = self.pool.choose(geo.codes, t_ref, fits, b_prior, now)
+        chosen, span = self.pool.choose(geo.codes, tm.t_ref, fits, b_prior, now)
         self._excess = _margin_excess([*fits, held], chosen, span, held)
         return chosen, span
 
     def _pooled_points(
-        self,
-        pts: HullPoints,
-        geo: _EdgeGeometry,
-        nic_h: np.ndarray,
-        theta: np.ndarray,
-        drift: np.ndarray,
-        t_ref: int,
-        gen: int | None,
-        span: int,
+        self, pts: HullPoints, geo: _EdgeGeometry, tm: _TimeMap, gen: int | None, span: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A span's pooled hull points of this window's edges as (edge, upper, t, y), times
         in fleet time through the current models (older points of edges missing now are
@@ -272,16 +261,15 @@ class HuygensSync:
         key = lo_nic * n_nic + hi_nic
         edge = np.minimum(np.searchsorted(geo.key_codes, key), geo.n - 1)
         known = geo.key_codes[edge] == key
-        lat_out, lat_in = self._latency(pts)
-        t = _fleet_t(pool.t_raw, nic_h[pool.src], theta, drift, t_ref)
-        owd = pool.owd_raw - lat_out[pool.src] - lat_in[pool.dst]
+        t = _fleet_t(pool.t_raw, tm.nic_h[pool.src], tm.theta, tm.drift, tm.t_ref)
         upper = pool.src < pool.dst
-        y = np.where(upper, owd, -owd)
+        y = _edge_owd(pool.owd_raw, pool.src, pool.dst, upper, tm.lat)
         return edge[known], upper[known], t[known], y[known]
 
-    def _latency(self, pts: HullPoints) -> tuple[np.ndarray, np.ndarray]:
+    def _latency(self, pts: HullPoints) -> np.ndarray:
+        """Per NIC of the window, its calibrated (egress, ingress) latency in ns."""
         lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
-        return lat.reshape(-1, 2)[:, 0], lat.reshape(-1, 2)[:, 1]
+        return lat.reshape(-1, 2)
 
     def _prior(
         self, hosts: list[str], pts: HullPoints, src_h: np.ndarray
@@ -426,6 +414,26 @@ class _EdgeGeometry:
         self.lo, self.hi = nic_h[lo], nic_h[hi]
         self.key_codes = keys  # sorted lo·N + hi codes, N = NICs in this window
         self.codes = nic_numbers[lo] << 32 | nic_numbers[hi]  # the same in every window
+
+
+class _TimeMap(NamedTuple):
+    """A solved window's mapping of raw points: per-host offset and drift at ``t_ref``
+    (over the NICs' hosts ``nic_h``) and the NICs' calibrated latencies."""
+
+    nic_h: np.ndarray
+    theta: np.ndarray
+    drift: np.ndarray
+    t_ref: int
+    lat: np.ndarray  # per NIC: (egress, ingress) ns
+
+
+def _edge_owd(
+    owd_raw: np.ndarray, src: np.ndarray, dst: np.ndarray, upper: np.ndarray, lat: np.ndarray
+) -> np.ndarray:
+    """Raw one-way delays less the NICs' calibrated latencies, signed by the edge's sense
+    (lower NIC -> higher NIC positive)."""
+    owd = owd_raw - lat[src, 0] - lat[dst, 1]
+    return np.where(upper, owd, -owd)
 
 
 def _fleet_t(
