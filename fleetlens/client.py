@@ -119,6 +119,11 @@ class CollectorError(RuntimeError):
         super().__init__(message)
         self.status = status
 
+    @property
+    def unreachable(self) -> bool:
+        """No answer at all (refused, reset, timed out), as opposed to an unexpected one."""
+        return isinstance(self.__cause__, HttpError)
+
 
 class CollectorClient:
     """The collector's API at ``url``, as the holder of ``token`` (ingest or read) sees it."""

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from fleetlens.api.store import StallRule, Store
-from fleetlens.client import CollectorClient, CollectorError, HttpError
+from fleetlens.client import CollectorClient, CollectorError
 from fleetlens.topology import TIER_LEAF, TIER_SPINE, Link, Nic, Switch, Topology
 
 
@@ -67,8 +67,7 @@ class RestReader:
         try:
             yield
         except CollectorError as e:
-            # No status: no answer at all, or an answer that is not what the endpoint promises.
-            if isinstance(e.__cause__, HttpError):
+            if e.unreachable:
                 raise AuditInputError(f"collector {self.url} unreachable: {e}") from None
             if e.status in (401, 403):
                 raise AuditInputError(

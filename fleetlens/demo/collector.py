@@ -58,7 +58,7 @@ class DemoCollector:
         try:
             yield
         except CollectorError as e:
-            if e.status is None:
+            if e.unreachable:
                 self.check_alive(doing)
                 raise SimDemoError(f"collector unreachable while {doing}: {e}") from e
             raise SimDemoError(f"{e} (while {doing})") from e
