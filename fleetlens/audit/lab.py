@@ -14,7 +14,6 @@ import re
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from pyroute2 import IPRoute
 from fleetlens.audit.data import AuditInputError
 from fleetlens.fixtures.lab import faults
 from fleetlens.fixtures.lab.fabric import Lab, default_mgmt_subnet
-from fleetlens.fixtures.lab.stack import Stack
+from fleetlens.fixtures.lab.stack import InjectedClocks, Stack
 from fleetlens.topology import Topology
 
 _INJECT = re.compile(r"^(loss|delay):([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(%|us|µs)?$")
@@ -83,8 +82,7 @@ class LabRun:
     lab: Lab | None = None
     stack: Stack | None = None
     injected: list[dict] = field(default_factory=list)
-    clock_truth: dict[str, tuple[float, float]] = field(default_factory=dict)
-    epoch_ns: int = 0
+    clocks: InjectedClocks = field(default_factory=lambda: InjectedClocks(0, {}))
     workdir: Path | None = None
 
     def up(self) -> Topology:
@@ -119,15 +117,7 @@ class LabRun:
             self.lab, self.workdir, collector_args=["--background-loss", str(self.background_loss)]
         )
         self.stack.start_collector()
-        rng = np.random.default_rng(self.seed + 1)
-        self.epoch_ns = time.time_ns()
-        for h in self.lab.topo.hosts:
-            off, drift = rng.uniform(-1e6, 1e6), rng.uniform(-20e3, 20e3)  # ±1 ms, ±20 ppm
-            self.clock_truth[h] = (off, drift)
-            self.stack.start_agent(
-                h, "--clock-offset-ns", f"{off:.0f}", "--clock-drift-ppb", f"{drift:.0f}",
-                "--clock-epoch-ns", str(self.epoch_ns),
-            )  # fmt: skip
+        self.clocks = self.stack.start_skewed_agents(np.random.default_rng(self.seed + 1))
         self.say(f"collector {self.stack.url}; {len(self.lab.topo.hosts)} agents started")
         return self.stack.url
 
@@ -136,13 +126,11 @@ class LabRun:
         fleet's mean, not real time)."""
         err = {}
         for c in clocks:
-            truth = self.clock_truth.get(c["host_id"])
-            if truth is None:
-                continue
-            off, drift = truth
-            true_now = off + drift * 1e-9 * (now_ns - self.epoch_ns)
-            model = c["offset_ns"] + c["drift_ppb"] * 1e-9 * (now_ns + true_now - c["t0_ns"])
-            err[c["host_id"]] = model - true_now
+            e = self.clocks.error_ns(
+                c["host_id"], now_ns, c["offset_ns"], c["drift_ppb"], c["t0_ns"]
+            )
+            if e is not None:
+                err[c["host_id"]] = e
         common = float(np.mean(list(err.values()))) if err else 0.0
         return {h: round(e - common, 1) for h, e in err.items()}
 

@@ -28,7 +28,7 @@ from fleetlens.demo.linkpass import run_linkpass
 from fleetlens.demo.summary import ClockRow, Summary
 from fleetlens.fixtures.lab import faults
 from fleetlens.fixtures.lab.fabric import Lab
-from fleetlens.fixtures.lab.stack import Stack
+from fleetlens.fixtures.lab.stack import InjectedClocks, Stack
 from fleetlens.fixtures.lab.state import Proc, start_ticks, updating
 
 SYNC_BOUND_NS = 200.0  # the lab's p99 bound for software timestamps (clock-sync issue)
@@ -90,8 +90,7 @@ class LabFabric:
         self.lab: Lab | None = None
         self.stack: Stack | None = None
         self.api: CollectorClient | None = None
-        self.truth: dict[str, tuple[float, float]] = {}  # host -> injected (offset, drift)
-        self.epoch = 0
+        self.clocks = InjectedClocks(0, {})
         self.t0 = time.monotonic()
         self.notes: list[str] = []  # for the summary, once the story ends
 
@@ -116,17 +115,12 @@ class LabFabric:
 
     def _start_agents(self) -> None:
         assert self.lab is not None and self.stack is not None
-        self.epoch = time.time_ns()
-        for h in self.lab.topo.hosts:
-            off, drift = self.rng.uniform(-1e6, 1e6), self.rng.uniform(-20e3, 20e3)
-            self.truth[h] = (off, drift)
-            self.stack.start_agent(
-                h, "--clock-offset-ns", f"{off:.0f}", "--clock-drift-ppb", f"{drift:.0f}",
-                "--clock-epoch-ns", str(self.epoch),
-                "--metrics", f"{self.lab.mgmt_ip(h)}:9478",
-            )  # fmt: skip
+        lab = self.lab
+        self.clocks = self.stack.start_skewed_agents(
+            self.rng, lambda h: ("--metrics", f"{lab.mgmt_ip(h)}:9478")
+        )
         self.say(
-            f"[bold]started {len(self.truth)} agents[/] with injected clock errors "
+            f"[bold]started {len(self.clocks.truth)} agents[/] with injected clock errors "
             "(offsets ±1 ms, drifts ±20 ppm)"
         )
 
@@ -145,16 +139,12 @@ class LabFabric:
         assert self.api is not None
         served = self.api.clocks()
         now = time.time_ns()
-        hosts = list(self.truth)
+        hosts = list(self.clocks.truth)
         err = np.full(len(hosts), np.nan)
         for i, h in enumerate(hosts):
             c = served.get(h)
-            if c is None:
-                continue
-            off, drift = self.truth[h]
-            true_now = off + drift * 1e-9 * (now - self.epoch)  # raw - real for this host now
-            model = c.offset_ns + c.drift_ppb * 1e-9 * (now + true_now - c.t0_ns)
-            err[i] = model - true_now
+            if c is not None:
+                err[i] = self.clocks.error_ns(h, now, c.offset_ns, c.drift_ppb, c.t0_ns)
         ok = np.isfinite(err)
         if ok.any():
             err -= err[ok].mean()  # fleet time is the fleet mean
@@ -193,7 +183,7 @@ class LabFabric:
 
     def _rows(self, r: Reading) -> list[ClockRow]:
         return [
-            ClockRow(h, round(self.truth[h][0]), round(self.truth[h][1]),
+            ClockRow(h, round(self.clocks.truth[h][0]), round(self.clocks.truth[h][1]),
                      round(float(e), 1) if np.isfinite(e) else None, bool(sy))
             for h, e, sy in zip(r.hosts, r.error_ns, r.synced, strict=True)
         ]  # fmt: skip
