@@ -11,7 +11,7 @@ exponentially decayed per-flow counts (slow: 0.01 % loss needs tens of seconds o
 fit delay (``delay``), fold links into switches, NICs and hosts (``attribution``), widen a
 finding on a link the observed flows cannot tell from others to its whole ambiguity group
 (``identify``), and update the verdicts (``verdicts``); a link verdict names its group's id
-and size.
+and size, at confidence <= 1/N.
 
 Cost: the flows repeat window after window, so the decoded layout and the per-flow state stay
 aligned with the window's rows and are updated in place; the loss fits expand only lossy
@@ -152,7 +152,8 @@ class Triangulator:
         return self._amb[1]
 
     def _name_groups(self, verdicts: list[Verdict], amb: Ambiguity) -> list[Verdict]:
-        """Each link verdict of a group member carries the group's id and size."""
+        """Each link verdict of a group member carries the group's id and size, and at most
+        confidence 1/N: the evidence is the group's, which member it is stays unknown."""
         if not amb.members:
             return verdicts
         index = self.paths.link_index
@@ -161,6 +162,7 @@ class Triangulator:
             g = int(amb.group_of[lk]) if lk >= 0 else -1
             if g >= 0:
                 v.group_id, v.group_size = amb.ids[g], int(amb.members[g].size)
+                v.confidence = min(v.confidence, 1.0 / v.group_size)
         return verdicts
 
     def unidentifiable(self) -> list[list[str]]:

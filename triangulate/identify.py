@@ -2,8 +2,10 @@
 
 Links crossed by exactly the same observed flows (``fleetlens.ties``: the same incidence
 column) cannot be told apart by any fit: the loss fit picks one of them arbitrarily (and may
-pick another next window). So a finding on any member is reported on every member, each at
-confidence at most 1/N, with the group's id and size on its verdict.
+pick another next window). So a finding on any member is reported on every member with the
+group's evidence (the hysteresis judges the group: overwhelming evidence makes every member
+faulty at once), and each member's verdict carries the group's id and size and a confidence
+of at most 1/N (which member it is stays unknown).
 
 A flow with a known path (reported or remembered) crosses its path's links; a flow whose path
 was never reported *may* cross every ECMP candidate (``paths``), and counts as crossing each:
@@ -23,7 +25,6 @@ from fleetlens.ties import flow_values, group_id, tie_groups
 from . import _fast
 from .attribution import Finding
 from .incidence import Incidence
-from .verdicts import strength_for
 
 
 @dataclass
@@ -65,8 +66,8 @@ def observed_groups(inc: Incidence, keys: np.ndarray, link_ids: list[str]) -> Am
 
 def widen(findings: list[Finding], amb: Ambiguity, link_ids: list[str]) -> list[Finding]:
     """Every link finding on a group member becomes a finding on each member: the group's
-    strongest loss and delay, strength capped at confidence 1/N. Members already folded into
-    a device finding (a switch, a NIC, a host) stay folded."""
+    strongest loss, delay and evidence. Members already folded into a device finding (a
+    switch, a NIC, a host) stay folded."""
     if not amb.members:
         return findings
     folded = {lk for f in findings if f.kind != "link" for lk in f.links}
@@ -78,7 +79,7 @@ def widen(findings: list[Finding], amb: Ambiguity, link_ids: list[str]) -> list[
     for g, found in hit.items():
         members = [m for m in amb.members[g].tolist() if m not in folded]
         size = int(amb.members[g].size)
-        s = min(max(f.strength for f in found), strength_for(1.0 / size))
+        s = max(f.strength for f in found)
         loss, delay = max(f.loss for f in found), max(f.delay_ns for f in found)
         note = f"one of {size} links the probe set cannot tell apart (group {amb.ids[g]})"
         rest += [Finding(link_ids[m], "link", loss, delay, s, [m], note) for m in members]
