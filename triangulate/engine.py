@@ -108,12 +108,17 @@ class Triangulator:
             self._build(topo)
         self.tracker.seed(prev)
         if windows.num_rows == 0:
-            return [self.tracker.verdict(s) for s in self.tracker.tracks]
+            return self._held()
         f = self.paths.frame(windows)
         self.last = WindowReport(f.end_ns, f.n, f.dropped)
         if f.n == 0:
-            return [self.tracker.verdict(s) for s in self.tracker.tracks]
+            return self._held()
         return self._window(f)
+
+    def _held(self) -> list[Verdict]:
+        """The tracked verdicts unchanged (a window without usable rows), groups as last."""
+        out = [self.tracker.verdict(s) for s in self.tracker.tracks]
+        return out if self._amb is None else self._name_groups(out, self._amb[1])
 
     # ---- one window -----------------------------------------------------------------------
     def _window(self, f: Frame) -> list[Verdict]:
@@ -164,11 +169,6 @@ class Triangulator:
                 v.group_id, v.group_size = amb.ids[g], int(amb.members[g].size)
                 v.confidence = min(v.confidence, 1.0 / v.group_size)
         return verdicts
-
-    def unidentifiable(self) -> list[list[str]]:
-        """The last window's ambiguity groups, as link ids (empty: every observed link is
-        identifiable)."""
-        return self.last.groups
 
     def _decay(self, f: Frame) -> tuple[float, np.ndarray | None, np.ndarray | None]:
         """The long-horizon per-flow counts decayed and this window added: (the decay

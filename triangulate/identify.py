@@ -31,7 +31,6 @@ from .incidence import Incidence
 class Ambiguity:
     """Groups of links (numbers) the observed flows cannot tell apart."""
 
-    n_links: int
     members: list[np.ndarray] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     group_of: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
@@ -43,7 +42,7 @@ class Ambiguity:
         for i, g in enumerate(groups):
             group_of[g] = i
         ids = [group_id(link_ids[m] for m in g.tolist()) for g in groups]
-        return cls(n, groups, ids, group_of)
+        return cls(groups, ids, group_of)
 
     def named(self, link_ids: list[str]) -> list[list[str]]:
         return [[link_ids[m] for m in g.tolist()] for g in self.members]

@@ -122,3 +122,16 @@ def test_observed_groups_match_brute_force(topo: Topology, paths_known: bool) ->
     assert (len(amb.members) > 0) == (topo.params["leaves"] == 2 or not paths_known)
     for i, g in enumerate(amb.members):
         assert np.all(amb.group_of[g] == i)
+
+
+def test_a_window_without_rows_keeps_the_groups() -> None:
+    topo = TWO_LEAVES["rail"]()
+    cfg = SimConfig(faults=("leaf0->spine0:loss=0.05:start_s=0",), paths_known=True)
+    tri = Triangulator(topo)
+    prev: dict[str, Verdict] = {}
+    for w in Simulator(topo, cfg, seed=0).stream(3.0):
+        out = tri(w.windows.select(WINDOW_SCHEMA.names), topo, prev)
+        prev = {v.subject: v for v in out}
+    empty = tri(WINDOW_SCHEMA.empty_table(), topo, prev)
+    assert {v.subject: v.group_size for v in empty} == {"leaf0->spine0": 2, "spine0->leaf1": 2}
+    assert len({v.group_id for v in empty}) == 1
