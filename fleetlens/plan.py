@@ -70,11 +70,11 @@ def peer_pairs(topo: Topology, peers: int = 16, seed: int = 0) -> tuple[np.ndarr
     key = (id(topo), peers, seed)
     got = _PAIRS.get(key)
     if got is None or got[0]() is not topo:
-        for k in [k for k, (ref, _) in _PAIRS.items() if ref() is None]:
-            del _PAIRS[k]
+        for k in [k for k, (ref, _) in list(_PAIRS.items()) if ref() is None]:
+            _PAIRS.pop(k, None)  # plans are asked for from several API threads at once
         pairs = tie_breakers(topo, *_offset_pairs(topo, peers, seed))
         got = _PAIRS[key] = (weakref.ref(topo), pairs)
-    return got[1]
+    return got[1][0].copy(), got[1][1].copy()  # callers own their arrays
 
 
 def _offset_pairs(topo: Topology, peers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
