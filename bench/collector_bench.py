@@ -246,9 +246,17 @@ async def _agent(url: str, requests: list[bytes], errors: list[str]) -> None:
 
 
 def _proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, every thread (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process and its children alive now (ingest workers),
+    every thread (``/proc/PID/stat``)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if stat.parent.name == str(pid) or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _proc_rss_mib(pid: int) -> tuple[float, float]:
@@ -260,15 +268,15 @@ def _proc_rss_mib(pid: int) -> tuple[float, float]:
 
 def bench_agents(
     work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], threads: int, clients: int,
-    writer: WriterRun,
+    writer: WriterRun, workers: int = 0,
 ) -> float:  # fmt: skip
     requests = [_request(*encode_batch(fleet.names[h], t, f"a{i}"))
                 for i, (h, t) in enumerate(batches)]  # fmt: skip
     rows = sum(t.num_rows for _, t in batches)
     spec = fleet_spec(fleet.hosts)
-    col = start_bench_collector(
-        work / "agents.duckdb", spec, threads, work / "agents.log", ("--ingest-only",)
-    )
+    name = f"agents-w{workers}"
+    col = start_bench_collector(work / f"{name}.duckdb", spec, threads, work / f"{name}.log",
+                                ("--ingest-only", "--ingest-workers", str(workers)))  # fmt: skip
     errors: list[str] = []
 
     async def run() -> None:
@@ -289,14 +297,15 @@ def bench_agents(
         raise RuntimeError(f"{len(errors)} batches failed, first: {errors[0]}")
     n = len(batches)
     per_batch = cpu / n
+    how = f"{workers} ingest worker processes" if workers else "in one process"
     print(f"HTTP agents  : {rows:>11,} rows in {dt:6.2f} s = {rows / dt:>12,.0f} rows/s wall "
           f"({n / dt:,.0f} batches/s; {clients} agents posting at once, {fleet.hosts} hosts, "
-          f"Arrow IPC, DuckDB threads={threads}, ingest only)")  # fmt: skip
+          f"Arrow IPC, DuckDB threads={threads}, ingest only, {how})")  # fmt: skip
     print(f"  collector CPU: {cpu:.1f} s = {cpu / dt:.2f} cores, {per_batch * 1e3:.2f} ms per "
           f"batch (writer alone {writer.cpu_per_batch_s * 1e3:.2f} ms: the HTTP path adds "
           f"{(per_batch - writer.cpu_per_batch_s) * 1e3:.2f} ms per batch); writer thread in "
           f"transactions {busy:.1f} s; load generator {own:.1f} s")  # fmt: skip
-    print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB")
+    print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB (writer process)")
     return rows / dt
 
 
@@ -403,6 +412,9 @@ def main() -> int:
         type=int,
         help="batches stamped with the same window second (default: one per host)",
     )
+    ap.add_argument("--ingest-workers", type=int, default=0,
+                    help="agents: also run the collector with this many ingest worker "
+                         "processes, and print the ratio to the one-process run")  # fmt: skip
     ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
     ap.add_argument("--skip-api", action="store_true")
     ap.add_argument("--skip-ingest", action="store_true")
@@ -427,6 +439,12 @@ def main() -> int:
             w = bench_writer(work, fleet, batches, a.threads)
             if agents:
                 h = bench_agents(work, fleet, batches, a.threads, clients, w)
+                if a.ingest_workers:
+                    hw = bench_agents(work, fleet, batches, a.threads, clients, w,
+                                      a.ingest_workers)  # fmt: skip
+                    print(f"ratio {a.ingest_workers} ingest workers / in one process (wall "
+                          f"rows/s) = {hw / h:.2f}; workers / writer-alone = "
+                          f"{hw / w.rows_per_s:.2f}")  # fmt: skip
             else:
                 h = bench_http(work, fleet, batches, a.threads, clients)
             print(f"ratio HTTP / writer-alone (wall rows/s) = {h / w.rows_per_s:.2f}")
