@@ -172,7 +172,7 @@ class Ingest:
                 try:
                     batch = await self._decoded(raw, ctype)
                 except BatchError as e:
-                    if e.reason != "unknown_nic" or not await self.b.known_changed():
+                    if e.reason != "unknown_nic" or not await self._known_changed():
                         raise
                     batch = await self._decoded(raw, ctype)  # against the NICs known now
             except BatchError as e:
@@ -184,6 +184,12 @@ class Ingest:
             "batch_id": batch.batch_id, "host_id": batch.host_id, "windows": batch.rows,
             "stored": await self._store(batch, arrow),
         }  # fmt: skip
+
+    async def _known_changed(self) -> bool:
+        try:
+            return await self.b.known_changed()
+        except Exception as e:  # the writer process is gone: retry later, not a bad batch
+            raise Refused(503, f"known NICs unavailable: {e}", None, {"Retry-After": "5"}) from e
 
     async def _decoded(self, body: bytes, ctype: str) -> Batch:
         if len(body) <= INLINE_DECODE_BYTES:

@@ -190,12 +190,16 @@ class WorkerApp:
                 return
 
     async def _relay(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = []
+        body, size, limit = [], 0, self.backend.settings.max_body_bytes
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
                 return
             body.append(msg.get("body", b""))
+            size += len(body[-1])
+            if size > limit:  # not buffered without bound in a worker either
+                await _answer(send, 413, f"body larger than {limit} bytes".encode())
+                return
             if not msg.get("more_body", False):
                 break
         target = scope.get("raw_path") or scope["path"].encode()
@@ -203,16 +207,26 @@ class WorkerApp:
             target += b"?" + scope["query_string"]
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
         try:
-            r = await self._api.request(scope["method"], "http://collector" + target.decode(
-                "latin-1"), headers=headers, content=b"".join(body))  # fmt: skip
-            status, content, out = r.status_code, r.content, r.headers.raw
+            url = "http://collector" + target.decode("latin-1")
+            r = await self._api.request(
+                scope["method"], url, headers=headers, content=b"".join(body)
+            )
         except httpx.TransportError as e:
-            status, content, out = 503, b'{"detail":"collector unavailable","field":null}', []
             log.warning("ingest worker: relaying %s failed: %s", scope["path"], e)
-        head = [(k, v) for k, v in out if k.lower() not in _HOP]
-        head.append((b"content-length", str(len(content)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": head})
-        await send({"type": "http.response.body", "body": content})
+            await _answer(send, 503, b"collector unavailable")
+            return
+        head = [(k, v) for k, v in r.headers.raw if k.lower() not in _HOP]
+        head.append((b"content-length", str(len(r.content)).encode()))
+        await send({"type": "http.response.start", "status": r.status_code, "headers": head})
+        await send({"type": "http.response.body", "body": r.content})
+
+
+async def _answer(send: Send, status: int, detail: bytes) -> None:
+    """An error answered by the worker itself, shaped like the collector's."""
+    body = b'{"detail":"' + detail + b'","field":null}'
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
 
 
 def main(argv: list[str]) -> int:
