@@ -23,14 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -58,9 +58,11 @@ class Workers:
         self.n = n
         self._listen = listen
         self._argv = list(argv)
-        self._dir = Path(tempfile.mkdtemp(prefix="fleetlens-collector-"))
-        self.api_sock = _unix_listener(self._dir / "api.sock")
-        self.link_sock = _unix_listener(self._dir / "link.sock")
+        # Abstract unix sockets (Linux): nothing left in the file system after a kill -9.
+        name = f"fleetlens-collector-{os.getpid()}-{secrets.token_hex(4)}"
+        self.api_name, self.link_name = f"@{name}-api", f"@{name}-link"
+        self.api_sock = _unix_listener(self.api_name)
+        self.link_sock = _unix_listener(self.link_name)
         self.procs: list[subprocess.Popen[bytes]] = []
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -69,7 +71,7 @@ class Workers:
     def _spawn(self) -> subprocess.Popen[bytes]:
         fd = self._listen.fileno()
         cmd = [sys.executable, "-m", "fleetlens.api.ingestworker", "--fd", str(fd),
-               "--link", str(self._dir / "link.sock"), "--api", str(self._dir / "api.sock"),
+               "--link", self.link_name, "--api", self.api_name,
                "--", *self._argv]  # fmt: skip
         return subprocess.Popen(cmd, pass_fds=(fd,))
 
@@ -106,12 +108,9 @@ class Workers:
                     p.wait()
 
     def close(self) -> None:
-        """Close and remove the unix sockets (after :meth:`stop` and the link server)."""
+        """Close the unix sockets (after :meth:`stop` and the link server)."""
         for s in (self.api_sock, self.link_sock):
             s.close()
-        for name in ("api.sock", "link.sock"):
-            (self._dir / name).unlink(missing_ok=True)
-        self._dir.rmdir()
 
     def attached(self, collector: Collector) -> Any:
         """The app's ``attached`` hook: the link server, then the workers."""
@@ -134,9 +133,15 @@ class Workers:
         return run
 
 
-def _unix_listener(path: Path) -> socket.socket:
+def unix_address(name: str) -> str:
+    """A socket name as given on the command line ('@' for Linux's abstract namespace, since
+    argv cannot carry the NUL byte) to the address to bind or connect to."""
+    return "\0" + name[1:] if name.startswith("@") else name
+
+
+def _unix_listener(name: str) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(str(path))
+    s.bind(unix_address(name))
     s.listen(1024)
     return s
 
@@ -244,8 +249,8 @@ def main(argv: list[str]) -> int:
     keep_freed_memory()  # every request allocates a body of ~0.2 MB: no mmap/munmap per body
     settings, ca = settings_from_args([x for x in a.collector if x != "--"])
     logging.basicConfig(level=ca.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    backend = LinkBackend(settings, a.link)
-    app = WorkerApp(Ingest(backend, ingest_authorizer(settings)), backend, a.api)
+    backend = LinkBackend(settings, unix_address(a.link))
+    app = WorkerApp(Ingest(backend, ingest_authorizer(settings)), backend, unix_address(a.api))
     server = uvicorn.Server(uvicorn.Config(app, log_level=ca.log_level, access_log=False))
     backend.on_lost = lambda: setattr(server, "should_exit", True)  # the writer process died
     server.run(sockets=[socket.socket(fileno=a.fd)])
