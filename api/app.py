@@ -8,10 +8,9 @@ Errors are JSON ``{"detail": "...", "field": "..."}`` everywhere, 422 included.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -23,7 +22,17 @@ from fleetlens.api import flows as fq
 from fleetlens.api import models as m
 from fleetlens.api import queries as q
 from fleetlens.api.config import MINUTE_NS
-from fleetlens.api.ingest import PATH, Authorize, Ingest, Receive, Refused, Scope, Send
+from fleetlens.api.ingest import (
+    PATH,
+    Ingest,
+    InProcess,
+    Receive,
+    Refused,
+    Scope,
+    Send,
+    ingest_authorizer,
+    verify_token,
+)
 from fleetlens.api.metrics import EXPOSITION_TYPE
 from fleetlens.api.service import Collector
 from fleetlens.api.timeparse import TimeParamError, parse_duration, parse_instant
@@ -71,7 +80,7 @@ def _auth(collector: Collector, allowed: tuple[str, ...]) -> Callable:
     def check(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
         if not s.auth_enabled():
             return
-        status, detail = _verify(creds.credentials if creds else None, tokens, allowed)
+        status, detail = verify_token(creds.credentials if creds else None, tokens, allowed)
         if status:
             if "ingest" in allowed and "read" not in allowed:
                 collector.metrics.reject("auth")
@@ -79,37 +88,6 @@ def _auth(collector: Collector, allowed: tuple[str, ...]) -> Callable:
             raise ApiError(status, detail, "authorization", headers)
 
     return check
-
-
-def _ingest_authorizer(collector: Collector) -> Authorize:
-    """The ingest path's check of an ``Authorization`` header, as ``HTTPBearer`` parses it."""
-    s = collector.settings
-    tokens = {"ingest": s.ingest_token, "read": s.read_token}
-
-    def authorize(header: str | None) -> tuple[int, str]:
-        if not s.auth_enabled():
-            return 0, ""
-        scheme, _, token = (header or "").partition(" ")
-        token = token.strip()
-        bearer = scheme.lower() == "bearer" and token
-        return _verify(token if bearer else None, tokens, ("ingest",))
-
-    return authorize
-
-
-def _verify(
-    token: str | None, tokens: dict[str, str | None], allowed: tuple[str, ...]
-) -> tuple[int, str]:
-    """(0, '') when allowed, else (401|403, why). Constant-time comparison of the token."""
-    if token is None:
-        return 401, "missing bearer token"
-    given = token.encode()
-    for kind, tok in tokens.items():
-        if tok and hmac.compare_digest(given, tok.encode()):
-            if kind in allowed:
-                return 0, ""
-            return 403, f"the {kind} token may not call this endpoint"
-    return 401, "invalid bearer token"
 
 
 def _page(items: list, limit: int, offset: int, response: Response) -> list:
@@ -135,6 +113,9 @@ def _time_range(
     return s, u
 
 
+Attached = Callable[[], AbstractAsyncContextManager[None]]
+
+
 class CollectorApp(FastAPI):
     """FastAPI, except that ``POST /v1/ingest`` goes straight to the lean path (``ingest.py``):
     at the agents' request rate FastAPI's stack cost more than storing the batch."""
@@ -148,7 +129,11 @@ class CollectorApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(collector: Collector, start: bool = True) -> CollectorApp:
+def create_app(
+    collector: Collector, start: bool = True, attached: Attached | None = None
+) -> CollectorApp:
+    """``attached``: entered once the collector started, left before it stops (the ingest
+    workers' link and processes, ``ingestworker.py``)."""
     c = collector
 
     @asynccontextmanager
@@ -156,7 +141,11 @@ def create_app(collector: Collector, start: bool = True) -> CollectorApp:
         if start:
             c.start(loops=not c.settings.ingest_only)
         try:
-            yield
+            if attached is None:
+                yield
+            else:
+                async with attached():
+                    yield
         finally:
             if start:
                 await run_in_threadpool(c.stop)
@@ -239,7 +228,7 @@ _INGEST_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _ingest_routes(app: CollectorApp, c: Collector, ingest_auth, agent_auth) -> None:
-    lean = app.ingest = Ingest(c, _ingest_authorizer(c))
+    lean = app.ingest = Ingest(InProcess(c), ingest_authorizer(c.settings))
 
     # The OpenAPI document's route: CollectorApp serves the requests on the lean path first.
     @app.post("/v1/ingest", response_model=m.IngestOut, dependencies=[ingest_auth],

@@ -94,6 +94,14 @@ def main(argv: list[str]) -> int:
     keep_freed_memory()  # per-window arrays reused, not faulted in again (fleetlens/heap.py)
 
     collector = Collector(settings)
-    app = create_app(collector)
-    uvicorn.run(app, host=host.strip("[]"), port=int(port), log_level=a.log_level, access_log=False)
+    if not settings.ingest_workers:
+        app = create_app(collector)
+        uvicorn.run(
+            app, host=host.strip("[]"), port=int(port), log_level=a.log_level, access_log=False
+        )
+        return 0
+    from fleetlens.api.ingestworker import Workers, serve, tcp_listener
+
+    workers = Workers(settings.ingest_workers, tcp_listener(host.strip("[]"), int(port)), argv)
+    serve(create_app(collector, attached=workers.attached(collector)), workers, a.log_level)
     return 0

@@ -66,6 +66,12 @@ class Settings:
                               SECOND_NS)  # fmt: skip
     queue_max_batches: int = flag(256, "--queue-batches", "writer queue bound (batches)")
     queue_max_rows: int = flag(4_000_000, "--queue-rows", "writer queue bound (rows)")
+    # Processes serving HTTP ingest (decode and checks) in front of this one, which keeps the
+    # writer and everything else (api/ingestworker.py); 0: all in this process.
+    ingest_workers: int = flag(
+        0, "--ingest-workers", "processes that serve HTTP ingest and hand checked batches to "
+        "this one (0: all in this process)",
+    )  # fmt: skip
     max_body_bytes: int = 64 * 1024 * 1024
     ingest_concurrency: int = 16  # bodies read/decoded at once (memory bound: 16 x 64 MiB)
     loop_interval_s: float = flag(1.0, "--loop-interval", "seconds between loop rounds")

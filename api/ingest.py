@@ -8,22 +8,30 @@ body limit (413), decoding and every check (415/400/422), the writer's backpress
 ``Retry-After``) and the durable ack: ``200`` only after the batch's transaction committed
 (503 when the write failed). Errors are ``{"detail": ..., "field": ...}`` as everywhere.
 FastAPI keeps the route for the OpenAPI document (``app.py``).
+
+What the endpoint needs of the collector is a :class:`Backend`: :class:`InProcess` (the
+collector's own writer, in this interpreter) or an ingest worker's link to the writer process
+(``ingestlink.py``, ``--ingest-workers``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from fleetlens.api.service import Collector
+from fleetlens.api.config import Settings
 from fleetlens.api.writer import Backpressure
 
-from fleetlens.batch import Batch, BatchError, decode_batch
+from fleetlens.batch import Batch, BatchError, content_format, decode_batch
+
+if TYPE_CHECKING:  # not imported by ingest workers: the collector's engines are heavy
+    from fleetlens.api.service import Collector
 
 log = logging.getLogger("fleetlens.api.ingest")
 
@@ -54,15 +62,93 @@ class Refused(Exception):
 Authorize = Callable[[str | None], tuple[int, str]]
 
 
+class Backend(Protocol):
+    """What the ingest endpoint needs: counters, the checks that need collector state, and the
+    durable store of a checked batch."""
+
+    settings: Settings
+
+    def reject(self, reason: str) -> None: ...
+    def received(self, body_bytes: int) -> None: ...
+    def check(self, batch: Batch, now_ns: int) -> None:
+        """The checks that need collector state; raises BatchError naming the field."""
+
+    async def known_changed(self) -> bool:
+        """Whether the known NICs changed since :meth:`check` last saw them (a batch refused
+        for an unknown NIC is then checked again: its host may have just registered)."""
+
+    async def store(self, batch: Batch, arrow_body: bytes | None) -> bool:
+        """The batch committed: True if new, False for a retry. Raises Backpressure, or any
+        other exception when it was not stored. ``arrow_body``: the request's body when it is
+        Arrow IPC (a worker hands it on instead of encoding the batch again)."""
+
+
+class InProcess:
+    """The collector's own writer, in this interpreter (the default)."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.c = collector
+        self.settings = collector.settings
+
+    def reject(self, reason: str) -> None:
+        self.c.metrics.reject(reason)
+
+    def received(self, body_bytes: int) -> None:
+        self.c.metrics.received(body_bytes)
+
+    def check(self, batch: Batch, now_ns: int) -> None:
+        self.c.check_context(batch, now_ns)
+
+    async def known_changed(self) -> bool:
+        return False  # checked against the collector's own set: never stale
+
+    async def store(self, batch: Batch, arrow_body: bytes | None) -> bool:
+        fut = self.c.submit(batch)
+        # shield: a client hanging up must not cancel the write (a retry is deduplicated).
+        waited = asyncio.shield(asyncio.wrap_future(fut))
+        return bool(await asyncio.wait_for(waited, WRITE_TIMEOUT_S))
+
+
+def ingest_authorizer(s: Settings) -> Authorize:
+    """The ingest path's check of an ``Authorization`` header, as ``HTTPBearer`` parses it
+    (also in ingest worker processes)."""
+    tokens = {"ingest": s.ingest_token, "read": s.read_token}
+
+    def authorize(header: str | None) -> tuple[int, str]:
+        if not s.auth_enabled():
+            return 0, ""
+        scheme, _, token = (header or "").partition(" ")
+        token = token.strip()
+        bearer = scheme.lower() == "bearer" and token
+        return verify_token(token if bearer else None, tokens, ("ingest",))
+
+    return authorize
+
+
+def verify_token(
+    token: str | None, tokens: dict[str, str | None], allowed: tuple[str, ...]
+) -> tuple[int, str]:
+    """(0, '') when allowed, else (401|403, why). Constant-time comparison of the token."""
+    if token is None:
+        return 401, "missing bearer token"
+    given = token.encode()
+    for kind, tok in tokens.items():
+        if tok and hmac.compare_digest(given, tok.encode()):
+            if kind in allowed:
+                return 0, ""
+            return 403, f"the {kind} token may not call this endpoint"
+    return 401, "invalid bearer token"
+
+
 class Ingest:
     """The ingest endpoint: ``handle`` (headers and body chunks to an answer) and ``asgi``."""
 
-    def __init__(self, collector: Collector, authorize: Authorize) -> None:
-        self.c = collector
+    def __init__(self, backend: Backend, authorize: Authorize) -> None:
+        self.b = backend
         self._authorize = authorize
         # At most `ingest_concurrency` bodies are read and decoded at once: with the writer
         # queue bound, memory stays bounded whatever the number of connected agents.
-        self._decoding = asyncio.Semaphore(collector.settings.ingest_concurrency)
+        self._decoding = asyncio.Semaphore(backend.settings.ingest_concurrency)
         # Decoding holds the GIL for most of its ~1 ms per agent batch: handing it to a pool
         # of threads tripled its CPU cost in GIL hand-offs, and even one thread cost ~20% of
         # ingest's wall time (bench/collector_bench.py --shape agents). An agent's body is
@@ -74,25 +160,36 @@ class Ingest:
         self, headers: Mapping[str, str], body: AsyncIterator[bytes]
     ) -> dict[str, Any]:
         """Store one agent's batch whole (the answer after commit) or raise :class:`Refused`."""
-        c = self.c
         status, detail = self._authorize(headers.get("authorization"))
         if status:
-            c.metrics.reject("auth")
+            self.b.reject("auth")
             auth = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
             raise Refused(status, detail, "authorization", auth)
         async with self._decoding:
             raw = await self._read_body(headers.get("content-length"), body)
             ctype = headers.get("content-type", "")
             try:
-                batch = await self._decoded(raw, ctype)
+                try:
+                    batch = await self._decoded(raw, ctype)
+                except BatchError as e:
+                    if e.reason != "unknown_nic" or not await self._known_changed():
+                        raise
+                    batch = await self._decoded(raw, ctype)  # against the NICs known now
             except BatchError as e:
-                c.metrics.reject(e.reason)
+                self.b.reject(e.reason)
                 raise Refused(_BATCH_STATUS.get(e.reason, 422), str(e), e.field) from None
-            del raw
+            arrow = raw if content_format(ctype) == "arrow" else None
+            del raw  # a large JSON body is not kept while its batch waits for the commit
         return {
             "batch_id": batch.batch_id, "host_id": batch.host_id, "windows": batch.rows,
-            "stored": await self._store(batch),
+            "stored": await self._store(batch, arrow),
         }  # fmt: skip
+
+    async def _known_changed(self) -> bool:
+        try:
+            return await self.b.known_changed()
+        except Exception as e:  # the writer process is gone: retry later, not a bad batch
+            raise Refused(503, f"known NICs unavailable: {e}", None, {"Retry-After": "5"}) from e
 
     async def _decoded(self, body: bytes, ctype: str) -> Batch:
         if len(body) <= INLINE_DECODE_BYTES:
@@ -110,38 +207,34 @@ class Ingest:
             self._decoder = None
 
     async def _read_body(self, declared: str | None, chunks: AsyncIterator[bytes]) -> bytes:
-        limit = self.c.settings.max_body_bytes
+        limit = self.b.settings.max_body_bytes
         if declared and declared.isdigit() and int(declared) > limit:
-            self.c.metrics.reject("too_large")
+            self.b.reject("too_large")
             raise Refused(413, f"body larger than {limit} bytes", "body")
         parts, size = [], 0
         async for chunk in chunks:
             size += len(chunk)
             if size > limit:
-                self.c.metrics.reject("too_large")
+                self.b.reject("too_large")
                 raise Refused(413, f"body larger than {limit} bytes", "body")
             parts.append(chunk)
-        self.c.metrics.received(size)
+        self.b.received(size)
         return b"".join(parts)
 
     def _decode(self, body: bytes, ctype: str) -> Batch:
         batch = decode_batch(body, ctype)
-        self.c.check_context(batch, time.time_ns())
+        self.b.check(batch, time.time_ns())
         return batch
 
-    async def _store(self, batch: Batch) -> bool:
+    async def _store(self, batch: Batch, arrow_body: bytes | None) -> bool:
         """Queue the batch and wait for its commit: True if it was new, False for a retry."""
         try:
-            fut = self.c.submit(batch)
+            return await self.b.store(batch, arrow_body)
         except Backpressure as e:
-            self.c.metrics.reject("backpressure")
+            self.b.reject("backpressure")
             raise Refused(429, str(e), None, {"Retry-After": str(int(e.retry_after_s))}) from None
-        try:
-            # shield: a client hanging up must not cancel the write (a retry is deduplicated).
-            waited = asyncio.shield(asyncio.wrap_future(fut))
-            return bool(await asyncio.wait_for(waited, WRITE_TIMEOUT_S))
         except Exception as e:
-            self.c.metrics.reject("write_error")
+            self.b.reject("write_error")
             raise Refused(503, f"batch not stored: {e}", None, {"Retry-After": "5"}) from None
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:

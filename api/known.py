@@ -22,6 +22,7 @@ class KnownNics:
         self._lock = threading.Lock()
         self._array = pa.array([], pa.string())
         self._set: frozenset[str] = frozenset()
+        self.version = 0  # counts refreshes: ingest workers copy the set when it changes
 
     def refresh(self, registered: Iterable[str]) -> None:
         """Known = the inventory's NICs ∪ ``registered`` (every NIC agents registered)."""
@@ -30,6 +31,7 @@ class KnownNics:
         with self._lock:
             self._array = pa.array(sorted(known), pa.string())
             self._set = frozenset(known)
+            self.version += 1
 
     def nics(self) -> pa.Array:
         """Every known NIC id, sorted."""

@@ -14,7 +14,9 @@ once over keep-alive loopback connections from a lean asyncio client (so the loa
 costs little of the shared cores), and the collector runs ingest only (``--ingest-only``: the
 clock solve and triangulation, measured elsewhere, would compete for the same cores). It prints
 the collector's CPU per batch (its process, all threads) against the writer-alone process's,
-and the collector's peak RSS.
+and the collector's peak RSS. ``--ingest-workers N`` runs it again with N ingest worker
+processes (``api/ingestworker.py``) in the same command and prints the ratio of the two;
+``--stages`` first prints the CPU per batch of each in-process stage of a batch's path.
 """
 
 from __future__ import annotations
@@ -246,9 +248,17 @@ async def _agent(url: str, requests: list[bytes], errors: list[str]) -> None:
 
 
 def _proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, every thread (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process and its children alive now (ingest workers),
+    every thread (``/proc/PID/stat``)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if stat.parent.name == str(pid) or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _proc_rss_mib(pid: int) -> tuple[float, float]:
@@ -260,15 +270,15 @@ def _proc_rss_mib(pid: int) -> tuple[float, float]:
 
 def bench_agents(
     work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], threads: int, clients: int,
-    writer: WriterRun,
+    writer: WriterRun, workers: int = 0,
 ) -> float:  # fmt: skip
     requests = [_request(*encode_batch(fleet.names[h], t, f"a{i}"))
                 for i, (h, t) in enumerate(batches)]  # fmt: skip
     rows = sum(t.num_rows for _, t in batches)
     spec = fleet_spec(fleet.hosts)
-    col = start_bench_collector(
-        work / "agents.duckdb", spec, threads, work / "agents.log", ("--ingest-only",)
-    )
+    name = f"agents-w{workers}"
+    col = start_bench_collector(work / f"{name}.duckdb", spec, threads, work / f"{name}.log",
+                                ("--ingest-only", "--ingest-workers", str(workers)))  # fmt: skip
     errors: list[str] = []
 
     async def run() -> None:
@@ -289,15 +299,71 @@ def bench_agents(
         raise RuntimeError(f"{len(errors)} batches failed, first: {errors[0]}")
     n = len(batches)
     per_batch = cpu / n
+    how = f"{workers} ingest worker processes" if workers else "in one process"
     print(f"HTTP agents  : {rows:>11,} rows in {dt:6.2f} s = {rows / dt:>12,.0f} rows/s wall "
           f"({n / dt:,.0f} batches/s; {clients} agents posting at once, {fleet.hosts} hosts, "
-          f"Arrow IPC, DuckDB threads={threads}, ingest only)")  # fmt: skip
+          f"Arrow IPC, DuckDB threads={threads}, ingest only, {how})")  # fmt: skip
     print(f"  collector CPU: {cpu:.1f} s = {cpu / dt:.2f} cores, {per_batch * 1e3:.2f} ms per "
           f"batch (writer alone {writer.cpu_per_batch_s * 1e3:.2f} ms: the HTTP path adds "
           f"{(per_batch - writer.cpu_per_batch_s) * 1e3:.2f} ms per batch); writer thread in "
           f"transactions {busy:.1f} s; load generator {own:.1f} s")  # fmt: skip
-    print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB")
+    print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB (writer process)")
     return rows / dt
+
+
+# ---- one batch's path, stage by stage ----------------------------------------------------------
+def bench_stages(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], group: int
+                 ) -> dict[str, float]:  # fmt: skip
+    """CPU microseconds per batch of each in-process stage a batch goes through after HTTP:
+    decode (with the context-free checks), the collector's checks, queueing (submit to the
+    writer, the future resolved), the storage layout, DuckDB (insert and commit of groups of
+    ``group`` batches) and the commit hook (metrics, arrivals). HTTP parsing, body reading and
+    the answer are what the HTTP run's CPU per batch has beyond their sum."""
+    from fleetlens.api.codec import LinkDict, to_storage
+    from fleetlens.api.config import Settings
+    from fleetlens.api.service import Collector
+
+    from fleetlens.batch import decode_batch
+
+    c = Collector(Settings(db_path=work / "stages.duckdb", inventory=fleet_spec(fleet.hosts),
+                           duckdb_threads=1, queue_max_batches=len(batches) + 1))  # fmt: skip
+    bodies = [encode_batch(fleet.names[h], t, f"s{i}") for i, (h, t) in enumerate(batches)]
+    stages: dict[str, float] = {}
+
+    def timed(name: str, fn, items: list) -> list:  # type: ignore[no-untyped-def]
+        t0 = time.process_time()
+        out = [fn(x) for x in items]
+        stages[name] = (time.process_time() - t0) / len(batches) * 1e6
+        return out
+
+    decoded = timed("decode + context-free checks", lambda b: decode_batch(*b), bodies)
+    now = time.time_ns()
+    timed("collector checks (own host, known NICs, future)",
+          lambda b: c.check_context(b, now), decoded)  # fmt: skip
+    groups = [decoded[i : i + group] for i in range(0, len(decoded), group)]
+    layout = "storage layout (codec.to_storage)"
+    links = LinkDict([])  # the store's own stays as the writer left it
+    timed(layout, lambda g: to_storage(pa.concat_tables([b.windows for b in g]), links), groups)
+    t0 = time.process_time()
+    for g in groups:
+        c.store.insert_batches(g, time.time_ns())
+    spent = (time.process_time() - t0) / len(batches) * 1e6
+    stages["DuckDB insert + commit (insert_batches less the layout)"] = spent - stages[layout]
+    timed("commit hook (metrics, arrivals)", lambda b: c.rounds.committed(b, True, 0.01), decoded)
+    c.writer.start()
+    again = [Batch(f"q{i}", b.host_id, b.windows.slice(0, 0)) for i, b in enumerate(decoded)]
+    t0 = time.process_time()  # queued all at once, as under load: the writer groups them
+    for f in [c.submit(b) for b in again]:
+        f.result()
+    stages["queueing (submit, group, future resolved; empty batches)"] = (
+        (time.process_time() - t0) / len(batches) * 1e6
+    )
+    c.stop()
+    total = sum(stages.values())
+    for name, us in stages.items():
+        print(f"  stage {name:<52} {us:8.1f} us per batch ({us / total:5.1%})")
+    print(f"  stages in all{'':<46} {total:8.1f} us per batch (groups of {group})")
+    return stages
 
 
 # ---- API latency over a big store -----------------------------------------------------------
@@ -403,6 +469,11 @@ def main() -> int:
         type=int,
         help="batches stamped with the same window second (default: one per host)",
     )
+    ap.add_argument("--ingest-workers", type=int, default=0,
+                    help="agents: also run the collector with this many ingest worker "
+                         "processes, and print the ratio to the one-process run")  # fmt: skip
+    ap.add_argument("--stages", action="store_true",
+                    help="first, CPU per batch of each in-process stage of its path")  # fmt: skip
     ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
     ap.add_argument("--skip-api", action="store_true")
     ap.add_argument("--skip-ingest", action="store_true")
@@ -418,15 +489,26 @@ def main() -> int:
         work = Path(tmp)
         fleet = Fleet(hosts)
         batches = (
-            [] if a.skip_ingest else make_batches(ingest_rows, batch_rows, 1, per_second, fleet)
+            make_batches(ingest_rows, batch_rows, 1, per_second, fleet)
+            if a.stages or not a.skip_ingest
+            else []
         )
         load = os.getloadavg()[0]
         print(f"machine      : {os.cpu_count()} cores, load average {load:.1f}; batches of "
               f"{batch_rows} rows, {per_second} per window second")  # fmt: skip
+        if a.stages:
+            print(f"one batch's path in one process ({len(batches)} batches):")
+            bench_stages(work, fleet, batches, 256)
         if not a.skip_ingest:
             w = bench_writer(work, fleet, batches, a.threads)
             if agents:
                 h = bench_agents(work, fleet, batches, a.threads, clients, w)
+                if a.ingest_workers:
+                    hw = bench_agents(work, fleet, batches, a.threads, clients, w,
+                                      a.ingest_workers)  # fmt: skip
+                    print(f"ratio {a.ingest_workers} ingest workers / in one process (wall "
+                          f"rows/s) = {hw / h:.2f}; workers / writer-alone = "
+                          f"{hw / w.rows_per_s:.2f}")  # fmt: skip
             else:
                 h = bench_http(work, fleet, batches, a.threads, clients)
             print(f"ratio HTTP / writer-alone (wall rows/s) = {h / w.rows_per_s:.2f}")

@@ -102,3 +102,23 @@ def test_optional_columns_default(table: pa.Table) -> None:
     assert w.column("ts_source").to_pylist() == ["software"] * w.num_rows
     assert w.column("path").null_count == w.num_rows
     assert w.column("hull_t_ns").to_pylist() == [[]] * w.num_rows
+
+
+@pytest.mark.parametrize("nic", ["h01/eth0\n", "h01", "h01/eth0/x", "h01/" + "e" * 33])
+def test_malformed_nic_ids_stay_refused(table: pa.Table, nic: str) -> None:
+    """The well-formed NIC-id memo never lets a malformed id through, however often it is
+    sent, and well-formed ids of the same host around it do not change that."""
+    good = decode_batch(*encode_batch("h01", table))  # memoises the batch's well-formed ids
+    assert good.rows
+    for _ in range(2):
+        with pytest.raises(BatchError) as e:
+            decode_batch(_json_with(table, dst_nic=nic), "application/json")
+        assert e.value.field == "dst_nic" and "row 1" in str(e.value)
+
+
+def test_hull_length_check_reads_nulls_as_empty(table: pa.Table) -> None:
+    null_hulls = decode_batch(_json_with(table, hull_t_ns=None, hull_owd_ns=[]), "application/json")
+    assert null_hulls.windows["hull_t_ns"][1].as_py() is None
+    with pytest.raises(BatchError) as e:
+        decode_batch(_json_with(table, hull_t_ns=None, hull_owd_ns=[5]), "application/json")
+    assert e.value.field == "hull_owd_ns"

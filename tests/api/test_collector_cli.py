@@ -17,7 +17,7 @@ FLAGS = {
     "--agg-retention-days", "--batch-id-retention-minutes", "--max-future-seconds",
     "--queue-batches", "--queue-rows",
     "--loop-interval", "--background-loss", "--retention-interval", "--duckdb-threads",
-    "--duckdb-memory-limit", "--log-level", "--ingest-only",
+    "--duckdb-memory-limit", "--log-level", "--ingest-only", "--ingest-workers",
 }  # fmt: skip
 
 
@@ -42,14 +42,14 @@ def test_flags_in_their_units() -> None:
         "--batch-id-retention-minutes", "5", "--max-future-seconds", "2.5",
         "--queue-batches", "8", "--queue-rows", "1000", "--loop-interval", "0.2",
         "--background-loss", "1e-3", "--retention-interval", "30", "--duckdb-threads", "2",
-        "--duckdb-memory-limit", "4GB",
+        "--duckdb-memory-limit", "4GB", "--ingest-workers", "3",
     ])  # fmt: skip
     assert (s.inventory, s.insecure_no_auth, s.public_metrics) == ("leafspine:hosts=8", True, True)
     assert s.raw_retention_ns == 48 * HOUR_NS and s.agg_retention_ns == 7 * DAY_NS
     assert s.batch_id_retention_ns == 5 * MINUTE_NS and s.max_future_ns == 2_500_000_000
     assert (s.queue_max_batches, s.queue_max_rows, s.loop_interval_s) == (8, 1000, 0.2)
     assert (s.background_loss, s.retention_interval_s) == (1e-3, 30.0)
-    assert (s.duckdb_threads, s.duckdb_memory_limit) == (2, "4GB")
+    assert (s.duckdb_threads, s.duckdb_memory_limit, s.ingest_workers) == (2, "4GB", 3)
     assert isinstance(s.raw_retention_ns, int) and isinstance(s.queue_max_rows, int)
 
 

@@ -1,0 +1,264 @@
+"""The link between ingest worker processes and the writer process (``--ingest-workers``).
+
+A worker serves HTTP, decodes and checks a batch, then hands it to the writer process as an
+Arrow IPC stream over a unix socket and answers the agent only when the writer process says
+the batch's transaction committed: the durable ack holds across the hop. The writer process
+runs one :class:`LinkServer` on its event loop; each worker one :class:`LinkBackend` (the
+``ingest.Backend`` of its endpoint).
+
+Frames, both ways: a header (payload length u32, kind u8, request id u64), then the payload.
+Worker to writer: ``BATCH`` (the batch as Arrow IPC, batch and host id in the schema metadata:
+the agent's body as it came when it was Arrow, else the decoded batch encoded),
+``KNOWN`` (ask for the known NICs), ``COUNT`` (a rejection reason or received bytes, JSON; no
+answer). Writer to worker: ``ANSWER`` to a batch (JSON: status 200/429/503 and its details) and
+``KNOWN_SET`` (JSON: the known NICs and their version). Every answer carries the version of the
+known NICs, so a worker refreshes its copy after any registration; a batch a worker refuses
+for an unknown NIC is checked again after a refresh (its host may have just registered through
+another worker), so registration and ingest stay consistent across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import struct
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from fleetlens.api.checks import check_batch
+from fleetlens.api.config import Settings
+from fleetlens.api.writer import Backpressure
+
+from fleetlens.batch import META_BATCH_ID, META_HOST_ID, Batch, read_checked_arrow
+
+if TYPE_CHECKING:  # workers do not load the collector's engines
+    from fleetlens.api.service import Collector
+
+log = logging.getLogger("fleetlens.api.ingestlink")
+
+_HEAD = struct.Struct("!IBQ")
+BATCH, KNOWN, COUNT, ANSWER, KNOWN_SET = range(1, 6)
+# Frames are at most a body's size plus this (the Arrow framing of a batch the worker checked).
+FRAME_SLACK = 1 << 20
+# Stream buffers that hold several agents' batches (~0.2 MB each): asyncio's 64 KiB default
+# paused and resumed reading (a selector call each way) several times per batch.
+STREAM_LIMIT = 8 << 20
+WRITE_TIMEOUT_S = 120.0
+
+
+def _frame(kind: int, rid: int, payload: bytes | pa.Buffer) -> list[bytes | pa.Buffer]:
+    return [_HEAD.pack(len(payload), kind, rid), payload]
+
+
+async def _read_frame(reader: asyncio.StreamReader, limit: int) -> tuple[int, int, bytes]:
+    size, kind, rid = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    if size > limit:
+        raise ConnectionError(f"link frame of {size} bytes, over {limit}")
+    return kind, rid, await reader.readexactly(size)
+
+
+# Without Arrow's thread pool: it doubled the CPU cost of writing an agent's ~0.2 MB batch.
+_WRITE = pa.ipc.IpcWriteOptions(use_threads=False)
+
+
+def batch_to_ipc(batch: Batch) -> pa.Buffer:
+    meta = {META_BATCH_ID: batch.batch_id.encode(), META_HOST_ID: batch.host_id.encode()}
+    table = batch.windows.replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=_WRITE) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+# ---- the writer process -------------------------------------------------------------------
+class LinkServer:
+    """Takes workers' checked batches into the collector's writer; answers after commit."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.c = collector
+        self._limit = collector.settings.max_body_bytes + FRAME_SLACK
+        self._server: asyncio.AbstractServer | None = None
+        self.linked = 0  # workers connected now
+        self._changed = asyncio.Event()
+
+    async def start(self, sock: Any) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=STREAM_LIMIT)
+
+    async def wait_linked(self, n: int, timeout_s: float) -> None:
+        """Until ``n`` workers are connected (TimeoutError after ``timeout_s``)."""
+        async with asyncio.timeout(timeout_s):
+            while self.linked < n:
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.linked += 1
+        self._changed.set()
+        try:
+            while True:
+                kind, rid, payload = await _read_frame(reader, self._limit)
+                if kind == BATCH:
+                    self._batch(rid, payload, writer)
+                elif kind == KNOWN:
+                    nics = self.c.known.nics().to_pylist()
+                    doc = {"known": self.c.known.version, "nics": nics}
+                    writer.writelines(_frame(KNOWN_SET, rid, json.dumps(doc).encode()))
+                elif kind == COUNT:
+                    self._count(json.loads(payload))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the worker is gone: batches it handed over are still stored
+        finally:
+            self.linked -= 1
+            writer.close()
+
+    def _count(self, doc: dict[str, Any]) -> None:
+        if "reject" in doc:
+            self.c.metrics.reject(str(doc["reject"]))
+        if "received" in doc:
+            self.c.metrics.received(int(doc["received"]))
+
+    def _batch(self, rid: int, payload: bytes, writer: asyncio.StreamWriter) -> None:
+        try:
+            fut = self.c.submit(read_checked_arrow(payload))
+        except Backpressure as e:
+            self._answer(writer, rid, {"status": 429, "retry_after": e.retry_after_s})
+            return
+        loop = asyncio.get_running_loop()
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._done, writer, rid, f))
+
+    def _done(self, writer: asyncio.StreamWriter, rid: int, fut: Future) -> None:
+        error = fut.exception()
+        if error is not None:
+            self._answer(writer, rid, {"status": 503, "detail": str(error)})
+        else:
+            self._answer(writer, rid, {"status": 200, "stored": bool(fut.result())})
+
+    def _answer(self, writer: asyncio.StreamWriter, rid: int, doc: dict[str, Any]) -> None:
+        if writer.is_closing():
+            return  # the worker died: its agent retries, the batch id dedupes
+        doc["known"] = self.c.known.version
+        writer.writelines(_frame(ANSWER, rid, json.dumps(doc).encode()))
+
+
+# ---- a worker -----------------------------------------------------------------------------
+class LinkBackend:
+    """A worker's ``ingest.Backend``: the known NICs copied from the writer process, batches
+    handed to it, counters forwarded to its metrics."""
+
+    def __init__(self, settings: Settings, path: str) -> None:
+        self.settings = settings
+        self._path = path
+        self.on_lost: Callable[[], None] = lambda: None  # called once the link is closed
+        self._known: frozenset[str] = frozenset()
+        self._version = -1
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Task[None] | None = None
+
+    async def connect(self, timeout_s: float = 60.0) -> None:
+        """Connect (the writer process may still be starting), then copy the known NICs."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                reader, self._writer = await asyncio.open_unix_connection(
+                    self._path, limit=STREAM_LIMIT
+                )
+                break
+            except OSError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+        limit = self.settings.max_body_bytes + FRAME_SLACK
+        self._reader_task = asyncio.create_task(self._read(reader, limit))
+        await self._refresh()
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+
+    # ---- ingest.Backend
+    def reject(self, reason: str) -> None:
+        self._count({"reject": reason})
+
+    def received(self, body_bytes: int) -> None:
+        self._count({"received": body_bytes})
+
+    def _count(self, doc: dict[str, Any]) -> None:
+        # Counters are best effort: with the writer process gone the batch itself gets a 503.
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.writelines(_frame(COUNT, 0, json.dumps(doc).encode()))
+
+    def check(self, batch: Batch, now_ns: int) -> None:
+        check_batch(batch, self._known, now_ns, self.settings.max_future_ns)
+
+    async def known_changed(self) -> bool:
+        before = self._version
+        await self._refresh()
+        return self._version != before
+
+    async def store(self, batch: Batch, arrow_body: bytes | None) -> bool:
+        body = batch_to_ipc(batch) if arrow_body is None else arrow_body
+        answer = await self._call(BATCH, body)
+        if answer["status"] == 429:
+            raise Backpressure(float(answer["retry_after"]))
+        if answer["status"] != 200:
+            raise RuntimeError(answer.get("detail", "write failed; see collector log"))
+        return bool(answer["stored"])
+
+    # ---- the link
+    def _send(self, kind: int, rid: int, payload: bytes | pa.Buffer) -> None:
+        if self._writer is None or self._writer.is_closing():
+            raise ConnectionError("the writer process is gone")
+        self._writer.writelines(_frame(kind, rid, payload))
+
+    async def _call(self, kind: int, payload: bytes | pa.Buffer) -> dict[str, Any]:
+        rid = next(self._ids)
+        fut = self._pending[rid] = asyncio.get_running_loop().create_future()
+        try:
+            self._send(kind, rid, payload)
+            # shield: an agent hanging up must not cancel the wait for a write under way.
+            return await asyncio.wait_for(asyncio.shield(fut), WRITE_TIMEOUT_S)
+        finally:
+            self._pending.pop(rid, None)
+
+    async def _refresh(self) -> None:
+        doc = await self._call(KNOWN, b"")
+        self._known, self._version = frozenset(doc["nics"]), int(doc["known"])
+
+    async def _read(self, reader: asyncio.StreamReader, limit: int) -> None:
+        try:
+            while True:
+                kind, rid, payload = await _read_frame(reader, limit)
+                doc = json.loads(payload)
+                fut = self._pending.get(rid)
+                if fut is not None and not fut.done():
+                    fut.set_result(doc)
+                stale = kind == ANSWER and doc["known"] != self._version
+                if stale and self._refreshing is None:
+                    self._refreshing = asyncio.create_task(self._refresh_once())
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError(f"the writer process is gone: {e}"))
+            self.on_lost()
+
+    async def _refresh_once(self) -> None:
+        try:
+            await self._refresh()
+        except Exception:
+            log.exception("ingest worker: refreshing the known NICs failed")
+        finally:
+            self._refreshing = None
