@@ -31,7 +31,7 @@ import pyarrow as pa
 from fleetlens.records import Verdict
 from fleetlens.topology import Topology
 
-from . import _fast
+from . import _fast, evidence
 from .attribution import Attributor, Finding
 from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
@@ -119,6 +119,7 @@ class Triangulator:
             f.inc, f.sent, f.lost, S,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy_now,
         )  # fmt: skip
+        fast = evidence.gate(fast, f.inc, f.sent, f.lost, cfg, _window_s(f))
         extra = self._slow_loss(f, fast, S, gamma, lossy_all)
         db = self._delay_batch(f)
         dfit = self.delay.observe(db)
@@ -190,6 +191,7 @@ class Triangulator:
             inc, sent, lost, S_slow,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
         )  # fmt: skip
+        slow = evidence.gate(slow, inc, sent, lost, cfg, _window_s(f))
         out: dict[int, tuple[float, float]] = {}
         fast_set = set(fast.links.tolist())
         for lk, r, llr in zip(slow.links.tolist(), slow.rate, slow.llr, strict=True):
@@ -328,6 +330,10 @@ class Triangulator:
             self._seen = (seen, frozenset(ids[i] for i in np.flatnonzero(mask)))
         devices = {s for s, t in self.tracker.tracks.items() if t.kind != "link"}
         return self._seen[1] | devices
+
+
+def _window_s(f: Frame) -> float:
+    return max(f.end_ns - f.start_ns, 1) * 1e-9
 
 
 def _link_ids(topo: Topology) -> list[str]:
