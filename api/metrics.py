@@ -4,7 +4,8 @@ Conventions: base units (seconds, ratios), ``_total`` counters whose label value
 up front so they exist from 0, one-way-delay histograms per leaf, rail and path tier
 (``owdhist.py``: bounded by the fabric's shape, not its NIC count; per NIC only with
 ``--per-nic-metrics``; per-pair data stays in DuckDB), a gauge per faulty link bounded to the
-top K, ingest counters, writer depth and lag, sync quality per host.
+top K (with the ambiguity group of each that has one: links the probes cannot tell apart),
+ingest counters, writer depth and lag, sync quality per host.
 """
 
 from __future__ import annotations
@@ -81,11 +82,20 @@ class StateCollector(Collector):
             f"Excess one-way delay of the top {self._k} faulty links",
             labels=["link"],
         )
+        group = GaugeMetricFamily(
+            "fleetlens_faulty_link_group_size",
+            f"Ambiguity group of the top {self._k} faulty links that have one (links the "
+            "probes cannot tell apart, reported together): its size",
+            labels=["link", "group"],
+        )
         for v in faulty:
             loss.add_metric([v.subject], v.loss_rate)
             delay.add_metric([v.subject], v.excess_delay_ns * 1e-9)
+            if v.group_id is not None:
+                group.add_metric([v.subject, v.group_id], v.group_size)
         yield loss
         yield delay
+        yield group
         yield from self._clock_families(self._clocks())
 
     @staticmethod

@@ -62,6 +62,16 @@ class LinkOut(BaseModel):
     loss_rate: float
     confidence: float
     flows: int = Field(description="flows crossing the link in the last evaluation")
+    group_id: str | None = Field(
+        None,
+        description="ambiguity group: links the probe set cannot tell apart (they carry the "
+        "same observed flows), reported together, each at confidence <= 1/group_size; null "
+        "when the link is named alone",
+    )
+    group_size: int = Field(1, description="links in the ambiguity group (1: named alone)")
+    group_members: list[str] = Field(
+        default_factory=list, description="the group's link ids (empty when named alone)"
+    )
 
 
 class LinkHistoryPoint(BaseModel):

@@ -52,7 +52,14 @@ def link_out(c: Collector, link: str) -> LinkOut:
         state=as_state(v.state) if v else "healthy", since=v.since_ns if v else None,
         excess_delay_ns=v.excess_delay_ns if v else 0.0, loss_rate=v.loss_rate if v else 0.0,
         confidence=v.confidence if v else 0.0, flows=v.evidence if v else 0,
+        group_id=v.group_id if v else None, group_size=v.group_size if v else 1,
+        group_members=group_members(c, v.group_id) if v and v.group_id else [],
     )  # fmt: skip
+
+
+def group_members(c: Collector, group: str) -> list[str]:
+    """The links of an ambiguity group, from the current verdicts."""
+    return sorted(s for s, v in c.served.verdicts().items() if v.group_id == group)
 
 
 def all_link_ids(c: Collector) -> list[str]:

@@ -20,8 +20,9 @@ from fleetlens.api.store import Store
 from fleetlens.triangulate import JobImpact, job_impact
 
 from fleetlens.ids import split_nic_id
-from fleetlens.plan import host_plan
+from fleetlens.plan import host_plan, peer_pairs
 from fleetlens.records import ClockModel, Decision, HostPlan, Verdict
+from fleetlens.ties import plan_groups
 from fleetlens.topology import Link, Nic, Topology
 
 JOB_PATHS_NS = 300_000_000_000  # a job's observed paths: those of the last 5 minutes
@@ -92,6 +93,14 @@ class Served:
             raise LookupError("no inventory loaded")
         s, clock = self.settings, self.published.clocks.get(host)
         return host_plan(self.topology, host, s.plan_peers, s.plan_seed, clock)
+
+    def unidentifiable(self) -> list[list[str]] | None:
+        """Ambiguity groups of the probe plan (links no fit can tell apart, reported
+        together); empty without an inventory, None when the plan is too big to enumerate."""
+        if self.topology is None:
+            return []
+        s = self.settings
+        return plan_groups(self.topology, *peer_pairs(self.topology, s.plan_peers, s.plan_seed))
 
     def job_impact(self, name: str) -> JobImpact | None:
         """What the job's traffic crosses and which of it is bad (None: no such job)."""

@@ -20,6 +20,7 @@ explicit ``now_ns`` (``start(loops=False)``, ``run_round``).
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from fleetlens.batch import Batch
 from fleetlens.engines import SolveClocks, Triangulate
 from fleetlens.records import ClockModel, Decision, Verdict
 from fleetlens.topology import Topology
+
+log = logging.getLogger("fleetlens.api")
 
 LOOPS = ("triangulate", "clocks")
 
@@ -148,6 +151,7 @@ class Collector:
     def start(self, loops: bool = True) -> None:
         """The writer, and (``loops``) the background loops."""
         self.writer.start()
+        self.log_unidentifiable()
         if loops:
             triangulate = self.rounds.triangulation_round
             self.loops.start({"triangulate": triangulate, "clocks": self._clocks_and_retention})
@@ -156,6 +160,22 @@ class Collector:
         self.loops.stop()
         self.writer.stop()
         self.store.close()
+
+    def log_unidentifiable(self) -> None:
+        """Say which links the probe plan cannot tell apart (a fault on one is reported on
+        its whole group)."""
+        if self.topology is None:
+            return
+        groups = self.served.unidentifiable()
+        if groups is None:
+            log.info("probe plan: too big to enumerate its ambiguity groups")
+        elif not groups:
+            log.info("probe plan: every link identifiable")
+        else:
+            listed = "; ".join(" = ".join(g) for g in groups)
+            # a warning: at the default level the operator sees which faults cannot be pinned
+            log.warning("probe plan: %d links unidentifiable, in %d groups (reported together): %s",
+                     sum(map(len, groups)), len(groups), listed)  # fmt: skip
 
     def health(self) -> WriterHealth:
         w = self.writer

@@ -4,7 +4,11 @@ Peers: NICs are numbered in topology order and NIC *i* probes NIC *i ± d* (mod 
 offsets *d* drawn once from the seed. The probe graph is therefore symmetric (Huygens needs both
 directions of every edge), connected (offset 1 is always included) and full of short loops for
 the network-effect correction, while random long offsets spread probes over every leaf pair.
-Peers on the sending NIC's own host are skipped.
+Peers on the sending NIC's own host are skipped. Where two links would carry exactly the same
+flows under those pairs (an ambiguity group, ``ties``) and the topology has a NIC pair whose
+paths cross one but not the other, that pair is added in both directions
+(``ties.tie_breakers``); ties no probe set can break (a two-leaf fabric's uplink and the
+downlink after it) stay, and are reported as groups.
 
 Source ports: a flow's ECMP path is fixed by its 5-tuple, so each peer gets enough source
 ports that every equal-cost path between the two leaves is hit with probability
@@ -17,10 +21,12 @@ then needs at most ``MAX_PORTS_PER_PEER`` sockets per NIC, not one per peer and 
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
 from fleetlens.records import ClockModel, HostPlan, PlanEntry
+from fleetlens.ties import tie_breakers
 from fleetlens.topology import Topology
 
 PROBE_DPORT = 9470
@@ -53,8 +59,25 @@ def peer_offsets(n_nics: int, peers: int, seed: int) -> np.ndarray:
     return np.unique(np.concatenate([[1], extra]).astype(np.int64))
 
 
+# (id of the topology, peers, seed) -> (the topology, its pairs): a host's plan is asked for
+# host by host, and the tie search enumerates the whole plan's paths
+_PAIRS: dict[tuple[int, int, int], tuple[weakref.ref, tuple[np.ndarray, np.ndarray]]] = {}
+
+
 def peer_pairs(topo: Topology, peers: int = 16, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Directed (src, dst) NIC index pairs of the probe graph, symmetric, no same-host pairs."""
+    """Directed (src, dst) NIC index pairs of the probe graph, symmetric, no same-host pairs,
+    with the pairs that break the ties the topology can break."""
+    key = (id(topo), peers, seed)
+    got = _PAIRS.get(key)
+    if got is None or got[0]() is not topo:
+        for k in [k for k, (ref, _) in list(_PAIRS.items()) if ref() is None]:
+            _PAIRS.pop(k, None)  # plans are asked for from several API threads at once
+        pairs = tie_breakers(topo, *_offset_pairs(topo, peers, seed))
+        got = _PAIRS[key] = (weakref.ref(topo), pairs)
+    return got[1][0].copy(), got[1][1].copy()  # callers own their arrays
+
+
+def _offset_pairs(topo: Topology, peers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     n = len(topo.nics)
     offs = peer_offsets(n, peers, seed)
     src = np.repeat(np.arange(n), 2 * offs.size)

@@ -181,6 +181,10 @@ class Verdict:
     evidence: int = 0
     flows: list[str] = field(default_factory=list)
     flapping: bool = False
+    # links only: the ambiguity group the link belongs to (links the probes cannot tell
+    # apart, ``fleetlens.ties``), reported together; None and 1 for a link named alone
+    group_id: str | None = None
+    group_size: int = 1
 
 
 @dataclass

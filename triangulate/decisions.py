@@ -6,6 +6,10 @@ links too). A NIC is drained when it is faulty itself (or its host), when one of
 links or its leaf is faulty, or when a faulty fabric link / switch lies on those paths. A host
 never drains all its NICs: with nothing healthy left, the least affected ones stay up.
 
+Ambiguity groups (links the probes cannot tell apart, ``identify``): when one member is
+faulty, every member that is not healthy counts as faulty, so a decision names every NIC the
+group could affect (whichever member it is), and each reason names the group.
+
 Without a topology (a collector with no inventory) NICs are known only by id and links only
 from the paths agents report: :func:`decisions_by_nic` drains a NIC for its own verdict or a
 faulty link with the NIC at one end, and never every known NIC of a host.
@@ -86,9 +90,19 @@ def _ends(link: str) -> tuple[str, ...]:
         return ()
 
 
+def drain_worthy(verdicts: Iterable[Verdict]) -> list[Verdict]:
+    """The faulty verdicts, and every non-healthy member of a group with a faulty member."""
+    vs = list(verdicts)
+    groups = {v.group_id for v in vs if v.state == "faulty" and v.group_id is not None}
+    return [
+        v for v in vs
+        if v.state == "faulty" or (v.state != "healthy" and v.group_id in groups)
+    ]  # fmt: skip
+
+
 def decisions(verdicts: list[Verdict], topology: Topology, now_ns: int) -> list[Decision]:
     """One Decision per host of the topology (empty drain lists included)."""
-    bad = [v for v in verdicts if v.state == "faulty"]
+    bad = drain_worthy(verdicts)
     exposure = _nic_exposure(topology, bad)
     out = []
     for host, nics in topology.nics_by_host.items():
@@ -111,10 +125,9 @@ def decisions_by_nic(verdicts: list[Verdict], nics: Iterable[str], now_ns: int) 
     collector without a topology."""
     per_host = Counter(split_nic_id(n)[0] for n in nics)
     drain: dict[str, dict[str, DrainEntry]] = {h: {} for h in sorted(per_host)}
-    for v in verdicts:
-        if v.state != "faulty":
-            continue
-        reason = f"{v.kind} {v.subject} faulty (loss {v.loss_rate:.1%}, evidence {v.evidence})"
+    for v in drain_worthy(verdicts):
+        reason = f"{v.kind} {v.subject} faulty (loss {v.loss_rate:.1%}, evidence {v.evidence}"
+        reason += f"{_group(v)})"
         for nic in _nics_of(v):
             entries = drain.setdefault(split_nic_id(nic)[0], {})
             entries.setdefault(nic, DrainEntry(nic, reason, v.since_ns))
@@ -142,7 +155,13 @@ def _describe(v: Verdict) -> str:
         parts.append(f"loss {v.loss_rate:.2%}")
     if v.excess_delay_ns > 0:
         parts.append(f"+{v.excess_delay_ns / 1e3:.1f} us")
-    return f"faulty ({', '.join(parts) or 'no data'}; {v.evidence} flows)"
+    return f"faulty ({', '.join(parts) or 'no data'}; {v.evidence} flows{_group(v)})"
+
+
+def _group(v: Verdict) -> str:
+    if v.group_id is None or v.group_size < 2:
+        return ""
+    return f"; one of {v.group_size} links the probes cannot tell apart, group {v.group_id}"
 
 
 @dataclass

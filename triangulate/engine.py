@@ -8,8 +8,10 @@ NIC sending rates and the verdict hysteresis.
 Per window: decode the records into flow rows and their factorized incidence (``paths``,
 ``incidence``), fit loss twice — on this window alone (fast: black holes, heavy loss) and on
 exponentially decayed per-flow counts (slow: 0.01 % loss needs tens of seconds of probes) —
-fit delay (``delay``), fold links into switches, NICs and hosts (``attribution``), and update
-the verdicts (``verdicts``).
+fit delay (``delay``), fold links into switches, NICs and hosts (``attribution``), widen a
+finding on a link the observed flows cannot tell from others to its whole ambiguity group
+(``identify``), and update the verdicts (``verdicts``); a link verdict names its group's id
+and size, at confidence <= 1/N.
 
 Cost: the flows repeat window after window, so the decoded layout and the per-flow state stay
 aligned with the window's rows and are updated in place; the loss fits expand only lossy
@@ -37,6 +39,7 @@ from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
 from .ecmp import ecmp_groups
 from .evidence import LossEvidence
+from .identify import Ambiguity, observed_groups, widen
 from .incidence import Incidence
 from .loss import LossFit, fit_incidence
 from .paths import FlowBatch, Frame, PathModel
@@ -54,6 +57,7 @@ class WindowReport:
     rows: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    groups: list[list[str]] = field(default_factory=list)  # ambiguity groups (link ids)
 
 
 class _DelaySample(NamedTuple):
@@ -93,6 +97,7 @@ class Triangulator:
         self._lossy_rows = np.empty((2, 0), np.int64)  # decay_add's output buffers
         self._sample: _DelaySample | None = None
         self._seen: tuple = (b"", frozenset())  # see _observed
+        self._amb: tuple[object, Ambiguity] | None = None  # (layout token, its groups)
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, Verdict]
@@ -104,12 +109,17 @@ class Triangulator:
             self._build(topo)
         self.tracker.seed(prev)
         if windows.num_rows == 0:
-            return [self.tracker.verdict(s) for s in self.tracker.tracks]
+            return self._held()
         f = self.paths.frame(windows)
         self.last = WindowReport(f.end_ns, f.n, f.dropped)
         if f.n == 0:
-            return [self.tracker.verdict(s) for s in self.tracker.tracks]
+            return self._held()
         return self._window(f)
+
+    def _held(self) -> list[Verdict]:
+        """The tracked verdicts unchanged (a window without usable rows), groups as last."""
+        out = [self.tracker.verdict(s) for s in self.tracker.tracks]
+        return out if self._amb is None else self._name_groups(out, self._amb[1])
 
     # ---- one window -----------------------------------------------------------------------
     def _window(self, f: Frame) -> list[Verdict]:
@@ -127,8 +137,11 @@ class Triangulator:
         silent = self._silent(f)
         blamed = self._blamed()
         raw = self._loss_without(f, fast, silent | blamed)
+        amb = self._ambiguity(f)
+        link_ids = self.paths.link_ids
         findings = self.attrib.attribute(fast, extra, dfit, silent, blamed, raw)
-        self.last.findings = findings
+        findings = widen(findings, amb, link_ids)
+        self.last.findings, self.last.groups = findings, amb.named(link_ids)
         bad = {x.subject: self._evidence(x, f, db, dfit) for x in findings}
         clean = self._observed(fast)
         self.tracker.update(bad, clean, f.end_ns)
@@ -137,7 +150,27 @@ class Triangulator:
             quiet = clean - self.tracker.tracks.keys()
             out += [Verdict(s, "link", "healthy", f.end_ns) for s in sorted(quiet)]
         self.tracker.forget_healthy()
-        return out
+        return self._name_groups(out, amb)
+
+    def _ambiguity(self, f: Frame) -> Ambiguity:
+        """The ambiguity groups of the frame's flows (kept while its layout token is)."""
+        if self._amb is None or self._amb[0] != f.token:
+            self._amb = (f.token, observed_groups(f.inc, f.key, self.paths.link_ids))
+        return self._amb[1]
+
+    def _name_groups(self, verdicts: list[Verdict], amb: Ambiguity) -> list[Verdict]:
+        """Each link verdict of a group member carries the group's id and size, and at most
+        confidence 1/N: the evidence is the group's, which member it is stays unknown."""
+        if not amb.members:
+            return verdicts
+        index = self.paths.link_index
+        for v in verdicts:
+            lk = index.get(v.subject, -1) if v.kind == "link" else -1
+            g = int(amb.group_of[lk]) if lk >= 0 else -1
+            if g >= 0:
+                v.group_id, v.group_size = amb.ids[g], int(amb.members[g].size)
+                v.confidence = min(v.confidence, 1.0 / v.group_size)
+        return verdicts
 
     def _decay(self, f: Frame) -> tuple[float, np.ndarray | None, np.ndarray | None]:
         """The long-horizon per-flow counts decayed and this window added: (the decay

@@ -173,6 +173,12 @@ def write_html(report: dict, out: Path) -> Path:
     failed = [lk for lk in report["links"] if lk["status"] != "validated"]
     parts.append(f"<h2>Links ({len(report['links'])}; not validated: {len(failed)})</h2>")
     parts.append(_table(sorted(report["links"], key=_order), _LINK_COLS))
+    groups = report.get("ambiguity_groups") or []
+    if groups:
+        parts.append(f"<h2>Ambiguity groups ({len(groups)}): links the probes cannot tell "
+                     "apart, reported together</h2>")  # fmt: skip
+        rows = [{**g, "states": [f"{k}: {v}" for k, v in g["states"].items()]} for g in groups]
+        parts.append(_table(rows, _GROUP_COLS))
     parts.append(f"<h2>NICs ({len(report['nics'])})</h2>")
     parts.append(_table(sorted(report["nics"], key=_order), _NIC_COLS))
     parts.append("<h2>Hosts and clocks</h2>")
@@ -199,8 +205,10 @@ _LINK_COLS = [
     ("link_id", "link"), ("tier", "tier"), ("status", "status"), ("flows", "flows"),
     ("probes", "probes"), ("lost", "lost"), ("loss_rate", "loss (fit)"),
     ("loss_upper", "loss 95% upper"), ("excess_delay_ns", "excess delay ns"),
-    ("live_faulty_rounds", "collector faulty rounds"), ("reasons", "reasons"),
+    ("live_faulty_rounds", "collector faulty rounds"), ("live_group_id", "group"),
+    ("reasons", "reasons"),
 ]  # fmt: skip
+_GROUP_COLS = [("group_id", "group"), ("size", "links"), ("links", "members"), ("states", "states")]
 _NIC_COLS = [
     ("nic_id", "NIC"), ("status", "status"), ("flows_out", "flows out"),
     ("sent_out", "probes sent"), ("lost_out", "lost"), ("flows_in", "flows in"),

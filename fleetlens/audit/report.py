@@ -1,6 +1,7 @@
 """The audit's report as a dict (``report.json``): every link, NIC and host with its status,
 reasons and evidence, from the judgement or, without per-flow data, the collector's verdict
-history alone.
+history alone. Links the collector reports as one ambiguity group (the probes cannot tell
+them apart) carry the group's id and size, and the groups are listed together.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def build_report(
 ) -> dict:  # fmt: skip
     seconds = (until_ns - since_ns) / 1e9
     live_state = {r["link_id"]: r["state"] for r in rest.links}
+    live = {r["link_id"]: r for r in rest.links}
     if verdict is not None:
         method = f"tomography over per-flow totals of the whole period ({flows_source})"
         if stalls is None:  # /v1/flows has totals only: no host-second to tell a stall by
@@ -58,6 +60,8 @@ def build_report(
         hist = rest.history.get(lk["link_id"], [])
         lk.update(_live_stats(hist))
         lk["live_state_at_end"] = live_state.get(lk["link_id"])
+        row = live.get(lk["link_id"], {})
+        lk["live_group_id"], lk["live_group_size"] = row.get("group_id"), row.get("group_size", 1)
         lk["live_history"] = hist[:LIVE_HISTORY]  # newest first, as the collector serves it
     nic_state = {n["nic_id"]: n["state"] for n in rest.nics}
     for n in nics:
@@ -69,6 +73,7 @@ def build_report(
     warned = [h["host_id"] for h in hosts if h["warnings"]]
     unobserved = [lk["link_id"] for lk in links if lk["status"] == "unobserved"]
     ok = not (failed_links or failed_nics or unobserved)
+    groups = ambiguity_groups(rest.links)
     summary = (
         f"{len(links) - len(failed_links) - len(unobserved)} of {len(links)} links and "
         f"{len(nics) - len(failed_nics)} of {len(nics)} NICs validated; "
@@ -76,6 +81,12 @@ def build_report(
         f"failed NICs: {', '.join(failed_nics) or 'none'}; "
         f"hosts with warnings: {', '.join(warned) or 'none'}"
         + (f"; unobserved links: {', '.join(unobserved)}" if unobserved else "")
+        + (
+            "; links reported as one group (the probes cannot tell them apart): "
+            + "; ".join(f"{g['group_id']} = {', '.join(g['links'])}" for g in groups)
+            if groups
+            else ""
+        )
     )
     return {
         "result": "pass" if ok else "fail",
@@ -95,6 +106,7 @@ def build_report(
         "failed_nics": failed_nics,
         "hosts_with_warnings": warned,
         "unobserved_links": unobserved,
+        "ambiguity_groups": groups,
         "flows": (
             {
                 "count": verdict.flows,
@@ -112,6 +124,23 @@ def build_report(
         "host_stalls": stalls or [],
         "lab": lab,
     }
+
+
+def ambiguity_groups(links: list[dict]) -> list[dict]:
+    """The collector's ambiguity groups at the end of the period (``/v1/links`` rows): id,
+    size, member links and their states."""
+    by: dict[str, list[dict]] = {}
+    for r in links:
+        if r.get("group_id"):
+            by.setdefault(r["group_id"], []).append(r)
+    return [
+        {
+            "group_id": g, "size": max(r.get("group_size", 1) for r in rows),
+            "links": sorted(r["link_id"] for r in rows),
+            "states": {r["link_id"]: r["state"] for r in rows},
+        }
+        for g, rows in sorted(by.items())
+    ]  # fmt: skip
 
 
 def _host_warnings(hosts: list[dict], verdict: Judgement | None, stalls: list[dict]) -> None:

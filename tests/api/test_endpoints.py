@@ -164,10 +164,9 @@ def test_decisions_and_plan(fed: Server, topo: Topology) -> None:
         assert c.get("/v1/plan/h77").status_code == 404
     assert [e["nic_id"] for e in d["drain"]] == ["h01/eth1"]
     assert ACCESS in d["drain"][0]["reason"] and d["drain"][0]["since_ns"] > 0
-    # h02 drains the NICs whose paths climb the faulty fabric link, and only those.
-    under = sorted(n.id for n in topo.nics_by_host["h02"] if n.leaf == FABRIC.split("->")[0])
-    assert [e["nic_id"] for e in h02["drain"]] == under
-    assert all(FABRIC in e["reason"] for e in h02["drain"])
+    # On two leaves FABRIC is one of a group (leaf0->spine0 = spine0->leaf1: no probe tells
+    # them apart) that reaches h02's NICs on both leaves: a host never drains all its NICs.
+    assert h02["drain"] == []
     assert plan.status_code == 200, plan.text
     p = plan.json()
     assert {e["src_nic"] for e in p["entries"]} == {"h00/eth0", "h00/eth1"}
