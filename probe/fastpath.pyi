@@ -11,6 +11,9 @@ FLAG_TX1: int
 FLAG_RX0: int
 FLAG_RX1: int
 FLAG_ACKED: int
+FLAG_ACK_LOST: int
+FLAG_HEARD0: int
+FLAG_HEARD1: int
 
 class Engine:
     def __init__(self, key: bytes, session: int, max_sockets: int = 4096) -> None: ...

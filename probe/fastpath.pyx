@@ -31,7 +31,7 @@ drift·(real - t0)``) to give the host's raw clock, and through the host's clock
 fleet time for the receive stamps an ack carries.
 """
 
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 from libc.errno cimport errno
@@ -39,8 +39,9 @@ from libc.errno cimport errno
 import numpy as np
 
 from packet cimport (
-    ACK_LEN, ACK_RECORDS, ACK_RX0, ACK_RX1, KIND_ACK, KIND_PRIMER, KIND_PROBE0, KIND_PROBE1,
-    PROBE_LEN, RECORD_LEN, check, get_u32, get_u64, put_u32, put_u64, seal, write_header,
+    ACK_LEN, ACK_RECORDS, ACK_RX0, ACK_RX1, BITMAP_OFF, BITMAP_PAIRS, KIND_ACK, KIND_PRIMER,
+    KIND_PROBE0, KIND_PROBE1, PROBE_LEN, RECORD_LEN, check, get_u32, get_u64, put_u32, put_u64,
+    seal, write_header,
 )
 
 
@@ -139,7 +140,8 @@ cdef enum:
     NSLOTS = 65536          # outstanding pairs: > peers x rounds in one ack timeout
     TSRING = 2048           # TX-timestamp keys remembered per socket
     RXTAB = 16384           # receiver-side pairing table
-    HIST = 8192             # receiver-side per-flow history of answered pairs (4-way sets)
+    HIST = 8192             # receiver-side per-stream history of answered pairs (4-way sets)
+    SEQRING = 256           # sender: pair number of each of a stream's last SEQRING pairs
     WAITQ = 16384
     MAX_EVENTS = 256
 
@@ -151,7 +153,10 @@ cdef enum:
     F_TX1 = 8
     F_RX0 = 16
     F_RX1 = 32
-    F_ACKED = 64
+    F_ACKED = 64            # the receiver's answer is known (its ack, or a later one)
+    F_ACK_LOST = 128        # ... from a later ack only: the pair's own ack was lost (or late)
+    F_HEARD0 = 256          # the receiver saw probe 0 (a later ack's bitmap; no stamps)
+    F_HEARD1 = 512
 
 cdef enum:
     TS_PRIMER = 2  # Sock.ts_which of a primer's key (0, 1: the pair's probes)
@@ -160,24 +165,27 @@ COUNTER_NAMES = (
     "pairs_sent", "packets_sent", "send_errors", "probes_received", "acks_sent", "acks_received",
     "bad_length", "bad_header", "bad_mac", "replayed_probes", "stale_acks", "tx_timestamps",
     "tx_timestamps_unmatched", "rx_without_timestamp", "pairs_expired", "late_rounds",
-    "acks_recovered", "late_probes", "primers_sent", "primers_received",
+    "acks_recovered", "late_probes", "primers_sent", "primers_received", "bad_version",
+    "acks_lost", "pairs_heard",
 )
 cdef enum:
     C_PAIRS_SENT, C_PACKETS_SENT, C_SEND_ERRORS, C_PROBES_RX, C_ACKS_SENT, C_ACKS_RX,
     C_BAD_LEN, C_BAD_HDR, C_BAD_MAC, C_REPLAY, C_STALE_ACK, C_TX_TS, C_TX_TS_UNMATCHED,
     C_RX_NO_TS, C_EXPIRED, C_LATE, C_RECOVERED, C_LATE_PROBE, C_PRIMERS_SENT, C_PRIMERS_RX,
-    N_COUNTERS
+    C_BAD_VERSION, C_ACKS_LOST, C_HEARD, N_COUNTERS
 
 
 cdef struct Slot:
     uint32_t pair
     uint32_t flow
+    uint32_t seq             # the pair's number in its stream
+    int32_t entry            # the plan entry (stream) that sent it
     int64_t tx[2]
     int64_t rx[2]
     int64_t rxf[2]
     int64_t sent_mono
     uint8_t busy
-    uint8_t flags
+    uint16_t flags
 
 
 cdef struct Sock:
@@ -195,6 +203,7 @@ cdef struct RxEntry:
     uint16_t port
     uint64_t session
     uint32_t pair
+    uint32_t seq
     int64_t rx[2]
     int64_t rxf[2]
     int64_t first_mono
@@ -206,10 +215,12 @@ cdef struct RxEntry:
 
 cdef struct Hist:
     uint32_t ip
-    uint16_t port
+    int sock             # the responder socket: the destination NIC of the stream
     uint64_t session
     uint64_t used        # ack count at the last use: the set's least recent entry is evicted
-    uint8_t rec[2][RECORD_LEN]   # the flow's last two answered pairs, as sent
+    uint8_t rec[2][RECORD_LEN]   # the stream's last two answered pairs, as sent
+    uint32_t top         # the highest answered seq; bit i of seen0/1: seq top - i arrived
+    uint64_t seen[2]
 
 
 cdef struct Waiting:
@@ -229,6 +240,26 @@ cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
 
 cdef inline uint64_t flow_key(uint64_t session, uint32_t ip, uint16_t port) noexcept nogil:
     return mix64(session ^ mix64((<uint64_t>ip << 16) | port))
+
+
+cdef inline void _mark_seen(Hist* hi, uint32_t seq, uint8_t got) noexcept nogil:
+    """Record the stream's answered pair ``seq`` (``got``: bit0 probe 0, bit1 probe 1) in its
+    64-pair receive bitmap; a pair 64 or more behind the top no longer fits and is left out."""
+    cdef int32_t d = <int32_t>(seq - hi.top)
+    cdef int k
+    if hi.seen[0] == 0 and hi.seen[1] == 0:
+        d = 0  # nothing recorded yet: this pair sets the top
+        hi.top = seq
+    if d > 0:
+        for k in range(2):
+            hi.seen[k] = hi.seen[k] << d if d < BITMAP_PAIRS else 0
+        hi.top = seq
+        d = 0
+    if -d >= BITMAP_PAIRS:
+        return
+    for k in range(2):
+        if got & (1 << k):
+            hi.seen[k] |= (<uint64_t>1) << (-d)
 
 
 cdef inline int64_t mono_ns() noexcept nogil:
@@ -258,6 +289,8 @@ cdef class Engine:
     cdef int* e_off
     cdef int* e_nports
     cdef int* e_flow
+    cdef uint32_t* e_seq      # next seq of each stream
+    cdef uint32_t* e_ring     # SEQRING per stream: seq % SEQRING -> pair number
     cdef uint16_t dport
     # pairs
     cdef Slot* slots
@@ -279,7 +312,7 @@ cdef class Engine:
     cdef uint32_t* s_flow
     cdef uint32_t* s_pair
     cdef int64_t* s_ts        # 6 per sample: tx0 tx1 rx0 rx1 rx0f rx1f
-    cdef uint8_t* s_flags
+    cdef uint16_t* s_flags
     cdef size_t nsamples, cap_samples
     cdef uint64_t cnt[N_COUNTERS]
     # I/O buffers
@@ -320,7 +353,7 @@ cdef class Engine:
         self.s_flow = <uint32_t*>malloc(self.cap_samples * sizeof(uint32_t))
         self.s_pair = <uint32_t*>malloc(self.cap_samples * sizeof(uint32_t))
         self.s_ts = <int64_t*>malloc(self.cap_samples * 6 * sizeof(int64_t))
-        self.s_flags = <uint8_t*>malloc(self.cap_samples)
+        self.s_flags = <uint16_t*>malloc(self.cap_samples * sizeof(uint16_t))
         self.epfd = epoll_create1(0)
         if (not self.socks or not self.slots or not self.rxtab or not self.hist or not self.waitq
                 or not self.bufs
@@ -397,7 +430,14 @@ cdef class Engine:
         self.e_off = <int*>malloc(max(n, 1) * sizeof(int))
         self.e_nports = <int*>malloc(max(n, 1) * sizeof(int))
         self.e_flow = <int*>malloc(max(n, 1) * sizeof(int))
+        self.e_seq = <uint32_t*>malloc(max(n, 1) * sizeof(uint32_t))
+        self.e_ring = <uint32_t*>calloc(max(n, 1) * SEQRING, sizeof(uint32_t))
+        if self.e_seq == NULL or self.e_ring == NULL:
+            raise MemoryError("probe plan")
         for e in range(n):
+            # New streams start at the pair counter: every seq a stream gets is then above any
+            # seq an earlier plan used, and no ack for an old stream's pair can mark a new one.
+            self.e_seq[e] = self.next_pair
             self.e_nic[e] = nic[e]
             self.e_ip[e] = ip_host_order[e]
             self.e_off[e] = e  # peers of one NIC start on different ports: spread the sockets
@@ -406,8 +446,9 @@ cdef class Engine:
 
     cdef void _free_plan(self):
         free(self.e_nic); free(self.e_ip); free(self.e_off); free(self.e_nports); free(self.e_flow)
+        free(self.e_seq); free(self.e_ring)
         self.e_nic = NULL; self.e_ip = NULL; self.e_off = NULL; self.e_nports = NULL
-        self.e_flow = NULL
+        self.e_flow = NULL; self.e_seq = NULL; self.e_ring = NULL
         self.nentries = 0
 
     def set_clock_model(self, int64_t t0_ns, double offset_ns, double drift_ppb):
@@ -460,7 +501,7 @@ cdef class Engine:
 
     cdef void _send_round(self, int64_t round_no) noexcept nogil:
         cdef int e, pidx, s, i, sent, lead, n
-        cdef uint32_t pair
+        cdef uint32_t pair, seq
         cdef Slot* slot
         cdef uint8_t* p
         cdef int64_t now = mono_ns()
@@ -477,6 +518,11 @@ cdef class Engine:
             memset(slot, 0, sizeof(Slot))
             slot.pair = pair
             slot.flow = self.e_flow[e] + pidx
+            seq = self.e_seq[e]
+            self.e_seq[e] += 1
+            self.e_ring[e * SEQRING + seq % SEQRING] = pair
+            slot.seq = seq
+            slot.entry = e
             slot.sent_mono = now
             slot.busy = 1
             lead = 1 if sk.primer else 0  # msgs[0] is the primer when there is one
@@ -484,7 +530,7 @@ cdef class Engine:
             for i in range(n):
                 p = self.bufs + i * PROBE_LEN
                 write_header(p, KIND_PRIMER if i < lead else KIND_PROBE0 + i - lead, 0,
-                             self.session, pair, <uint64_t>self._raw(real_ns()))
+                             self.session, pair, seq, <uint64_t>self._raw(real_ns()))
                 seal(p, PROBE_LEN, self.k0, self.k1)
                 self.iovs[i].iov_base = p
                 self.iovs[i].iov_len = PROBE_LEN
@@ -613,7 +659,7 @@ cdef class Engine:
                     length = 0
                 bad = check(p, length, self.k0, self.k1)
                 if bad:
-                    self.cnt[C_BAD_LEN + bad - 1] += 1
+                    self.cnt[C_BAD_VERSION if bad == 4 else C_BAD_LEN + bad - 1] += 1
                     continue
                 stamp = 0
                 c = CMSG_FIRSTHDR(&self.msgs[i].msg_hdr)
@@ -637,17 +683,19 @@ cdef class Engine:
         cdef const uint8_t* rec
         cdef uint32_t pair
         cdef Slot* slot
-        cdef bint mine = get_u64(p + 8) == self.session
+        if get_u64(p + 8) != self.session:
+            self.cnt[C_STALE_ACK] += 1  # a replay of another session's ack
+            return
         for k in range(ACK_RECORDS):
             rec = p + 32 + k * RECORD_LEN
             pair = get_u32(rec)
             slot = &self.slots[pair % NSLOTS]
-            if not (mine and rec[4] and slot.busy and slot.pair == pair and not slot.flags & F_ACKED):
+            if not (rec[4] and slot.busy and slot.pair == pair and not slot.flags & F_ACKED):
                 if k == 0:
                     self.cnt[C_STALE_ACK] += 1  # a replay, a duplicate, or for an expired pair
                 continue
             self.cnt[C_ACKS_RX if k == 0 else C_RECOVERED] += 1
-            slot.flags |= F_ACKED
+            slot.flags |= F_ACKED if k == 0 else F_ACKED | F_ACK_LOST
             if rec[4] & ACK_RX0:
                 slot.rx[0] = <int64_t>get_u64(rec + 8)
                 slot.rxf[0] = <int64_t>get_u64(rec + 24)
@@ -657,10 +705,46 @@ cdef class Engine:
                 slot.rxf[1] = <int64_t>get_u64(rec + 32)
                 slot.flags |= F_RX1
             self._maybe_complete(slot)
+        self._on_bitmap(p)
+
+    cdef void _on_bitmap(self, const uint8_t* p) noexcept nogil:
+        """Answer the stream's pairs whose own acks (and records) were lost: a set bit says
+        the receiver saw that probe. The stream is the acked pair's, whose slot still names
+        it after the pair completed (slots are reused only NSLOTS pairs later)."""
+        cdef uint32_t hpair = get_u32(p + 16)
+        cdef Slot* hs = &self.slots[hpair % NSLOTS]
+        cdef uint32_t top = get_u32(p + BITMAP_OFF)
+        cdef uint64_t seen0 = get_u64(p + BITMAP_OFF + 8)
+        cdef uint64_t seen1 = get_u64(p + BITMAP_OFF + 16)
+        cdef uint64_t bit
+        cdef uint32_t seq, pair
+        cdef int32_t e = hs.entry
+        cdef int i
+        cdef Slot* slot
+        if hs.sent_mono == 0 or hs.pair != hpair or not 0 <= e < self.nentries:
+            return
+        for i in range(BITMAP_PAIRS):
+            bit = (<uint64_t>1) << i
+            if not (seen0 | seen1) & bit:
+                continue
+            seq = top - <uint32_t>i
+            pair = self.e_ring[e * SEQRING + seq % SEQRING]
+            slot = &self.slots[pair % NSLOTS]
+            if not (slot.busy and slot.pair == pair and slot.seq == seq and slot.entry == e) \
+                    or slot.flags & F_ACKED:
+                continue
+            self.cnt[C_HEARD] += 1
+            slot.flags |= F_ACKED | F_ACK_LOST
+            if seen0 & bit:
+                slot.flags |= F_HEARD0
+            if seen1 & bit:
+                slot.flags |= F_HEARD1
+            self._maybe_complete(slot)
 
     cdef void _on_probe(self, int s, const uint8_t* p, int64_t stamp, sockaddr_in* src) noexcept nogil:
         cdef uint64_t session = get_u64(p + 8)
         cdef uint32_t pair = get_u32(p + 16)
+        cdef uint32_t seq = get_u32(p + 20)
         cdef uint32_t ip = src.sin_addr.s_addr
         cdef uint16_t port = src.sin_port
         cdef int which = p[3] - KIND_PROBE0
@@ -680,7 +764,7 @@ cdef class Engine:
             if r.state == 1:
                 self._queue_ack(r)  # evicted while waiting: answer what it has
             memset(r, 0, sizeof(RxEntry))
-            r.ip, r.port, r.session, r.pair, r.sock = ip, port, session, pair, s
+            r.ip, r.port, r.session, r.pair, r.sock, r.seq = ip, port, session, pair, s, seq
             r.first_mono = mono_ns()
             r.state = 1
             self.generations += 1
@@ -734,7 +818,7 @@ cdef class Engine:
         cdef uint8_t* p
         cdef uint8_t* rec
         cdef uint8_t flags = 0
-        cdef Hist* hi = self._history(r.session, r.ip, r.port)
+        cdef Hist* hi = self._history(r.session, r.ip, r.sock)
         if self.nacks and (self.ack_sock != r.sock or self.nacks == BATCH):
             self._flush_acks()
         self.ack_sock = r.sock
@@ -743,7 +827,8 @@ cdef class Engine:
             flags |= ACK_RX0
         if r.got & 2:
             flags |= ACK_RX1
-        write_header(p, KIND_ACK, 0, r.session, r.pair, 0)
+        _mark_seen(hi, r.seq, r.got)
+        write_header(p, KIND_ACK, 0, r.session, r.pair, r.seq, 0)
         rec = p + 32
         memset(rec, 0, ACK_RECORDS * RECORD_LEN)
         put_u32(rec, r.pair)
@@ -756,6 +841,10 @@ cdef class Engine:
         memcpy(rec + 2 * RECORD_LEN, hi.rec[1], RECORD_LEN)
         memcpy(hi.rec[1], hi.rec[0], RECORD_LEN)
         memcpy(hi.rec[0], rec, RECORD_LEN)
+        put_u32(p + BITMAP_OFF, hi.top)
+        put_u32(p + BITMAP_OFF + 4, 0)
+        put_u64(p + BITMAP_OFF + 8, hi.seen[0])
+        put_u64(p + BITMAP_OFF + 16, hi.seen[1])
         seal(p, ACK_LEN, self.k0, self.k1)
         self.ackaddr[self.nacks].sin_family = AF_INET
         self.ackaddr[self.nacks].sin_port = r.port
@@ -770,24 +859,26 @@ cdef class Engine:
         self.nacks += 1
         r.state = 2
 
-    cdef Hist* _history(self, uint64_t session, uint32_t ip, uint16_t port) noexcept nogil:
-        """The flow's history entry: its own in a 4-way set, else the set's least recently
-        used, emptied (a new flow has no history to repeat). Two flows sharing one entry would
-        empty it for each other at every ack, and no lost ack of theirs would be repaired."""
-        cdef uint32_t base = <uint32_t>(flow_key(session, ip, port) % (HIST // 4)) * 4
+    cdef Hist* _history(self, uint64_t session, uint32_t ip, int sock) noexcept nogil:
+        """The stream's history entry (sender session and NIC address, our NIC's responder
+        socket): its own in a 4-way set, else the set's least recently used, emptied (a new
+        stream has no history to repeat). Two streams sharing one entry would empty it for
+        each other at every ack, and no lost ack of theirs would be repaired."""
+        cdef uint32_t base = <uint32_t>(
+            mix64(flow_key(session, ip, 0) ^ <uint64_t>sock) % (HIST // 4)) * 4
         cdef uint32_t i, pick = base
         cdef Hist* hi
         self.hist_clock += 1
         for i in range(base, base + 4):
             hi = &self.hist[i]
-            if hi.used and hi.session == session and hi.ip == ip and hi.port == port:
+            if hi.used and hi.session == session and hi.ip == ip and hi.sock == sock:
                 hi.used = self.hist_clock
                 return hi
             if hi.used < self.hist[pick].used:
                 pick = i
         hi = &self.hist[pick]
         memset(hi, 0, sizeof(Hist))
-        hi.ip, hi.port, hi.session, hi.used = ip, port, session, self.hist_clock
+        hi.ip, hi.sock, hi.session, hi.used = ip, sock, session, self.hist_clock
         return hi
 
     cdef void _flush_acks(self) noexcept nogil:
@@ -803,7 +894,7 @@ cdef class Engine:
 
     # ---- samples ------------------------------------------------------------------------
     cdef void _maybe_complete(self, Slot* slot) noexcept nogil:
-        cdef uint8_t want = F_ACKED
+        cdef uint16_t want = F_ACKED
         if slot.flags & F_SENT0:
             want |= F_TX0
         if slot.flags & F_SENT1:
@@ -837,6 +928,8 @@ cdef class Engine:
         self.s_ts[6 * i + 4] = slot.rxf[0]
         self.s_ts[6 * i + 5] = slot.rxf[1]
         self.s_flags[i] = slot.flags
+        if slot.flags & F_ACK_LOST:
+            self.cnt[C_ACKS_LOST] += 1
         self.nsamples += 1
         slot.busy = 0
 
@@ -854,7 +947,7 @@ cdef class Engine:
         if t == NULL:
             return False
         self.s_ts = t
-        cdef uint8_t* g = <uint8_t*>realloc(self.s_flags, cap)
+        cdef uint16_t* g = <uint16_t*>realloc(self.s_flags, cap * sizeof(uint16_t))
         if g == NULL:
             return False
         self.s_flags = g
@@ -867,16 +960,16 @@ cdef class Engine:
         flow = np.empty(n, np.uint32)
         pair = np.empty(n, np.uint32)
         ts = np.empty((n, 6), np.int64)
-        flags = np.empty(n, np.uint8)
+        flags = np.empty(n, np.uint16)
         cdef uint32_t[:] fv = flow
         cdef uint32_t[:] pv = pair
         cdef int64_t[:, :] tv = ts
-        cdef uint8_t[:] gv = flags
+        cdef uint16_t[:] gv = flags
         if n:
             memcpy(&fv[0], self.s_flow, n * sizeof(uint32_t))
             memcpy(&pv[0], self.s_pair, n * sizeof(uint32_t))
             memcpy(&tv[0, 0], self.s_ts, n * 6 * sizeof(int64_t))
-            memcpy(&gv[0], self.s_flags, n)
+            memcpy(&gv[0], self.s_flags, n * sizeof(uint16_t))
         self.nsamples = 0
         return {
             "flow": flow, "pair": pair, "tx0": ts[:, 0], "tx1": ts[:, 1], "rx0": ts[:, 2],
@@ -889,3 +982,4 @@ cdef class Engine:
 
 FLAG_SENT0, FLAG_SENT1, FLAG_TX0, FLAG_TX1 = F_SENT0, F_SENT1, F_TX0, F_TX1
 FLAG_RX0, FLAG_RX1, FLAG_ACKED = F_RX0, F_RX1, F_ACKED
+FLAG_ACK_LOST, FLAG_HEARD0, FLAG_HEARD1 = F_ACK_LOST, F_HEARD0, F_HEARD1

@@ -22,6 +22,7 @@ _DROP_REASONS = {
     "bad_length": "bad_length",
     "bad_header": "bad_header",
     "bad_mac": "bad_mac",
+    "bad_version": "bad_version",  # another wire format version (see packet.pxd)
     "replayed_probes": "replayed_probe",
     "stale_acks": "stale_ack",
 }
@@ -78,6 +79,12 @@ class AgentMetrics:
             self.lost_packets,
         )
         yield counter("acks_sent", "Acks sent for probes received.", eng.get("acks_sent", 0))
+        yield counter(
+            "acks_lost",
+            "Acks lost on their way back (the pair answered by a later ack): reverse-path "
+            "loss, never counted as lost probes.",
+            eng.get("acks_lost", 0),
+        )
         yield counter(
             "pairs_expired",
             "Probe pairs with no ack within the timeout.",

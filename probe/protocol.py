@@ -9,13 +9,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-MAGIC, VERSION = 0x464C, 1
+MAGIC, VERSION = 0x464C, 2
 KIND_PROBE0, KIND_PROBE1, KIND_ACK, KIND_PRIMER = 1, 2, 3, 4
-PROBE_LEN, ACK_LEN, ACK_RECORDS = 40, 160, 3
+PROBE_LEN, ACK_LEN, ACK_RECORDS, BITMAP_PAIRS = 40, 184, 3, 64
 ACK_RX0, ACK_RX1 = 1, 2
 _KINDS = (KIND_PROBE0, KIND_PROBE1, KIND_ACK, KIND_PRIMER)
-_HEADER = struct.Struct("!HBBB3xQI4xQ")  # magic version kind flags | session pair | t
+_HEADER = struct.Struct("!HBBB3xQIIQ")  # magic version kind flags | session pair seq | t
 _RECORD = struct.Struct("!IB3xQQqq")  # pair, flags, rx0, rx1, rx0 fleet, rx1 fleet
+_BITMAP = struct.Struct("!I4xQQ")  # top, seen0, seen1
 _MASK = (1 << 64) - 1
 
 
@@ -63,7 +64,8 @@ def siphash24(key: bytes, msg: bytes) -> int:
 
 @dataclass(frozen=True)
 class Record:
-    """What the receiver saw of one pair (an ack carries three: this pair and two before)."""
+    """What the receiver saw of one pair (an ack carries three: this pair and the stream's two
+    answered before it)."""
 
     pair: int = 0
     flags: int = 0  # ACK_RX0 | ACK_RX1; 0: empty
@@ -74,39 +76,62 @@ class Record:
 
 
 @dataclass(frozen=True)
+class Bitmap:
+    """An ack's receive bitmap: bit i of ``seen0`` (``seen1``) says probe 0 (1) of the stream's
+    pair ``seq = top - i`` arrived; a clear bit says nothing."""
+
+    top: int = 0
+    seen0: int = 0
+    seen1: int = 0
+
+    def arrived(self, seq: int) -> tuple[bool, bool]:
+        i = (self.top - seq) % (1 << 32)
+        if i >= BITMAP_PAIRS:
+            return False, False
+        return bool(self.seen0 >> i & 1), bool(self.seen1 >> i & 1)
+
+
+@dataclass(frozen=True)
 class Packet:
     kind: int
     session: int
     pair: int
     t: int = 0  # probe: sender raw send time
     records: tuple[Record, ...] = ()  # ack only
+    seq: int = 0  # the pair's number in its stream (an ack echoes its probe's)
+    bitmap: Bitmap = Bitmap()  # ack only
 
 
 def encode(p: Packet, key: bytes) -> bytes:
-    body = _HEADER.pack(MAGIC, VERSION, p.kind, 0, p.session, p.pair, p.t)
+    body = _HEADER.pack(MAGIC, VERSION, p.kind, 0, p.session, p.pair, p.seq, p.t)
     if p.kind == KIND_ACK:
         recs = (list(p.records) + [Record()] * ACK_RECORDS)[:ACK_RECORDS]
         body += b"".join(
             _RECORD.pack(r.pair, r.flags, r.rx0, r.rx1, r.rx0_fleet, r.rx1_fleet) for r in recs
         )
+        body += _BITMAP.pack(p.bitmap.top, p.bitmap.seen0, p.bitmap.seen1)
     return body + struct.pack("!Q", siphash24(key, body))
 
 
 def decode(data: bytes, key: bytes) -> Packet:
-    """Parse and authenticate; raises WireError saying what is wrong."""
+    """Parse and authenticate; raises WireError saying what is wrong. Another version of the
+    format (v1: no stream seq, no bitmap) is refused as such, whatever its length."""
+    if len(data) >= 3 and data[:2] == MAGIC.to_bytes(2, "big") and data[2] != VERSION:
+        raise WireError(f"version {data[2]}")
     if len(data) not in (PROBE_LEN, ACK_LEN):
         raise WireError(f"length {len(data)}")
-    magic, version, kind, _flags, session, pair, t = _HEADER.unpack_from(data)
-    if magic != MAGIC or version != VERSION:
-        raise WireError("magic/version")
+    magic, _version, kind, _flags, session, pair, seq, t = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise WireError("magic")
     if (len(data) == ACK_LEN) != (kind == KIND_ACK) or kind not in _KINDS:
         raise WireError("kind")
     if struct.unpack_from("!Q", data, len(data) - 8)[0] != siphash24(key, data[:-8]):
         raise WireError("mac")
     if kind != KIND_ACK:
-        return Packet(kind, session, pair, t)
+        return Packet(kind, session, pair, t, seq=seq)
     recs = tuple(
         Record(*_RECORD.unpack_from(data, _HEADER.size + i * _RECORD.size))
         for i in range(ACK_RECORDS)
     )
-    return Packet(kind, session, pair, t, recs)
+    bitmap = Bitmap(*_BITMAP.unpack_from(data, _HEADER.size + ACK_RECORDS * _RECORD.size))
+    return Packet(kind, session, pair, t, recs, seq, bitmap)

@@ -11,7 +11,8 @@ answered holds its window until the ack timeout; ``end + grace`` stays as the up
 window is closed once: a pair reported after it closed (only possible when a new clock model
 moved fleet time back across the boundary) counts in the next open window. Per flow and window:
 
-- ``sent``/``received``: probe packets sent, and those the receiver's ack says arrived;
+- ``sent``/``received``: probe packets sent, and those the receiver says arrived (the pair's
+  ack, or a later ack's records or receive bitmap: a lost ack never reads as a lost probe);
 - ``pure``: pairs with all four stamps whose receive gap equals the send gap within
   ``purity_ns`` (neither packet met extra queueing on the way);
 - one-way delay in fleet time (``rx_fleet - tx_fleet``, both probes of every pair) as
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from fleetlens.probe.fastpath import (
+    FLAG_HEARD0,
+    FLAG_HEARD1,
     FLAG_RX0,
     FLAG_RX1,
     FLAG_SENT0,
@@ -171,7 +174,7 @@ def summarize_samples(
 ) -> WindowSummary:
     """The summary of the fast path's samples ``s``, one row per group ``0 <= g < n``; the
     OWDs of both probes of every pair count."""
-    fl = s["flags"]
+    fl = np.asarray(s["flags"], np.uint16)  # the engine's flags are 16-bit since wire v2
 
     def has(flag: int) -> np.ndarray:
         return (fl & flag) > 0
@@ -182,7 +185,8 @@ def summarize_samples(
         g,
         n,
         has(FLAG_SENT0) + has(FLAG_SENT1).astype(np.int64),
-        has(FLAG_RX0) + has(FLAG_RX1).astype(np.int64),
+        # a probe arrived if its stamps came back, or a later ack's bitmap says so (stamps lost)
+        has(FLAG_RX0 | FLAG_HEARD0) + has(FLAG_RX1 | FLAG_HEARD1).astype(np.int64),
         ((fl & _ALL_STAMPS) == _ALL_STAMPS) & (gap_err <= purity_ns),
         s["tx0"],
         s["rx0"] - s["tx0"],

@@ -38,6 +38,7 @@ from .attribution import Attributor, Finding
 from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
 from .ecmp import ecmp_groups
+from .evidence import LossEvidence
 from .identify import Ambiguity, observed_groups, widen
 from .incidence import Incidence
 from .loss import LossFit, fit_incidence
@@ -45,7 +46,6 @@ from .paths import FlowBatch, Frame, PathModel
 from .store import FlowStore
 from .verdicts import Evidence, VerdictTracker
 
-_HEALED_EXPECTED = 10.0  # lost packets a healed link would have shown, to call it healed
 _LOST_FLOOR = 1e-3  # decayed lost packets below this are forgotten (after ~7 decay times)
 
 
@@ -91,6 +91,7 @@ class Triangulator:
         self.attrib = Attributor(topo, p.link_ids, groups, p.nic_up, p.nic_down, nic_host, self.cfg)
         self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})
         self.tracker = VerdictTracker(self.cfg)
+        self.loss_ev = LossEvidence(self.cfg, p.n_links)
         self.sending = np.zeros(p.n_nics)
         self._slow: tuple = ()  # (token, S) of the long-horizon counts
         self._lossy_rows = np.empty((2, 0), np.int64)  # decay_add's output buffers
@@ -129,6 +130,7 @@ class Triangulator:
             f.inc, f.sent, f.lost, S,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy_now,
         )  # fmt: skip
+        fast = self.loss_ev.gate(fast, f.inc, f.sent, f.lost, _window_s(f))
         extra = self._slow_loss(f, fast, S, gamma, lossy_all)
         db = self._delay_batch(f)
         dfit = self.delay.observe(db)
@@ -223,17 +225,17 @@ class Triangulator:
             inc, sent, lost, S_slow,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
         )  # fmt: skip
-        out: dict[int, tuple[float, float]] = {}
-        fast_set = set(fast.links.tolist())
-        for lk, r, llr in zip(slow.links.tolist(), slow.rate, slow.llr, strict=True):
-            if lk in fast_set:
-                continue
-            expect = fast.sent[lk] * r
-            if expect >= _HEALED_EXPECTED and fast.lost[lk] <= 0.2 * expect:
-                lost[inc.rows_of(np.array([lk]))] = 0.0  # healed: forget the old losses
-                continue
-            out[lk] = (float(r), float(llr))
-        return out
+        slow = self.loss_ev.gate(slow, inc, sent, lost, _window_s(f))
+        only = ~np.isin(slow.links, fast.links)
+        links, rate, llr = slow.links[only], slow.rate[only], slow.llr[only]
+        healed = self.loss_ev.healed(links, rate, fast.sent[links], fast.lost[links])
+        if healed.any():
+            lost[inc.rows_of(links[healed])] = 0.0  # healed: forget the old losses
+        keep = ~healed
+        return {
+            int(lk): (float(r), float(x))
+            for lk, r, x in zip(links[keep], rate[keep], llr[keep], strict=True)
+        }
 
     def _acc_incidence(self) -> Incidence:
         keys = self.acc.keys
@@ -361,6 +363,10 @@ class Triangulator:
             self._seen = (seen, frozenset(ids[i] for i in np.flatnonzero(mask)))
         devices = {s for s, t in self.tracker.tracks.items() if t.kind != "link"}
         return self._seen[1] | devices
+
+
+def _window_s(f: Frame) -> float:
+    return max(f.end_ns - f.start_ns, 1) * 1e-9
 
 
 def _link_ids(topo: Topology) -> list[str]:

@@ -30,7 +30,13 @@ def test_a_scrape_reads_the_snapshot() -> None:
     m.observe_windows(pa.table({"sent": [10, 5], "received": [7, 5]}))
     stats = UploadStats(uploaded_windows=4, spilled_batches=2, rejected_batches=1)
     snap: AgentSnapshot = {
-        "engine": {"packets_sent": 20, "late_rounds": 3, "bad_mac": 2},
+        "engine": {
+            "packets_sent": 20,
+            "late_rounds": 3,
+            "bad_mac": 2,
+            "bad_version": 1,
+            "acks_lost": 9,
+        },
         "upload": stats,
         "depth": (5, 6),
         "rounds_skipped": 4,
@@ -42,6 +48,8 @@ def test_a_scrape_reads_the_snapshot() -> None:
     assert s["fleetlens_agent_windows_total", ()] == 2
     assert s["fleetlens_agent_late_rounds_total", ()] == 3 + 4
     assert s["fleetlens_agent_dropped_packets_total", (("reason", "bad_mac"),)] == 2
+    assert s["fleetlens_agent_dropped_packets_total", (("reason", "bad_version"),)] == 1
+    assert s["fleetlens_agent_acks_lost_total", ()] == 9  # not in probe_packets_lost
     assert s["fleetlens_agent_upload_uploaded_windows_total", ()] == 4
     assert s["fleetlens_agent_upload_rejected_batches_total", ()] == 1
     assert s["fleetlens_agent_upload_buffer_batches", (("where", "memory"),)] == 5

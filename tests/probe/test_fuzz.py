@@ -58,9 +58,8 @@ def predicted(packets: list[bytes]) -> Counter[str]:
         try:
             p = wire.decode(data, KEY)
         except wire.WireError as e:
-            out[
-                {"mac": "bad_mac", "length": "bad_length"}.get(str(e).split()[0], "bad_header")
-            ] += 1
+            why = {"mac": "bad_mac", "length": "bad_length", "version": "bad_version"}
+            out[why.get(str(e).split()[0], "bad_header")] += 1
             continue
         bucket = {wire.KIND_ACK: "stale_acks", wire.KIND_PRIMER: "primers_received"}
         out[bucket.get(p.kind, "probes_received")] += 1
@@ -78,7 +77,8 @@ def victims() -> Iterator[tuple[Host, Host]]:
 
 
 BUCKETS = (
-    "bad_length", "bad_header", "bad_mac", "probes_received", "stale_acks", "primers_received"
+    "bad_length", "bad_header", "bad_mac", "bad_version", "probes_received", "stale_acks",
+    "primers_received",
 )  # fmt: skip
 
 

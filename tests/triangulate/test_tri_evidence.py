@@ -1,0 +1,67 @@
+"""Evidence before alarms (issue 28): background loss is not a fault, a fault still is.
+
+Clean simulated traffic with per-link background loss on a 64-host, 320-link leaf-spine:
+the measured false alarms per link-hour must stay within the stated
+``false_alarms_per_link_hour``; a 1 % loss fault on any link (fabric or access) must still be
+faulty in the first 1 s window, as before the test existed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from fleetlens.triangulate.config import TriangulateConfig
+from fleetlens.triangulate.evidence import alarm_llr
+from tri_helpers import Step, drive, small
+
+from fleetlens.topology import from_spec
+
+FABRIC = from_spec("leafspine:hosts=64,nics=2,leaves=8,spines=4")
+CFG = TriangulateConfig()
+
+
+def _alarms(steps: list[Step]) -> tuple[int, int]:
+    """(faulty onsets of any subject, subject-windows reported at all)."""
+    onsets, reported, prev = 0, 0, set()
+    for s in steps:
+        now = s.faulty(("link", "switch", "nic", "host"))
+        onsets += len(now - prev)
+        reported += len(s.reported())
+        prev = now
+    return onsets, reported
+
+
+def test_the_alarm_level_is_the_stated_rate_per_test() -> None:
+    # two fits per 1 s window: 7200 tests per link-hour, alpha = 1e-3 / 7200
+    assert alarm_llr(CFG, 1.0) == pytest.approx(math.log(7200 / 1e-3))
+    assert alarm_llr(CFG, 0.1) == pytest.approx(math.log(72000 / 1e-3))
+
+
+@pytest.mark.parametrize(("base_loss", "seconds"), [(1e-4, 40), (1e-5, 30)])
+def test_background_loss_raises_no_alarm(base_loss: float, seconds: int) -> None:
+    steps = drive(FABRIC, (), seconds=seconds, seed=28, base_loss=base_loss)
+    link_hours = len(FABRIC.links) * len(steps) / 3600
+    onsets, reported = _alarms(steps)
+    assert onsets / link_hours <= CFG.false_alarms_per_link_hour, (onsets, link_hours)
+    assert reported == 0, [s.bad for s in steps if s.bad][:2]
+
+
+def test_without_the_test_the_same_traffic_alarms() -> None:
+    """The traffic above is hard: with the level disabled the same fits call links lossy."""
+    loose = TriangulateConfig(false_alarms_per_link_hour=1e12)
+    steps = drive(FABRIC, (), seconds=8, seed=28, base_loss=1e-4, config=loose)
+    assert _alarms(steps)[1] > 0
+
+
+def test_a_one_percent_fault_is_faulty_in_the_first_window() -> None:
+    topo = small()
+    rng = np.random.default_rng(28)
+    links = [lk.id for lk in topo.links]
+    for i, lk in enumerate(rng.choice(links, 8, replace=False)):
+        steps = drive(topo, (f"{lk}:loss=0.01",), seconds=4, seed=i, base_loss=1e-5)
+        assert lk in steps[0].faulty(), (lk, steps[0].bad)
+        for s in steps:
+            assert s.faulty() <= {lk}, (lk, s.window.index, s.bad)
+            assert 0.005 <= s.bad[lk].loss_rate <= 0.02
