@@ -51,9 +51,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from fleetlens.hull import lower_hull_rows
-from fleetlens.summary import pad_rows
-
+from ._csr import group_offsets, hull_groups
 from .config import SyncConfig
 from .edgefit import EdgeFits
 from .purity import HullPoints
@@ -106,15 +104,13 @@ class _Hulls:
     @classmethod
     def of(cls, src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray) -> _Hulls:
         """The hulls of the points, per directed pair, given points grouped by pair (any
-        order of the groups; within a group best in time order, else the hull sorts it)."""
+        order of the groups and within them)."""
         code = src << 32 | dst
         new = np.flatnonzero(np.r_[True, code[1:] != code[:-1]]) if code.size else code
-        row = np.repeat(np.arange(new.size), np.diff(np.r_[new, code.size]))
-        mask, (tm, ym) = pad_rows(row, new.size, t, y)
-        size, ht, hy = lower_hull_rows(tm, ym, mask)
-        keep = np.arange(ht.shape[1]) < size[:, None]
+        off = np.r_[new, code.size].astype(np.int64)
+        size, ht, hy = hull_groups(off, np.arange(code.size), t, y)
         pair = np.repeat(code[new], size)
-        return cls(pair >> 32, pair & 0xFFFFFFFF, ht[keep], hy[keep])
+        return cls(pair >> 32, pair & 0xFFFFFFFF, ht, hy)
 
     @classmethod
     def union(cls, parts: list[_Hulls]) -> _Hulls:
@@ -219,7 +215,7 @@ class HullPool:
         if self._memo is not None and self._memo[0] is pts:
             return self._memo[1]
         ids = self.nic_numbers(pts)
-        order = _pair_time_order(pts)
+        order = _pair_order(pts)
         src, dst, t, y = (a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw))
         hulls = _Hulls.of(ids[src], ids[dst], t, y)
         self._memo = (pts, hulls)
@@ -289,17 +285,10 @@ class HullPool:
         return ids
 
 
-def _pair_time_order(pts: HullPoints) -> np.ndarray:
-    """The window's points ordered by (pair, time) with one integer sort: a pair has a few
-    paths' hulls, interleaved in time, and sorted rows need no sort in the hull (equal times
-    left out of order are sorted there)."""
-    n_nic = max(len(pts.nics), 1)
-    rel = pts.t_raw - (pts.t_raw.min() if pts.t_raw.size else 0)
-    bits = int(rel.max(initial=0)).bit_length()
-    pair = pts.src * n_nic + pts.dst
-    if bits + (n_nic * n_nic).bit_length() > 62:  # never with 1 s windows: pairs only
-        return np.argsort(pair, kind="stable")
-    return np.argsort(pair << bits | rel)
+def _pair_order(pts: HullPoints) -> np.ndarray:
+    """The window's points grouped by directed pair, in their order within a pair (agents
+    and the simulator send a pair's rows together: then this sort is one pass)."""
+    return np.argsort(pts.src * max(len(pts.nics), 1) + pts.dst, kind="stable")
 
 
 def _score(
@@ -491,14 +480,11 @@ def hull_reduce(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Keep only the points the max-margin fit can rest on: the lower hull of each edge's
     upper (lo→hi) points and the upper hull of its lower points. ``t`` is rounded to ns."""
-    row = edge * 2 + (~upper)
+    row = edge * 2 + ~upper
     tt = np.rint(t).astype(np.int64)
     yy = np.rint(np.where(upper, y, -y)).astype(np.int64)  # upper hull of y = −(lower of −y)
-    rows = 2 * n_edges
-    mask, (tm, ym) = pad_rows(row, rows, tt, yy)
-    size, ht, hy = lower_hull_rows(tm, ym, mask)
-    keep = np.arange(ht.shape[1]) < size[:, None]
-    r_idx = np.repeat(np.arange(rows), size)
+    size, ht, hy = hull_groups(*group_offsets(row, 2 * n_edges), tt, yy)
+    r_idx = np.repeat(np.arange(2 * n_edges), size)
     up = r_idx % 2 == 0
-    hy_f = hy[keep].astype(np.float64)
-    return r_idx // 2, up, ht[keep].astype(np.float64), np.where(up, hy_f, -hy_f)
+    hy_f = hy.astype(np.float64)
+    return r_idx // 2, up, ht.astype(np.float64), np.where(up, hy_f, -hy_f)

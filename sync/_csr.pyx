@@ -1,0 +1,194 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Per-group loops of the clock solve over a CSR layout: points grouped once by a stable
+counting sort (``group_offsets``), each group then one pass over its own points.
+
+The numpy forms padded every group to the widest one ((groups, width) matrices: a 1024-host
+window has ~130 k directed NIC pairs of up to a few hundred points) and sorted millions of
+points to group them; that was most of a collector round. Same arithmetic and tie rules as the
+padded forms (first index among equal values, hulls as :func:`fleetlens.hull.lower_hull_rows`:
+collinear points dropped, equal ``t`` keeps the lowest ``y``), so results are bit-identical.
+"""
+
+import numpy as np
+
+from libc.math cimport INFINITY
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc, qsort
+
+
+cdef struct Pt:
+    int64_t t
+    int64_t y
+
+
+cdef int _cmp_pt(const void *a, const void *b) noexcept nogil:
+    cdef const Pt *p = <const Pt *>a
+    cdef const Pt *q = <const Pt *>b
+    if p.t != q.t:
+        return -1 if p.t < q.t else 1
+    if p.y != q.y:
+        return -1 if p.y < q.y else 1
+    return 0
+
+
+def group_offsets(const int64_t[::1] group, Py_ssize_t n):
+    """Stable counting sort of ``0 <= group < n``: ``(offsets, order)``, group ``g``'s
+    points being ``order[offsets[g]:offsets[g + 1]]`` in their original order."""
+    cdef Py_ssize_t m = group.shape[0], k, i
+    off_a = np.zeros(n + 1, np.int64)
+    order_a = np.empty(m, np.int64)
+    pos_a = np.empty(max(n, 1), np.int64)
+    cdef int64_t[::1] off = off_a, order = order_a, pos = pos_a
+    with nogil:
+        for k in range(m):
+            off[group[k] + 1] += 1
+        for i in range(n):
+            off[i + 1] += off[i]
+            pos[i] = off[i]
+        for k in range(m):
+            order[pos[group[k]]] = k
+            pos[group[k]] += 1
+    return off_a, order_a
+
+
+def hull_groups(
+    const int64_t[::1] off,
+    const int64_t[::1] order,
+    const int64_t[::1] t,
+    const int64_t[::1] y,
+):
+    """Lower hull of each group's points (``order[off[g]:off[g + 1]]`` index ``t``/``y``):
+    ``(size, hull_t, hull_y)``, group ``g``'s hull the next ``size[g]`` points in t order."""
+    cdef Py_ssize_t n = off.shape[0] - 1, m = order.shape[0], g, k, j, w = 0, h, width = 1
+    cdef int64_t pt, py, ot, oy, at, ay
+    cdef double cross
+    cdef bint ordered
+    for g in range(n):
+        width = max(width, off[g + 1] - off[g])
+    size_a = np.zeros(max(n, 0), np.int64)
+    ht_a = np.empty(m, np.int64)
+    hy_a = np.empty(m, np.int64)
+    cdef int64_t[::1] size = size_a, ht = ht_a, hy = hy_a
+    cdef Pt *buf = <Pt *>malloc(width * sizeof(Pt))
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for g in range(n):
+                ordered = True
+                for k in range(off[g + 1] - off[g]):
+                    j = order[off[g] + k]
+                    buf[k].t = t[j]
+                    buf[k].y = y[j]
+                    if k and (buf[k].t < buf[k - 1].t or
+                              (buf[k].t == buf[k - 1].t and buf[k].y < buf[k - 1].y)):
+                        ordered = False
+                if not ordered:
+                    qsort(buf, off[g + 1] - off[g], sizeof(Pt), _cmp_pt)
+                h = 0
+                for k in range(off[g + 1] - off[g]):
+                    pt = buf[k].t
+                    py = buf[k].y
+                    while h >= 2:
+                        ot = ht[w + h - 2]
+                        oy = hy[w + h - 2]
+                        at = ht[w + h - 1]
+                        ay = hy[w + h - 1]
+                        cross = <double>(at - ot) * <double>(py - oy) - <double>(ay - oy) * <double>(pt - ot)
+                        if cross > 0:
+                            break
+                        h -= 1
+                    if h > 0 and ht[w + h - 1] == pt:
+                        continue  # same t, larger y: never on the lower hull
+                    ht[w + h] = pt
+                    hy[w + h] = py
+                    h += 1
+                size[g] = h
+                w += h
+    finally:
+        free(buf)
+    return size_a, ht_a[:w], hy_a[:w]
+
+
+def bisect_edges(
+    const int64_t[::1] off,
+    const double[::1] t,
+    const double[::1] y,
+    const double[::1] b_prior,
+    const double[::1] bracket,
+    int bisections,
+    double[::1] out,
+    double[::1] span,
+) -> None:
+    """Edge ``i``'s upper points are CSR row ``2i``, its lower points row ``2i + 1``:
+    ``out[i]`` the slope of its max-margin line within ``b_prior ± bracket`` (the bracket's
+    middle where a side is empty), ``span[i]`` how far apart in t its points are (0: none)."""
+    cdef Py_ssize_t edges = b_prior.shape[0], i, k, iu, il, u0, u1, l1
+    cdef int it
+    cdef double lo, hi, b, v, best, tmin, tmax
+    with nogil:
+        for i in range(edges):
+            u0, u1, l1 = off[2 * i], off[2 * i + 1], off[2 * i + 2]
+            if l1 > u0:
+                tmin = t[u0]
+                tmax = t[u0]
+                for k in range(u0 + 1, l1):
+                    tmin = min(tmin, t[k])
+                    tmax = max(tmax, t[k])
+                span[i] = tmax - tmin
+            else:
+                span[i] = 0.0
+            lo = b_prior[i] - bracket[i]
+            hi = b_prior[i] + bracket[i]
+            if u1 == u0 or l1 == u1:
+                out[i] = 0.5 * (lo + hi)  # unusable: the caller keeps the prior
+                continue
+            for it in range(bisections):
+                b = 0.5 * (lo + hi)
+                iu = u0
+                best = y[u0] - b * t[u0]
+                for k in range(u0 + 1, u1):
+                    v = y[k] - b * t[k]
+                    if v < best:
+                        best = v
+                        iu = k
+                il = u1
+                best = y[u1] - b * t[u1]
+                for k in range(u1 + 1, l1):
+                    v = y[k] - b * t[k]
+                    if v > best:
+                        best = v
+                        il = k
+                if t[il] > t[iu]:  # supergradient > 0: the optimum is at larger b
+                    lo = b
+                else:
+                    hi = b
+            out[i] = 0.5 * (lo + hi)
+
+
+def floors(
+    const int64_t[::1] off,
+    const double[::1] t,
+    const double[::1] y,
+    const double[::1] b,
+    double[::1] f,
+    double[::1] g,
+) -> None:
+    """At edge ``i``'s slope ``b[i]``: ``f[i]`` the lowest ``y − b·t`` of its upper points
+    (inf if none), ``g[i]`` the highest of its lower points (−inf if none)."""
+    cdef Py_ssize_t edges = b.shape[0], i, k
+    cdef double v, lo, hi
+    with nogil:
+        for i in range(edges):
+            lo = INFINITY
+            for k in range(off[2 * i], off[2 * i + 1]):
+                v = y[k] - b[i] * t[k]
+                if v < lo:
+                    lo = v
+            hi = -INFINITY
+            for k in range(off[2 * i + 1], off[2 * i + 2]):
+                v = y[k] - b[i] * t[k]
+                if v > hi:
+                    hi = v
+            f[i] = lo
+            g[i] = hi
