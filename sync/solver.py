@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
@@ -522,5 +523,5 @@ def _host_list(
 
 
 def _ts_kind(windows: pa.Table) -> str:
-    vals = set(windows.column("ts_source").to_pylist()) if windows.num_rows else set()
+    vals = set(pc.unique(windows["ts_source"]).to_pylist()) if windows.num_rows else set()
     return TS_HARDWARE if vals == {TS_HARDWARE} else "software"
