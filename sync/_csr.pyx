@@ -13,7 +13,7 @@ import numpy as np
 
 from libc.math cimport INFINITY
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc, qsort
+from libc.stdlib cimport free, malloc
 
 
 cdef struct Pt:
@@ -21,14 +21,49 @@ cdef struct Pt:
     int64_t y
 
 
-cdef int _cmp_pt(const void *a, const void *b) noexcept nogil:
-    cdef const Pt *p = <const Pt *>a
-    cdef const Pt *q = <const Pt *>b
-    if p.t != q.t:
-        return -1 if p.t < q.t else 1
-    if p.y != q.y:
-        return -1 if p.y < q.y else 1
-    return 0
+cdef inline bint _le(Pt a, Pt b) noexcept nogil:
+    return a.t < b.t or (a.t == b.t and a.y <= b.y)
+
+
+cdef Pt *_merge_runs(Pt *buf, Pt *tmp, Py_ssize_t n) noexcept nogil:
+    """Sort ``buf[:n]`` by (t, y) by merging its ascending runs pairwise until one is left
+    (a group is a few sorted runs: the paths of a pair, the blocks of a span); returns the
+    buffer that holds the result."""
+    cdef Py_ssize_t i, j, l, a, b, w, runs = 2
+    cdef Pt *swap
+    while runs > 1:
+        runs = 0
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and _le(buf[j - 1], buf[j]):
+                j += 1
+            l = j + 1 if j < n else j
+            while l < n and _le(buf[l - 1], buf[l]):
+                l += 1
+            a, b, w = i, j, i
+            while a < j and b < l:
+                if _le(buf[a], buf[b]):
+                    tmp[w] = buf[a]
+                    a += 1
+                else:
+                    tmp[w] = buf[b]
+                    b += 1
+                w += 1
+            while a < j:
+                tmp[w] = buf[a]
+                a += 1
+                w += 1
+            while b < l:
+                tmp[w] = buf[b]
+                b += 1
+                w += 1
+            runs += 1
+            i = l
+        swap = buf
+        buf = tmp
+        tmp = swap
+    return buf
 
 
 def group_offsets(const int64_t[::1] group, Py_ssize_t n):
@@ -69,12 +104,14 @@ def hull_groups(
     ht_a = np.empty(m, np.int64)
     hy_a = np.empty(m, np.int64)
     cdef int64_t[::1] size = size_a, ht = ht_a, hy = hy_a
-    cdef Pt *buf = <Pt *>malloc(width * sizeof(Pt))
-    if buf == NULL:
+    cdef Pt *mem = <Pt *>malloc(2 * width * sizeof(Pt))
+    cdef Pt *buf
+    if mem == NULL:
         raise MemoryError()
     try:
         with nogil:
             for g in range(n):
+                buf = mem
                 ordered = True
                 for k in range(off[g + 1] - off[g]):
                     j = order[off[g] + k]
@@ -84,7 +121,7 @@ def hull_groups(
                               (buf[k].t == buf[k - 1].t and buf[k].y < buf[k - 1].y)):
                         ordered = False
                 if not ordered:
-                    qsort(buf, off[g + 1] - off[g], sizeof(Pt), _cmp_pt)
+                    buf = _merge_runs(mem, mem + width, off[g + 1] - off[g])
                 h = 0
                 for k in range(off[g + 1] - off[g]):
                     pt = buf[k].t
@@ -106,7 +143,7 @@ def hull_groups(
                 size[g] = h
                 w += h
     finally:
-        free(buf)
+        free(mem)
     return size_a, ht_a[:w], hy_a[:w]
 
 

@@ -30,6 +30,7 @@ previous drift estimates) and contributes to offsets only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,8 @@ from scipy.optimize import linprog
 
 from ._csr import bisect_edges, floors, group_offsets
 from .config import DEFAULT, SyncConfig
+
+Points = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # (edge, upper, t, y) per point
 
 
 @dataclass
@@ -46,7 +49,7 @@ class EdgeFits:
     a: np.ndarray  # ns
     b: np.ndarray  # dimensionless (ns/ns)
     margin: np.ndarray  # ns; negative before the soft fit means the sets overlapped
-    n_up: np.ndarray
+    n_up: np.ndarray  # points the hard-margin fit was given (hull points at most)
     n_low: np.ndarray
     slope_ok: np.ndarray  # bool
     soft: np.ndarray  # bool: the soft-margin fit was used
@@ -63,11 +66,15 @@ def fit_edges(
     b_prior: np.ndarray,
     bracket: np.ndarray | float | None = None,
     cfg: SyncConfig = DEFAULT,
+    full: Callable[[np.ndarray], Points] | None = None,
 ) -> EdgeFits:
     """Fit every edge. ``upper`` marks lo→hi points (y = owd); the others are hi→lo points
     already sign-flipped (y = −owd). ``t`` is in ns on a common time axis. ``bracket``: the
     slope searched within ``b_prior ± bracket`` (per edge; default ``cfg.slope_bracket``); an
-    optimum at its edge keeps ``b_prior`` (not ``slope_ok``)."""
+    optimum at its edge keeps ``b_prior`` (not ``slope_ok``). The hard-margin line rests on
+    hull points only, so the points may be just each direction's hull; the soft-margin fit
+    of an overlapping edge counts every point: ``full(edges)`` gives those edges' points as
+    ``(edge, upper, t, y)`` where the points given are hulls only."""
     bracket = cfg.slope_bracket if bracket is None else bracket
     # CSR rows: edge e's upper points are row 2e, its lower points row 2e + 1 (in the
     # points' order: the bisection's ties go to the first of equal values)
@@ -89,24 +96,18 @@ def fit_edges(
         a, margin = 0.5 * (f + g), 0.5 * (f - g)
     a, margin = np.where(usable, a, 0.0), np.where(usable, margin, 0.0)
     fits = EdgeFits(a, b, margin, nu, nl, slope_ok, np.zeros(n_edges, bool), usable, span)
-    _soft_fallback(fits, edge, upper, t, y, cfg)
+    _soft_fallback(fits, full or (lambda _: (edge, upper, t, y)), cfg)
     return fits
 
 
-def _soft_fallback(
-    fits: EdgeFits,
-    edge: np.ndarray,
-    upper: np.ndarray,
-    t: np.ndarray,
-    y: np.ndarray,
-    cfg: SyncConfig,
-) -> None:
+def _soft_fallback(fits: EdgeFits, full: Callable[[np.ndarray], Points], cfg: SyncConfig) -> None:
     bad = np.flatnonzero(fits.usable & (fits.margin < 0))
     if bad.size > cfg.max_soft_edges:
         fits.usable[bad[cfg.max_soft_edges :]] = False
         bad = bad[: cfg.max_soft_edges]
     if not bad.size:
         return
+    edge, upper, t, y = full(bad)
     order = np.argsort(edge, kind="stable")
     starts = np.searchsorted(edge[order], bad)
     ends = np.searchsorted(edge[order], bad, side="right")

@@ -47,7 +47,7 @@ these choices: ``docs/notes/sync.md``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -148,7 +148,7 @@ class HullPool:
         self.blocks: dict[tuple[int, int], _Hulls | None] = {}  # (level, index) -> hulls
         self.newest: int | None = None  # generation of the newest remembered window
         self._nic_ids: dict[str, int] = {}  # NIC id -> number, stable across windows
-        self._memo: tuple[HullPoints, _Hulls] | None = None
+        self._memo: tuple[HullPoints, HullPoints, _Hulls] | None = None
         self._ids: tuple[HullPoints, np.ndarray] | None = None
         self.tracks = _Tracks.empty(len(sizes))
         self.noise = np.zeros(0)  # per edge of the last choice: the chosen span's noise, ns
@@ -205,21 +205,27 @@ class HullPool:
             self.blocks[key] = _Hulls.union(parts) if parts else None
         return self.blocks[key]
 
+    def window_hulls(self, pts: HullPoints) -> HullPoints:
+        """``pts`` reduced to each directed NIC pair's lower hull, computed once per window
+        (the window's NIC numbering). The fits map a sender's raw times to fleet time by an
+        affine map with positive scale, the same for all points of a pair, and subtract a
+        constant NIC latency from its delays: neither changes which points are on the hull,
+        so the fits see the same hulls from a few points per pair and window instead of
+        every path's hull points (~7 rows per pair at 16 peers)."""
+        return self._hulls(pts)[0]
+
     def _reduced(self, pts: HullPoints) -> _Hulls:
-        """``pts`` reduced to each directed NIC pair's hull, computed once per window. The
-        fits map a sender's raw times to fleet time by an affine map with positive scale, the
-        same for all points of a pair, and subtract a constant NIC latency from its delays:
-        neither changes which points are on the hull, so the pooled fits see the same hulls
-        from a few points per pair and window instead of every path's hull points (~7 rows
-        per pair at 16 peers)."""
-        if self._memo is not None and self._memo[0] is pts:
-            return self._memo[1]
-        ids = self.nic_numbers(pts)
-        order = _pair_order(pts)
-        src, dst, t, y = (a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw))
-        hulls = _Hulls.of(ids[src], ids[dst], t, y)
-        self._memo = (pts, hulls)
-        return hulls
+        """:meth:`window_hulls` with the pool's stable NIC numbers."""
+        return self._hulls(pts)[1]
+
+    def _hulls(self, pts: HullPoints) -> tuple[HullPoints, _Hulls]:
+        if self._memo is None or self._memo[0] is not pts:
+            order = _pair_order(pts)
+            h = _Hulls.of(*(a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw)))
+            red = replace(pts, src=h.src, dst=h.dst, t_raw=h.t_raw, owd_raw=h.owd_raw)
+            ids = self.nic_numbers(pts)
+            self._memo = (pts, red, _Hulls(ids[h.src], ids[h.dst], h.t_raw, h.owd_raw))
+        return self._memo[1], self._memo[2]
 
     def choose(
         self,

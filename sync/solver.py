@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -47,7 +48,7 @@ from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
 from .config import SyncConfig
-from .edgefit import EdgeFits, fit_edges
+from .edgefit import EdgeFits, Points, fit_edges
 from .network import NetSolution, solve_network
 from .pooling import HullPool, hull_reduce
 from .purity import HullPoints, complete_generations, hull_points
@@ -155,19 +156,22 @@ class HuygensSync:
     def _solve(self, pts: HullPoints, hosts: list[str], kind: str, gen: int | None) -> SolveReport:
         hidx = {h: i for i, h in enumerate(hosts)}
         nic_h = np.array([hidx[h] for h in pts.nic_host], np.int64)
-        src_h = nic_h[pts.src]
-        geo = _EdgeGeometry(pts, nic_h, self.pool.nic_numbers(pts))
-        theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
+        theta, drift, known, t_ref = self._prior(hosts, pts, nic_h[pts.src])
+        # The fits rest on each directed pair's hull: the window's points reduced once.
+        red = self.pool.window_hulls(pts)
+        src_h = nic_h[red.src]
+        geo = _EdgeGeometry(red, nic_h, self.pool.nic_numbers(pts))
         tracked = (drift.copy(), self._drift_sd.copy(), known.copy())
         net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.cfg)
         lat = self._latency(pts)
-        y = _edge_owd(pts.owd_raw, pts.src, pts.dst, geo.upper, lat)
+        y = _edge_owd(red.owd_raw, red.src, red.dst, geo.upper, lat)
         npass, mapped = 0, known.copy()
         while True:
             npass += 1
-            t = _fleet_t(pts.t_raw, src_h, theta, drift, t_ref)
+            t = _fleet_t(red.t_raw, src_h, theta, drift, t_ref)
             b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
-            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg)
+            every = partial(_edge_points, pts, geo, _TimeMap(nic_h, theta, drift, t_ref, lat))
+            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg, full=every)
             # Edges to a host whose time mapping is still a guess may look overlapped only
             # because its points sit at the wrong t: take them at face value this pass.
             lenient = ~(mapped[geo.lo] & mapped[geo.hi])
@@ -435,6 +439,18 @@ def _edge_owd(
     (lower NIC -> higher NIC positive)."""
     owd = owd_raw - lat[src, 0] - lat[dst, 1]
     return np.where(upper, owd, -owd)
+
+
+def _edge_points(pts: HullPoints, geo: _EdgeGeometry, tm: _TimeMap, edges: np.ndarray) -> Points:
+    """Every point of the window on the given edges (not only the pairs' hulls), as
+    ``(edge, upper, t, y)``: what a soft-margin fit counts."""
+    lo, hi = np.minimum(pts.src, pts.dst), np.maximum(pts.src, pts.dst)
+    edge = np.searchsorted(geo.key_codes, lo * len(pts.nics) + hi)  # every pair has a hull
+    on = np.isin(edge, edges)
+    src, dst = pts.src[on], pts.dst[on]
+    upper = src < dst
+    t = _fleet_t(pts.t_raw[on], tm.nic_h[src], tm.theta, tm.drift, tm.t_ref)
+    return edge[on], upper, t, _edge_owd(pts.owd_raw[on], src, dst, upper, tm.lat)
 
 
 def _fleet_t(
