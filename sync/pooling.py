@@ -51,7 +51,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from ._csr import group_offsets, hull_groups
+from ._csr import hull_groups
 from .config import SyncConfig
 from .edgefit import EdgeFits
 from .purity import HullPoints
@@ -114,8 +114,8 @@ class _Hulls:
 
     @classmethod
     def union(cls, parts: list[_Hulls]) -> _Hulls:
-        """Parts in time order: a pair's points stay in time order, and the parts' runs
-        sorted by pair merge in one pass of the stable sort."""
+        """The hull of the parts' union per pair: the parts' runs sorted by pair merge in one
+        pass of the stable sort, a pair's time-sorted runs in the hull's merge."""
         cat = [np.concatenate([getattr(h, f.name) for h in parts]) for f in fields(cls)]
         order = np.argsort(cat[0] << 32 | cat[1], kind="stable")
         return cls.of(*(c[order] for c in cat))
@@ -123,7 +123,8 @@ class _Hulls:
 
 @dataclass
 class Pooled:
-    """The current window's points plus older windows' points, in the current numbering."""
+    """The current window's points plus older windows' points (or only their hull per
+    directed pair), in the current numbering."""
 
     src: np.ndarray  # NIC number of the sender (current window's NIC list)
     dst: np.ndarray
@@ -160,22 +161,21 @@ class HullPool:
         return self.newest is not None
 
     def pooled(self, pts: HullPoints, gen: int | None, span: int) -> Pooled:
-        """The current window's hulls plus those of the stored windows of the last ``span``
-        generations (a missed window still counts), restricted to the current window's
-        NICs."""
+        """The lower hull per directed pair of the current window's points and those of the
+        stored windows of the last ``span`` generations (a missed window still counts),
+        restricted to the current window's NICs. It is taken in raw coordinates: the fits
+        map a pair's points by one affine map with positive scale, which keeps the hull."""
         ids = self.nic_numbers(pts)
-        parts = []  # oldest first: each pair's points stay in time order for the hulls
+        parts = []
         if gen is not None and span > 1:
             parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
         parts.append(self._reduced(pts))
+        h = _Hulls.union(parts) if len(parts) > 1 else parts[0]
         cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
         cur[ids] = np.arange(ids.size)
-        src = np.concatenate([cur[h.src] for h in parts])
-        dst = np.concatenate([cur[h.dst] for h in parts])
+        src, dst = cur[h.src], cur[h.dst]
         keep = (src >= 0) & (dst >= 0)
-        t_raw, owd_raw = (np.concatenate([getattr(h, c) for h in parts]) for c in
-                          ("t_raw", "owd_raw"))  # fmt: skip
-        return Pooled(src[keep], dst[keep], t_raw[keep], owd_raw[keep])
+        return Pooled(src[keep], dst[keep], h.t_raw[keep], h.owd_raw[keep])
 
     def remember(self, pts: HullPoints, gen: int | None) -> None:
         if len(self.sizes) < 2 or gen is None:
@@ -479,18 +479,3 @@ def _select(fits: list[EdgeFits], choice: np.ndarray) -> EdgeFits:
         stack = np.array([getattr(f, name) for f in fits])
         cols[name] = stack[choice, np.arange(choice.size)]
     return EdgeFits(**cols)
-
-
-def hull_reduce(
-    edge: np.ndarray, upper: np.ndarray, t: np.ndarray, y: np.ndarray, n_edges: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Keep only the points the max-margin fit can rest on: the lower hull of each edge's
-    upper (lo→hi) points and the upper hull of its lower points. ``t`` is rounded to ns."""
-    row = edge * 2 + ~upper
-    tt = np.rint(t).astype(np.int64)
-    yy = np.rint(np.where(upper, y, -y)).astype(np.int64)  # upper hull of y = −(lower of −y)
-    size, ht, hy = hull_groups(*group_offsets(row, 2 * n_edges), tt, yy)
-    r_idx = np.repeat(np.arange(2 * n_edges), size)
-    up = r_idx % 2 == 0
-    hy_f = hy.astype(np.float64)
-    return r_idx // 2, up, ht.astype(np.float64), np.where(up, hy_f, -hy_f)

@@ -50,7 +50,7 @@ from fleetlens.topology import Topology
 from .config import SyncConfig
 from .edgefit import EdgeFits, Points, fit_edges
 from .network import NetSolution, solve_network
-from .pooling import HullPool, hull_reduce
+from .pooling import HullPool
 from .purity import HullPoints, complete_generations, hull_points
 from .tracking import DriftTracker
 
@@ -247,7 +247,6 @@ class HuygensSync:
             e, up, tt, yy = self._pooled_points(pts, geo, tm, gen, k)
             if k == 1:
                 now = (e, up, tt, yy)
-            e, up, tt, yy = hull_reduce(e, up, tt, yy, geo.n)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket, cfg))
         held = fits.pop(1)  # this window alone, its slope held near the tracked one
         chosen, span = self.pool.choose(geo.codes, tm.t_ref, fits, b_prior, now)
@@ -264,7 +263,10 @@ class HuygensSync:
         n_nic = len(pts.nics)
         lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
         key = lo_nic * n_nic + hi_nic
-        edge = np.minimum(np.searchsorted(geo.key_codes, key), geo.n - 1)
+        # a pair's points are together: one edge look-up per run of equal keys
+        new = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
+        run_edge = np.minimum(np.searchsorted(geo.key_codes, key[new]), geo.n - 1)
+        edge = np.repeat(run_edge, np.diff(np.r_[new, key.size]))
         known = geo.key_codes[edge] == key
         t = _fleet_t(pool.t_raw, tm.nic_h[pool.src], tm.theta, tm.drift, tm.t_ref)
         upper = pool.src < pool.dst
