@@ -17,3 +17,6 @@ def bisect_edges(
 def floors(
     off: np.ndarray, t: np.ndarray, y: np.ndarray, b: np.ndarray, f: np.ndarray, g: np.ndarray
 ) -> None: ...
+def pair_hulls(
+    src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray, n_nic: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...

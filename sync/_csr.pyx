@@ -86,6 +86,54 @@ def group_offsets(const int64_t[::1] group, Py_ssize_t n):
     return off_a, order_a
 
 
+cdef Py_ssize_t _group_hull(
+    Pt *mem,
+    Py_ssize_t width,
+    const int64_t[::1] t,
+    const int64_t[::1] y,
+    const int64_t[::1] order,
+    bint indexed,
+    Py_ssize_t k0,
+    Py_ssize_t k1,
+    int64_t[::1] ht,
+    int64_t[::1] hy,
+    Py_ssize_t w,
+) noexcept nogil:
+    """The lower hull of points ``k0..k1`` (through ``order`` if ``indexed``) written to
+    ``ht``/``hy`` from ``w`` on; returns its size."""
+    cdef Pt *buf = mem
+    cdef Py_ssize_t k, j, h = 0, m = k1 - k0
+    cdef int64_t pt, py, ot, oy, at, ay
+    cdef double cross
+    cdef bint ordered = True
+    for k in range(m):
+        j = order[k0 + k] if indexed else k0 + k
+        buf[k].t = t[j]
+        buf[k].y = y[j]
+        if k and not _le(buf[k - 1], buf[k]):
+            ordered = False
+    if not ordered:
+        buf = _merge_runs(mem, mem + width, m)
+    for k in range(m):
+        pt = buf[k].t
+        py = buf[k].y
+        while h >= 2:
+            ot = ht[w + h - 2]
+            oy = hy[w + h - 2]
+            at = ht[w + h - 1]
+            ay = hy[w + h - 1]
+            cross = <double>(at - ot) * <double>(py - oy) - <double>(ay - oy) * <double>(pt - ot)
+            if cross > 0:
+                break
+            h -= 1
+        if h > 0 and ht[w + h - 1] == pt:
+            continue  # same t, larger y: never on the lower hull
+        ht[w + h] = pt
+        hy[w + h] = py
+        h += 1
+    return h
+
+
 def hull_groups(
     const int64_t[::1] off,
     const int64_t[::1] order,
@@ -94,10 +142,7 @@ def hull_groups(
 ):
     """Lower hull of each group's points (``order[off[g]:off[g + 1]]`` index ``t``/``y``):
     ``(size, hull_t, hull_y)``, group ``g``'s hull the next ``size[g]`` points in t order."""
-    cdef Py_ssize_t n = off.shape[0] - 1, m = order.shape[0], g, k, j, w = 0, h, width = 1
-    cdef int64_t pt, py, ot, oy, at, ay
-    cdef double cross
-    cdef bint ordered
+    cdef Py_ssize_t n = off.shape[0] - 1, m = order.shape[0], g, w = 0, width = 1
     for g in range(n):
         width = max(width, off[g + 1] - off[g])
     size_a = np.zeros(max(n, 0), np.int64)
@@ -105,43 +150,13 @@ def hull_groups(
     hy_a = np.empty(m, np.int64)
     cdef int64_t[::1] size = size_a, ht = ht_a, hy = hy_a
     cdef Pt *mem = <Pt *>malloc(2 * width * sizeof(Pt))
-    cdef Pt *buf
     if mem == NULL:
         raise MemoryError()
     try:
         with nogil:
             for g in range(n):
-                buf = mem
-                ordered = True
-                for k in range(off[g + 1] - off[g]):
-                    j = order[off[g] + k]
-                    buf[k].t = t[j]
-                    buf[k].y = y[j]
-                    if k and (buf[k].t < buf[k - 1].t or
-                              (buf[k].t == buf[k - 1].t and buf[k].y < buf[k - 1].y)):
-                        ordered = False
-                if not ordered:
-                    buf = _merge_runs(mem, mem + width, off[g + 1] - off[g])
-                h = 0
-                for k in range(off[g + 1] - off[g]):
-                    pt = buf[k].t
-                    py = buf[k].y
-                    while h >= 2:
-                        ot = ht[w + h - 2]
-                        oy = hy[w + h - 2]
-                        at = ht[w + h - 1]
-                        ay = hy[w + h - 1]
-                        cross = <double>(at - ot) * <double>(py - oy) - <double>(ay - oy) * <double>(pt - ot)
-                        if cross > 0:
-                            break
-                        h -= 1
-                    if h > 0 and ht[w + h - 1] == pt:
-                        continue  # same t, larger y: never on the lower hull
-                    ht[w + h] = pt
-                    hy[w + h] = py
-                    h += 1
-                size[g] = h
-                w += h
+                size[g] = _group_hull(mem, width, t, y, order, True, off[g], off[g + 1], ht, hy, w)
+                w += size[g]
     finally:
         free(mem)
     return size_a, ht_a[:w], hy_a[:w]
@@ -229,3 +244,55 @@ def floors(
                     hi = v
             f[i] = lo
             g[i] = hi
+
+
+def pair_hulls(
+    const int64_t[::1] src,
+    const int64_t[::1] dst,
+    const int64_t[::1] t,
+    const int64_t[::1] y,
+    int64_t n_nic,
+):
+    """Lower hull of each directed pair's points, given points grouped by pair in ascending
+    ``src·n_nic + dst`` (a pair's points in any order): ``(src, dst, t, y)`` of the hull
+    points, pair by pair; None where the points are not so grouped."""
+    cdef Py_ssize_t n = src.shape[0], k, start = 0, end, width = 1, w = 0, h
+    cdef int64_t code, prev = -1
+    cdef bint grouped = True
+    with nogil:
+        for k in range(n):
+            code = src[k] * n_nic + dst[k]
+            if code < prev:
+                grouped = False
+                break
+            if code != prev:
+                width = max(width, k - start)
+                start = k
+                prev = code
+        width = max(width, n - start)
+    if not grouped:
+        return None
+    out_s = np.empty(n, np.int64)
+    out_d = np.empty(n, np.int64)
+    out_t = np.empty(n, np.int64)
+    out_y = np.empty(n, np.int64)
+    cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
+    cdef Pt *mem = <Pt *>malloc(2 * width * sizeof(Pt))
+    if mem == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            start = 0
+            while start < n:
+                end = start + 1
+                while end < n and src[end] == src[start] and dst[end] == dst[start]:
+                    end += 1
+                h = _group_hull(mem, width, t, y, t, False, start, end, ot, oy, w)
+                for k in range(w, w + h):
+                    os[k] = src[start]
+                    od[k] = dst[start]
+                w += h
+                start = end
+    finally:
+        free(mem)
+    return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy()

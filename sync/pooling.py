@@ -51,7 +51,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from ._csr import hull_groups
+from ._csr import hull_groups, pair_hulls
 from .config import SyncConfig
 from .edgefit import EdgeFits
 from .purity import HullPoints
@@ -220,8 +220,7 @@ class HullPool:
 
     def _hulls(self, pts: HullPoints) -> tuple[HullPoints, _Hulls]:
         if self._memo is None or self._memo[0] is not pts:
-            order = _pair_order(pts)
-            h = _Hulls.of(*(a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw)))
+            h = _pair_hulls(pts)
             red = replace(pts, src=h.src, dst=h.dst, t_raw=h.t_raw, owd_raw=h.owd_raw)
             ids = self.nic_numbers(pts)
             self._memo = (pts, red, _Hulls(ids[h.src], ids[h.dst], h.t_raw, h.owd_raw))
@@ -291,10 +290,16 @@ class HullPool:
         return ids
 
 
-def _pair_order(pts: HullPoints) -> np.ndarray:
-    """The window's points grouped by directed pair, in their order within a pair (agents
-    and the simulator send a pair's rows together: then this sort is one pass)."""
-    return np.argsort(pts.src * max(len(pts.nics), 1) + pts.dst, kind="stable")
+def _pair_hulls(pts: HullPoints) -> _Hulls:
+    """Each directed pair's lower hull of the window's points, in one pass where the points
+    come grouped by pair (agents and the simulator send a pair's rows together), else after
+    a stable sort by pair."""
+    n_nic = max(len(pts.nics), 1)
+    got = pair_hulls(pts.src, pts.dst, pts.t_raw, pts.owd_raw, n_nic)
+    if got is not None:
+        return _Hulls(*got)
+    order = np.argsort(pts.src * n_nic + pts.dst, kind="stable")
+    return _Hulls.of(*(a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw)))
 
 
 def _score(

@@ -290,11 +290,11 @@ class HuygensSync:
         # First guess of the reference time in fleet time: the median sender's view.
         t_ref = raw_mid
         for _ in range(2):
-            for i, h in enumerate(hosts):
-                p = self.tracker.predict(h, t_ref)
-                if p is not None and p[2][0, 0] < 1e12:
-                    theta[i], drift[i], known[i] = p[0], p[1], True
-                    sd[i] = float(np.sqrt(max(p[2][1, 1], 0.0)))
+            th, dr, var_th, var_dr = self.tracker.predict_many(hosts, t_ref)
+            now = var_th < 1e12  # NaN (not tracked): False
+            theta, drift = np.where(now, th, theta), np.where(now, dr, drift)
+            sd = np.where(now, np.sqrt(np.maximum(np.nan_to_num(var_dr), 0.0)), sd)
+            known |= now
             t_ref = int(np.median(pts.t_raw - np.rint(theta[src_h]).astype(np.int64)))
         self._drift_sd = sd
         return theta, drift, known, t_ref
