@@ -20,3 +20,6 @@ def floors(
 def pair_hulls(
     src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray, n_nic: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
+def union_hulls(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], cur: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...

@@ -13,7 +13,7 @@ import numpy as np
 
 from libc.math cimport INFINITY
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 
 
 cdef struct Pt:
@@ -102,9 +102,7 @@ cdef Py_ssize_t _group_hull(
     """The lower hull of points ``k0..k1`` (through ``order`` if ``indexed``) written to
     ``ht``/``hy`` from ``w`` on; returns its size."""
     cdef Pt *buf = mem
-    cdef Py_ssize_t k, j, h = 0, m = k1 - k0
-    cdef int64_t pt, py, ot, oy, at, ay
-    cdef double cross
+    cdef Py_ssize_t k, j, m = k1 - k0
     cdef bint ordered = True
     for k in range(m):
         j = order[k0 + k] if indexed else k0 + k
@@ -114,6 +112,17 @@ cdef Py_ssize_t _group_hull(
             ordered = False
     if not ordered:
         buf = _merge_runs(mem, mem + width, m)
+    return _chain(buf, m, ht, hy, w)
+
+
+cdef Py_ssize_t _chain(
+    const Pt *buf, Py_ssize_t m, int64_t[::1] ht, int64_t[::1] hy, Py_ssize_t w
+) noexcept nogil:
+    """Andrew's monotone chain over ``buf[:m]`` sorted by (t, y), written to ``ht``/``hy``
+    from ``w`` on; returns the hull's size."""
+    cdef Py_ssize_t k, h = 0
+    cdef int64_t pt, py, ot, oy, at, ay
+    cdef double cross
     for k in range(m):
         pt = buf[k].t
         py = buf[k].y
@@ -296,3 +305,110 @@ def pair_hulls(
     finally:
         free(mem)
     return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy()
+
+
+def union_hulls(list parts, const int64_t[::1] cur):
+    """The lower hull of each directed pair's points over ``parts`` (``(src, dst, t, y)``
+    int64 arrays, each grouped by pair in ascending ``src << 32 | dst``, a pair's points in
+    time order or a few sorted runs): ``(src, dst, t, y)`` pair by pair in that order, the
+    NIC numbers through ``cur`` (a pair with an end numbered -1 there is left out); None
+    where a part is not so grouped."""
+    cdef Py_ssize_t n_parts = len(parts), i, total = 0, cap = 64, w = 0, k
+    views = []  # keeps the parts' buffers alive while their pointers are used
+    cdef const int64_t **ps = <const int64_t **>malloc(4 * max(n_parts, 1) * sizeof(int64_t *))
+    cdef Py_ssize_t *pos = <Py_ssize_t *>malloc(2 * max(n_parts, 1) * sizeof(Py_ssize_t))
+    cdef Pt *mem = <Pt *>malloc(2 * cap * sizeof(Pt))
+    cdef const int64_t[::1] mv
+    if ps == NULL or pos == NULL or mem == NULL:
+        free(ps)
+        free(pos)
+        free(mem)
+        raise MemoryError()
+    try:
+        for i in range(n_parts):
+            pos[2 * i] = 0
+            pos[2 * i + 1] = len(parts[i][0])
+            total += pos[2 * i + 1]
+            for k in range(4):
+                mv = parts[i][k]
+                views.append(mv)
+                ps[4 * i + k] = &mv[0] if mv.shape[0] else NULL
+        out_s = np.empty(total, np.int64)
+        out_d = np.empty(total, np.int64)
+        out_t = np.empty(total, np.int64)
+        out_y = np.empty(total, np.int64)
+        w = _union(n_parts, ps, pos, &mem, &cap, cur, out_s, out_d, out_t, out_y)
+    finally:
+        free(ps)
+        free(pos)
+        free(mem)
+    if w < 0:
+        return None
+    return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy()
+
+
+cdef Py_ssize_t _union(
+    Py_ssize_t n_parts,
+    const int64_t **ps,
+    Py_ssize_t *pos,
+    Pt **mem,
+    Py_ssize_t *cap,
+    const int64_t[::1] cur,
+    int64_t[::1] os,
+    int64_t[::1] od,
+    int64_t[::1] ot,
+    int64_t[::1] oy,
+) noexcept nogil:
+    """The merge of :func:`union_hulls`; returns the points written, -1 if not grouped."""
+    cdef Py_ssize_t i, m, w = 0, h, k, j
+    cdef int64_t best, code, s, d
+    cdef const int64_t *src
+    cdef const int64_t *dst
+    cdef Pt *buf
+    cdef Pt *grown
+    cdef bint ordered
+    while True:
+        best = -1
+        for i in range(n_parts):
+            if pos[2 * i] < pos[2 * i + 1]:
+                j = pos[2 * i]
+                code = ps[4 * i][j] << 32 | ps[4 * i + 1][j]
+                if best < 0 or code < best:
+                    best = code
+        if best < 0:
+            return w
+        m = 0
+        for i in range(n_parts):
+            src, dst = ps[4 * i], ps[4 * i + 1]
+            j = pos[2 * i]
+            while j < pos[2 * i + 1] and (src[j] << 32 | dst[j]) == best:
+                if m == cap[0]:
+                    grown = <Pt *>realloc(mem[0], 4 * cap[0] * sizeof(Pt))
+                    if grown == NULL:
+                        return -1
+                    mem[0] = grown
+                    cap[0] *= 2
+                mem[0][m].t = ps[4 * i + 2][j]
+                mem[0][m].y = ps[4 * i + 3][j]
+                m += 1
+                j += 1
+            if j < pos[2 * i + 1] and (src[j] << 32 | dst[j]) < best:
+                return -1  # this part is not grouped in ascending pairs
+            pos[2 * i] = j
+        s = best >> 32
+        d = best & <int64_t>0xFFFFFFFF
+        if cur[s] < 0 or cur[d] < 0:
+            continue
+        buf = mem[0]
+        ordered = True
+        for k in range(1, m):
+            if not _le(buf[k - 1], buf[k]):
+                ordered = False
+                break
+        if not ordered:
+            buf = _merge_runs(mem[0], mem[0] + cap[0], m)
+        h = _chain(buf, m, ot, oy, w)
+        for k in range(w, w + h):
+            os[k] = cur[s]
+            od[k] = cur[d]
+        w += h

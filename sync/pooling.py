@@ -51,7 +51,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from ._csr import hull_groups, pair_hulls
+from ._csr import hull_groups, pair_hulls, union_hulls
 from .config import SyncConfig
 from .edgefit import EdgeFits
 from .purity import HullPoints
@@ -114,8 +114,13 @@ class _Hulls:
 
     @classmethod
     def union(cls, parts: list[_Hulls]) -> _Hulls:
-        """The hull of the parts' union per pair: the parts' runs sorted by pair merge in one
-        pass of the stable sort, a pair's time-sorted runs in the hull's merge."""
+        """The hull of the parts' union per pair, pairs in ascending ``src << 32 | dst``.
+        Parts so grouped (every block and window hull the pool keeps) are merged pair by
+        pair in one pass; others are sorted first."""
+        n = 1 + max(max(int(h.src.max(initial=-1)), int(h.dst.max(initial=-1))) for h in parts)
+        got = union_hulls([(h.src, h.dst, h.t_raw, h.owd_raw) for h in parts], np.arange(n))
+        if got is not None:  # the parts grouped in ascending pairs: one k-way merge
+            return cls(*got)
         cat = [np.concatenate([getattr(h, f.name) for h in parts]) for f in fields(cls)]
         order = np.argsort(cat[0] << 32 | cat[1], kind="stable")
         return cls.of(*(c[order] for c in cat))
@@ -223,7 +228,12 @@ class HullPool:
             h = _pair_hulls(pts)
             red = replace(pts, src=h.src, dst=h.dst, t_raw=h.t_raw, owd_raw=h.owd_raw)
             ids = self.nic_numbers(pts)
-            self._memo = (pts, red, _Hulls(ids[h.src], ids[h.dst], h.t_raw, h.owd_raw))
+            stable = _Hulls(ids[h.src], ids[h.dst], h.t_raw, h.owd_raw)
+            code = stable.src << 32 | stable.dst
+            if (code[1:] < code[:-1]).any():  # NICs came or went: stable numbers out of order
+                order = np.argsort(code, kind="stable")
+                stable = _Hulls(*(getattr(stable, f.name)[order] for f in fields(_Hulls)))
+            self._memo = (pts, red, stable)
         return self._memo[1], self._memo[2]
 
     def choose(
