@@ -67,12 +67,23 @@ def complete_generations(
     start = pc.fill_null(windows["start_ns"], 0).to_numpy().astype(np.int64)
     ok = dur > 0
     gen = np.where(ok, np.floor_divide(start + dur // 2, np.maximum(dur, 1)), -1)
-    ids, counts = np.unique(gen[ok], return_counts=True)
-    if ids.size == 0:
+    if not ok.any():
         return []
+    ids, counts = _counts(gen[ok])
     newest = int(ids[counts >= quorum * counts.max()].max())
     wanted = [newest] if after is None else [int(g) for g in ids if after < g <= newest]
     return [(_rows(windows, gen == g), g) for g in wanted]
+
+
+def _counts(gen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct generations and their row counts: a look-back spans a few consecutive
+    generations, so by counting, not sorting (millions of rows at fleet scale)."""
+    lo, hi = int(gen.min()), int(gen.max())
+    if hi - lo > 4 * gen.size:  # wild start times: sort
+        return np.unique(gen, return_counts=True)
+    counts = np.bincount(gen - lo)
+    ids = np.flatnonzero(counts)
+    return ids + lo, counts[ids]
 
 
 def _rows(windows: pa.Table, mask: np.ndarray) -> pa.Table:
@@ -107,24 +118,29 @@ def hull_points(windows: pa.Table) -> HullPoints:
     renum = np.append(np.where(seen[:-1], renum, -1), -1)  # index -1 (invalid) stays -1
     src, dst = renum[src], renum[dst]
     hosts = [n.partition("/")[0] for n in names]
-    host_arr = np.array([*hosts, ""], dtype=object)
-    ok = (src >= 0) & (dst >= 0)
-    ok[ok] = host_arr[src[ok]] != host_arr[dst[ok]]
+    number = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+    host_of = np.array([*(number[h] for h in hosts), -1], np.int64)  # [-1]: invalid id
+    ok = (src >= 0) & (dst >= 0) & (host_of[src] != host_of[dst])
     keep = _count(keep, ok, "bad_nic_or_self_probe", dropped)
     ft, fy = pc.list_flatten(windows["hull_t_ns"]), pc.list_flatten(windows["hull_owd_ns"])
-    row = pc.list_parent_indices(windows["hull_t_ns"]).to_numpy()
-    at = np.flatnonzero(keep[row])  # the kept rows' points in ``ft``
-    row = row[at]
-    # ... and in ``fy``, whose rows of other lengths (dropped) shift the positions
-    at_y = at + (np.cumsum(np.maximum(n_y, 0)) - np.cumsum(np.maximum(n_t, 0)))[row] if (
-        n_t != n_y).any() else at  # fmt: skip
+    if keep.all():  # the usual window: every row's points as they come
+        at = at_y = slice(None)
+        src_p, dst_p = np.repeat(src, n_t), np.repeat(dst, n_t)
+    else:
+        row = pc.list_parent_indices(windows["hull_t_ns"]).to_numpy()
+        at = np.flatnonzero(keep[row])  # the kept rows' points in ``ft``
+        row = row[at]
+        # ... and in ``fy``, whose rows of other lengths (dropped) shift the positions
+        at_y = at + (np.cumsum(np.maximum(n_y, 0)) - np.cumsum(np.maximum(n_t, 0)))[row] if (
+            n_t != n_y).any() else at  # fmt: skip
+        src_p, dst_p = src[row], dst[row]
     ht, hy = _values(ft)[at], _values(fy)[at_y]
     if ft.null_count or fy.null_count:
         good = _valid(ft)[at] & _valid(fy)[at_y]
         if not good.all():
             dropped["null_hull_point"] = int((~good).sum())
-        row, ht, hy = row[good], ht[good], hy[good]
-    return HullPoints(names, hosts, src[row], dst[row], ht, hy, dropped)
+        src_p, dst_p, ht, hy = src_p[good], dst_p[good], ht[good], hy[good]
+    return HullPoints(names, hosts, src_p, dst_p, ht, hy, dropped)
 
 
 def _bool(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
