@@ -295,7 +295,7 @@ class HuygensSync:
             theta, drift = np.where(now, th, theta), np.where(now, dr, drift)
             sd = np.where(now, np.sqrt(np.maximum(np.nan_to_num(var_dr), 0.0)), sd)
             known |= now
-            t_ref = int(np.median(pts.t_raw - np.rint(theta[src_h]).astype(np.int64)))
+            t_ref = int(np.median(pts.t_raw - np.rint(theta).astype(np.int64)[src_h]))
         self._drift_sd = sd
         return theta, drift, known, t_ref
 
