@@ -123,12 +123,14 @@ def hull_points(windows: pa.Table) -> HullPoints:
     ok = (src >= 0) & (dst >= 0) & (host_of[src] != host_of[dst])
     keep = _count(keep, ok, "bad_nic_or_self_probe", dropped)
     ft, fy = pc.list_flatten(windows["hull_t_ns"]), pc.list_flatten(windows["hull_owd_ns"])
+    at: slice | np.ndarray  # the kept rows' points in ``ft`` and in ``fy``
+    at_y: slice | np.ndarray
     if keep.all():  # the usual window: every row's points as they come
         at = at_y = slice(None)
         src_p, dst_p = np.repeat(src, n_t), np.repeat(dst, n_t)
     else:
         row = pc.list_parent_indices(windows["hull_t_ns"]).to_numpy()
-        at = np.flatnonzero(keep[row])  # the kept rows' points in ``ft``
+        at = np.flatnonzero(keep[row])
         row = row[at]
         # ... and in ``fy``, whose rows of other lengths (dropped) shift the positions
         at_y = at + (np.cumsum(np.maximum(n_y, 0)) - np.cumsum(np.maximum(n_t, 0)))[row] if (
