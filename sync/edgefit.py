@@ -7,8 +7,8 @@ below it; with symmetric minimum delays the line is midway. The max-margin separ
 hard-margin SVM of Huygens) depends only on the lower hull of the upper set and the upper hull
 of the lower set, which is what the agents send.
 
-How it is solved, exactly, all edges in one call (the bisection per edge in Cython,
-:mod:`._edgefit`): for a fixed slope ``b`` the best
+How it is solved, exactly, all edges in one call (points grouped per edge once, the bisection
+per edge in Cython, :mod:`._csr`): for a fixed slope ``b`` the best
 intercept and margin are ``F(b) = min_up (y − b·t)``, ``G(b) = max_low (y − b·t)``,
 ``margin = (F − G)/2``, ``a = (F + G)/2``. ``margin(b)`` is concave and piecewise linear (its
 breakpoints are the hull-edge slopes), and ``t_low* − t_up*`` at the active points is a
@@ -30,13 +30,16 @@ previous drift estimates) and contributes to offsets only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import linprog
 
-from ._edgefit import bisect_rows
+from ._csr import bisect_edges, floors, group_offsets
 from .config import DEFAULT, SyncConfig
+
+Points = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # (edge, upper, t, y) per point
 
 
 @dataclass
@@ -46,7 +49,7 @@ class EdgeFits:
     a: np.ndarray  # ns
     b: np.ndarray  # dimensionless (ns/ns)
     margin: np.ndarray  # ns; negative before the soft fit means the sets overlapped
-    n_up: np.ndarray
+    n_up: np.ndarray  # points the hard-margin fit was given (hull points at most)
     n_low: np.ndarray
     slope_ok: np.ndarray  # bool
     soft: np.ndarray  # bool: the soft-margin fit was used
@@ -63,78 +66,48 @@ def fit_edges(
     b_prior: np.ndarray,
     bracket: np.ndarray | float | None = None,
     cfg: SyncConfig = DEFAULT,
+    full: Callable[[np.ndarray], Points] | None = None,
 ) -> EdgeFits:
     """Fit every edge. ``upper`` marks lo→hi points (y = owd); the others are hi→lo points
     already sign-flipped (y = −owd). ``t`` is in ns on a common time axis. ``bracket``: the
     slope searched within ``b_prior ± bracket`` (per edge; default ``cfg.slope_bracket``); an
-    optimum at its edge keeps ``b_prior`` (not ``slope_ok``)."""
+    optimum at its edge keeps ``b_prior`` (not ``slope_ok``). The hard-margin line rests on
+    hull points only, so the points may be just each direction's hull; the soft-margin fit
+    of an overlapping edge counts every point: ``full(edges)`` gives those edges' points as
+    ``(edge, upper, t, y)`` where the points given are hulls only."""
     bracket = cfg.slope_bracket if bracket is None else bracket
-    tu, yu, nu = _padded(edge[upper], t[upper], y[upper], n_edges, np.inf)
-    tl, yl, nl = _padded(edge[~upper], t[~upper], y[~upper], n_edges, -np.inf)
+    # CSR rows: edge e's upper points are row 2e, its lower points row 2e + 1 (in the
+    # points' order: the bisection's ties go to the first of equal values)
+    off, order = group_offsets(edge * 2 + ~upper, 2 * n_edges)
+    tc, yc = t[order], y[order]
+    counts = np.diff(off)
+    nu, nl = counts[0::2], counts[1::2]
     usable = (nu > 0) & (nl > 0)
     bracket = np.broadcast_to(np.asarray(bracket, np.float64), b_prior.shape)
-    b = np.empty(n_edges)
-    bisect_rows(tu, yu, nu, tl, yl, nl, np.ascontiguousarray(b_prior, np.float64),
-                np.ascontiguousarray(bracket), cfg.bisections, b)  # fmt: skip
-    span = _span(edge, t, n_edges)
+    b, span = np.empty(n_edges), np.empty(n_edges)
+    b_prior = np.ascontiguousarray(b_prior, np.float64)
+    bisect_edges(off, tc, yc, b_prior, np.ascontiguousarray(bracket), cfg.bisections, b, span)
     at_edge = np.abs(b - b_prior) > 0.999 * bracket
     slope_ok = usable & (span >= cfg.min_span_ns) & ~at_edge
     b = np.where(slope_ok, b, b_prior)
-    f, g = _f(tu, yu, b), _g(tl, yl, b)
+    f, g = np.empty(n_edges), np.empty(n_edges)
+    floors(off, tc, yc, b, f, g)
     with np.errstate(invalid="ignore"):  # an edge with one side empty: inf − inf
         a, margin = 0.5 * (f + g), 0.5 * (f - g)
     a, margin = np.where(usable, a, 0.0), np.where(usable, margin, 0.0)
     fits = EdgeFits(a, b, margin, nu, nl, slope_ok, np.zeros(n_edges, bool), usable, span)
-    _soft_fallback(fits, edge, upper, t, y, cfg)
+    _soft_fallback(fits, full or (lambda _: (edge, upper, t, y)), cfg)
     return fits
 
 
-def _padded(
-    e: np.ndarray, t: np.ndarray, y: np.ndarray, n: int, fill: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(n, P) matrices of each edge's points, padded with ``fill`` in y and 0 in t."""
-    order = np.argsort(e, kind="stable")
-    e, t, y = e[order], t[order], y[order]
-    counts = np.bincount(e, minlength=n).astype(np.int64)
-    width = max(int(counts.max(initial=0)), 1)
-    start = np.cumsum(counts) - counts
-    col = np.arange(e.size) - start[e]
-    tm = np.zeros((n, width))
-    ym = np.full((n, width), fill)
-    tm[e, col], ym[e, col] = t, y
-    return tm, ym, counts
-
-
-def _f(tu: np.ndarray, yu: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (yu - b[:, None] * tu).min(axis=1)
-
-
-def _g(tl: np.ndarray, yl: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (yl - b[:, None] * tl).max(axis=1)
-
-
-def _span(edge: np.ndarray, t: np.ndarray, n: int) -> np.ndarray:
-    tmax = np.full(n, -np.inf)
-    tmin = np.full(n, np.inf)
-    np.maximum.at(tmax, edge, t)
-    np.minimum.at(tmin, edge, t)
-    return np.where(np.isfinite(tmax), tmax - tmin, 0.0)
-
-
-def _soft_fallback(
-    fits: EdgeFits,
-    edge: np.ndarray,
-    upper: np.ndarray,
-    t: np.ndarray,
-    y: np.ndarray,
-    cfg: SyncConfig,
-) -> None:
+def _soft_fallback(fits: EdgeFits, full: Callable[[np.ndarray], Points], cfg: SyncConfig) -> None:
     bad = np.flatnonzero(fits.usable & (fits.margin < 0))
     if bad.size > cfg.max_soft_edges:
         fits.usable[bad[cfg.max_soft_edges :]] = False
         bad = bad[: cfg.max_soft_edges]
     if not bad.size:
         return
+    edge, upper, t, y = full(bad)
     order = np.argsort(edge, kind="stable")
     starts = np.searchsorted(edge[order], bad)
     ends = np.searchsorted(edge[order], bad, side="right")

@@ -47,13 +47,11 @@ these choices: ``docs/notes/sync.md``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from fleetlens.hull import lower_hull_rows
-from fleetlens.summary import pad_rows
-
+from ._csr import hull_groups, pair_hulls, union_hulls
 from .config import SyncConfig
 from .edgefit import EdgeFits
 from .purity import HullPoints
@@ -106,20 +104,23 @@ class _Hulls:
     @classmethod
     def of(cls, src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray) -> _Hulls:
         """The hulls of the points, per directed pair, given points grouped by pair (any
-        order of the groups; within a group best in time order, else the hull sorts it)."""
+        order of the groups and within them)."""
         code = src << 32 | dst
         new = np.flatnonzero(np.r_[True, code[1:] != code[:-1]]) if code.size else code
-        row = np.repeat(np.arange(new.size), np.diff(np.r_[new, code.size]))
-        mask, (tm, ym) = pad_rows(row, new.size, t, y)
-        size, ht, hy = lower_hull_rows(tm, ym, mask)
-        keep = np.arange(ht.shape[1]) < size[:, None]
+        off = np.r_[new, code.size].astype(np.int64)
+        size, ht, hy = hull_groups(off, np.arange(code.size), t, y)
         pair = np.repeat(code[new], size)
-        return cls(pair >> 32, pair & 0xFFFFFFFF, ht[keep], hy[keep])
+        return cls(pair >> 32, pair & 0xFFFFFFFF, ht, hy)
 
     @classmethod
     def union(cls, parts: list[_Hulls]) -> _Hulls:
-        """Parts in time order: a pair's points stay in time order, and the parts' runs
-        sorted by pair merge in one pass of the stable sort."""
+        """The hull of the parts' union per pair, pairs in ascending ``src << 32 | dst``.
+        Parts so grouped (every block and window hull the pool keeps) are merged pair by
+        pair in one pass; others are sorted first."""
+        n = 1 + max(max(int(h.src.max(initial=-1)), int(h.dst.max(initial=-1))) for h in parts)
+        got = union_hulls([(h.src, h.dst, h.t_raw, h.owd_raw) for h in parts], np.arange(n))
+        if got is not None:  # the parts grouped in ascending pairs: one k-way merge
+            return cls(*got)
         cat = [np.concatenate([getattr(h, f.name) for h in parts]) for f in fields(cls)]
         order = np.argsort(cat[0] << 32 | cat[1], kind="stable")
         return cls.of(*(c[order] for c in cat))
@@ -127,7 +128,8 @@ class _Hulls:
 
 @dataclass
 class Pooled:
-    """The current window's points plus older windows' points, in the current numbering."""
+    """The current window's points plus older windows' points (or only their hull per
+    directed pair), in the current numbering."""
 
     src: np.ndarray  # NIC number of the sender (current window's NIC list)
     dst: np.ndarray
@@ -152,7 +154,7 @@ class HullPool:
         self.blocks: dict[tuple[int, int], _Hulls | None] = {}  # (level, index) -> hulls
         self.newest: int | None = None  # generation of the newest remembered window
         self._nic_ids: dict[str, int] = {}  # NIC id -> number, stable across windows
-        self._memo: tuple[HullPoints, _Hulls] | None = None
+        self._memo: tuple[HullPoints, HullPoints, _Hulls] | None = None
         self._ids: tuple[HullPoints, np.ndarray] | None = None
         self.tracks = _Tracks.empty(len(sizes))
         self.noise = np.zeros(0)  # per edge of the last choice: the chosen span's noise, ns
@@ -164,22 +166,21 @@ class HullPool:
         return self.newest is not None
 
     def pooled(self, pts: HullPoints, gen: int | None, span: int) -> Pooled:
-        """The current window's hulls plus those of the stored windows of the last ``span``
-        generations (a missed window still counts), restricted to the current window's
-        NICs."""
+        """The lower hull per directed pair of the current window's points and those of the
+        stored windows of the last ``span`` generations (a missed window still counts),
+        restricted to the current window's NICs. It is taken in raw coordinates: the fits
+        map a pair's points by one affine map with positive scale, which keeps the hull."""
         ids = self.nic_numbers(pts)
-        parts = []  # oldest first: each pair's points stay in time order for the hulls
+        parts = []
         if gen is not None and span > 1:
             parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
         parts.append(self._reduced(pts))
+        h = _Hulls.union(parts) if len(parts) > 1 else parts[0]
         cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
         cur[ids] = np.arange(ids.size)
-        src = np.concatenate([cur[h.src] for h in parts])
-        dst = np.concatenate([cur[h.dst] for h in parts])
+        src, dst = cur[h.src], cur[h.dst]
         keep = (src >= 0) & (dst >= 0)
-        t_raw, owd_raw = (np.concatenate([getattr(h, c) for h in parts]) for c in
-                          ("t_raw", "owd_raw"))  # fmt: skip
-        return Pooled(src[keep], dst[keep], t_raw[keep], owd_raw[keep])
+        return Pooled(src[keep], dst[keep], h.t_raw[keep], h.owd_raw[keep])
 
     def remember(self, pts: HullPoints, gen: int | None) -> None:
         if len(self.sizes) < 2 or gen is None:
@@ -209,21 +210,31 @@ class HullPool:
             self.blocks[key] = _Hulls.union(parts) if parts else None
         return self.blocks[key]
 
+    def window_hulls(self, pts: HullPoints) -> HullPoints:
+        """``pts`` reduced to each directed NIC pair's lower hull, computed once per window
+        (the window's NIC numbering). The fits map a sender's raw times to fleet time by an
+        affine map with positive scale, the same for all points of a pair, and subtract a
+        constant NIC latency from its delays: neither changes which points are on the hull,
+        so the fits see the same hulls from a few points per pair and window instead of
+        every path's hull points (~7 rows per pair at 16 peers)."""
+        return self._hulls(pts)[0]
+
     def _reduced(self, pts: HullPoints) -> _Hulls:
-        """``pts`` reduced to each directed NIC pair's hull, computed once per window. The
-        fits map a sender's raw times to fleet time by an affine map with positive scale, the
-        same for all points of a pair, and subtract a constant NIC latency from its delays:
-        neither changes which points are on the hull, so the pooled fits see the same hulls
-        from a few points per pair and window instead of every path's hull points (~7 rows
-        per pair at 16 peers)."""
-        if self._memo is not None and self._memo[0] is pts:
-            return self._memo[1]
-        ids = self.nic_numbers(pts)
-        order = _pair_time_order(pts)
-        src, dst, t, y = (a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw))
-        hulls = _Hulls.of(ids[src], ids[dst], t, y)
-        self._memo = (pts, hulls)
-        return hulls
+        """:meth:`window_hulls` with the pool's stable NIC numbers."""
+        return self._hulls(pts)[1]
+
+    def _hulls(self, pts: HullPoints) -> tuple[HullPoints, _Hulls]:
+        if self._memo is None or self._memo[0] is not pts:
+            h = _pair_hulls(pts)
+            red = replace(pts, src=h.src, dst=h.dst, t_raw=h.t_raw, owd_raw=h.owd_raw)
+            ids = self.nic_numbers(pts)
+            stable = _Hulls(ids[h.src], ids[h.dst], h.t_raw, h.owd_raw)
+            code = stable.src << 32 | stable.dst
+            if (code[1:] < code[:-1]).any():  # NICs came or went: stable numbers out of order
+                order = np.argsort(code, kind="stable")
+                stable = _Hulls(*(getattr(stable, f.name)[order] for f in fields(_Hulls)))
+            self._memo = (pts, red, stable)
+        return self._memo[1], self._memo[2]
 
     def choose(
         self,
@@ -289,17 +300,16 @@ class HullPool:
         return ids
 
 
-def _pair_time_order(pts: HullPoints) -> np.ndarray:
-    """The window's points ordered by (pair, time) with one integer sort: a pair has a few
-    paths' hulls, interleaved in time, and sorted rows need no sort in the hull (equal times
-    left out of order are sorted there)."""
+def _pair_hulls(pts: HullPoints) -> _Hulls:
+    """Each directed pair's lower hull of the window's points, in one pass where the points
+    come grouped by pair (agents and the simulator send a pair's rows together), else after
+    a stable sort by pair."""
     n_nic = max(len(pts.nics), 1)
-    rel = pts.t_raw - (pts.t_raw.min() if pts.t_raw.size else 0)
-    bits = int(rel.max(initial=0)).bit_length()
-    pair = pts.src * n_nic + pts.dst
-    if bits + (n_nic * n_nic).bit_length() > 62:  # never with 1 s windows: pairs only
-        return np.argsort(pair, kind="stable")
-    return np.argsort(pair << bits | rel)
+    got = pair_hulls(pts.src, pts.dst, pts.t_raw, pts.owd_raw, n_nic)
+    if got is not None:
+        return _Hulls(*got)
+    order = np.argsort(pts.src * n_nic + pts.dst, kind="stable")
+    return _Hulls.of(*(a[order] for a in (pts.src, pts.dst, pts.t_raw, pts.owd_raw)))
 
 
 def _score(
@@ -484,21 +494,3 @@ def _select(fits: list[EdgeFits], choice: np.ndarray) -> EdgeFits:
         stack = np.array([getattr(f, name) for f in fits])
         cols[name] = stack[choice, np.arange(choice.size)]
     return EdgeFits(**cols)
-
-
-def hull_reduce(
-    edge: np.ndarray, upper: np.ndarray, t: np.ndarray, y: np.ndarray, n_edges: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Keep only the points the max-margin fit can rest on: the lower hull of each edge's
-    upper (lo→hi) points and the upper hull of its lower points. ``t`` is rounded to ns."""
-    row = edge * 2 + (~upper)
-    tt = np.rint(t).astype(np.int64)
-    yy = np.rint(np.where(upper, y, -y)).astype(np.int64)  # upper hull of y = −(lower of −y)
-    rows = 2 * n_edges
-    mask, (tm, ym) = pad_rows(row, rows, tt, yy)
-    size, ht, hy = lower_hull_rows(tm, ym, mask)
-    keep = np.arange(ht.shape[1]) < size[:, None]
-    r_idx = np.repeat(np.arange(rows), size)
-    up = r_idx % 2 == 0
-    hy_f = hy[keep].astype(np.float64)
-    return r_idx // 2, up, ht[keep].astype(np.float64), np.where(up, hy_f, -hy_f)

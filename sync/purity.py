@@ -67,52 +67,114 @@ def complete_generations(
     start = pc.fill_null(windows["start_ns"], 0).to_numpy().astype(np.int64)
     ok = dur > 0
     gen = np.where(ok, np.floor_divide(start + dur // 2, np.maximum(dur, 1)), -1)
-    ids, counts = np.unique(gen[ok], return_counts=True)
-    if ids.size == 0:
+    if not ok.any():
         return []
+    ids, counts = _counts(gen[ok])
     newest = int(ids[counts >= quorum * counts.max()].max())
     wanted = [newest] if after is None else [int(g) for g in ids if after < g <= newest]
-    return [(windows.filter(pa.array(gen == g)), g) for g in wanted]
+    return [(_rows(windows, gen == g), g) for g in wanted]
+
+
+def _counts(gen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct generations and their row counts: a look-back spans a few consecutive
+    generations, so by counting, not sorting (millions of rows at fleet scale)."""
+    lo, hi = int(gen.min()), int(gen.max())
+    if hi - lo > 4 * gen.size:  # wild start times: sort
+        return np.unique(gen, return_counts=True)
+    counts = np.bincount(gen - lo)
+    ids = np.flatnonzero(counts)
+    return ids + lo, counts[ids]
+
+
+def _rows(windows: pa.Table, mask: np.ndarray) -> pa.Table:
+    """The rows of ``mask``: a zero-copy slice where they are contiguous (a look-back read
+    in arrival order holds each generation together), else a filtered copy."""
+    idx = np.flatnonzero(mask)
+    if idx.size and idx[-1] - idx[0] + 1 == idx.size:
+        return windows.slice(int(idx[0]), int(idx.size))
+    return windows.filter(pa.array(mask))
 
 
 def hull_points(windows: pa.Table) -> HullPoints:
-    """Flatten the hulls of the rows worth using; count what was dropped and why."""
+    """Flatten the hulls of the rows worth using; count what was dropped and why (each row
+    for the first reason that applies, in the order below). The rows are tested in place and
+    only the kept rows' points are taken out of the flattened lists: no copy of the table."""
     dropped: dict[str, int] = {}
-    t = windows.select(["src_nic", "dst_nic", "pure", "hull_t_ns", "hull_owd_ns"])
-    t = _drop(t, pc.fill_null(pc.greater(t["pure"], 0), False), "no_pure_pair", dropped)
-    n_t = pc.fill_null(pc.list_value_length(t["hull_t_ns"]), -1)
-    n_y = pc.fill_null(pc.list_value_length(t["hull_owd_ns"]), -2)
-    t = _drop(t, pc.equal(n_t, n_y), "hull_length_mismatch", dropped)
-    t = _drop(t, pc.greater(pc.list_value_length(t["hull_t_ns"]), 0), "empty_hull", dropped)
-    # Ids are validated once per distinct NIC, not per row or point.
-    names = pc.unique(pa.concat_arrays([_flat(t["src_nic"]), _flat(t["dst_nic"])]))
-    names = sorted(n for n in names.to_pylist() if _nic_ok(n))
+    keep = _count(None, _bool(pc.greater(windows["pure"], 0)), "no_pure_pair", dropped)
+    n_t = pc.fill_null(pc.list_value_length(windows["hull_t_ns"]), -1).to_numpy()
+    n_y = pc.fill_null(pc.list_value_length(windows["hull_owd_ns"]), -2).to_numpy()
+    keep = _count(keep, n_t == n_y, "hull_length_mismatch", dropped)
+    keep = _count(keep, n_t > 0, "empty_hull", dropped)
+    # Ids are validated once per distinct NIC, not per row or point; the names are those of
+    # the rows kept so far.
+    src_col, dst_col = _flat(windows["src_nic"]), _flat(windows["dst_nic"])
+    every = pc.unique(pa.concat_arrays([src_col, dst_col])).to_pylist()
+    valid = sorted(n for n in every if _nic_ok(n))
+    src, dst = _index(src_col, valid), _index(dst_col, valid)
+    seen = np.zeros(len(valid) + 1, bool)
+    seen[src[keep]] = seen[dst[keep]] = True
+    names = [n for n, s in zip(valid, seen[:-1], strict=True) if s]
+    renum = np.cumsum(seen[:-1]) - 1
+    renum = np.append(np.where(seen[:-1], renum, -1), -1)  # index -1 (invalid) stays -1
+    src, dst = renum[src], renum[dst]
     hosts = [n.partition("/")[0] for n in names]
-    src = _index(t["src_nic"], names)
-    dst = _index(t["dst_nic"], names)
-    host_arr = np.array([*hosts, ""], dtype=object)
-    ok = (src >= 0) & (dst >= 0)
-    ok &= host_arr[src] != host_arr[dst]
-    t = _drop(t, pa.array(ok), "bad_nic_or_self_probe", dropped)
-    src, dst = src[ok], dst[ok]
-    ft, fy = pc.list_flatten(t["hull_t_ns"]), pc.list_flatten(t["hull_owd_ns"])
-    row = pc.list_parent_indices(t["hull_t_ns"]).to_numpy()
-    good = pc.and_(pc.is_valid(ft), pc.is_valid(fy)).to_numpy(zero_copy_only=False)
-    if not good.all():
-        dropped["null_hull_point"] = int((~good).sum())
-    ht = pc.fill_null(ft, 0).to_numpy().astype(np.int64)[good]
-    hy = pc.fill_null(fy, 0).to_numpy().astype(np.int64)[good]
-    row = row[good]
-    return HullPoints(names, hosts, src[row], dst[row], ht, hy, dropped)
+    number = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+    host_of = np.array([*(number[h] for h in hosts), -1], np.int64)  # [-1]: invalid id
+    ok = (src >= 0) & (dst >= 0) & (host_of[src] != host_of[dst])
+    keep = _count(keep, ok, "bad_nic_or_self_probe", dropped)
+    ft, fy = pc.list_flatten(windows["hull_t_ns"]), pc.list_flatten(windows["hull_owd_ns"])
+    at: slice | np.ndarray  # the kept rows' points in ``ft`` and in ``fy``
+    at_y: slice | np.ndarray
+    if keep.all():  # the usual window: every row's points as they come
+        at = at_y = slice(None)
+        src_p, dst_p = np.repeat(src, n_t), np.repeat(dst, n_t)
+    else:
+        row = pc.list_parent_indices(windows["hull_t_ns"]).to_numpy()
+        at = np.flatnonzero(keep[row])
+        row = row[at]
+        # ... and in ``fy``, whose rows of other lengths (dropped) shift the positions
+        at_y = at + (np.cumsum(np.maximum(n_y, 0)) - np.cumsum(np.maximum(n_t, 0)))[row] if (
+            n_t != n_y).any() else at  # fmt: skip
+        src_p, dst_p = src[row], dst[row]
+    ht, hy = _values(ft)[at], _values(fy)[at_y]
+    if ft.null_count or fy.null_count:
+        good = _valid(ft)[at] & _valid(fy)[at_y]
+        if not good.all():
+            dropped["null_hull_point"] = int((~good).sum())
+        src_p, dst_p, ht, hy = src_p[good], dst_p[good], ht[good], hy[good]
+    return HullPoints(names, hosts, src_p, dst_p, ht, hy, dropped)
+
+
+def _bool(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(x, False).to_numpy(zero_copy_only=False), bool)
+
+
+def _valid(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.is_valid(x).to_numpy(zero_copy_only=False), bool)
+
+
+def _values(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(x, 0).to_numpy(zero_copy_only=False), np.int64)
+
+
+def _count(
+    keep: np.ndarray | None, test: np.ndarray, reason: str, dropped: dict[str, int]
+) -> np.ndarray:
+    """Rows kept so far that also pass ``test``; the ones it drops counted under ``reason``."""
+    out = test if keep is None else keep & test
+    n = (test.size if keep is None else int(keep.sum())) - int(out.sum())
+    if n:
+        dropped[reason] = dropped.get(reason, 0) + n
+    return out
 
 
 def _flat(col: pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if col.num_chunks else pa.array([], pa.string())
 
 
-def _index(col: pa.ChunkedArray, names: list[str]) -> np.ndarray:
+def _index(ids: pa.Array, names: list[str]) -> np.ndarray:
     """Position of each row's id in ``names``; -1 for null or invalid ids."""
-    idx = pc.index_in(_flat(col), value_set=pa.array(names, pa.string()))
+    idx = pc.index_in(ids, value_set=pa.array(names, pa.string()))
     return pc.fill_null(idx, -1).to_numpy().astype(np.int64)
 
 
@@ -121,11 +183,3 @@ def _nic_ok(nic: object) -> bool:
         return False
     host, sep, ifname = nic.partition("/")
     return bool(sep and host and ifname and "/" not in ifname)
-
-
-def _drop(t: pa.Table, keep: pa.Array, reason: str, dropped: dict[str, int]) -> pa.Table:
-    keep = pc.fill_null(keep, False)
-    n = t.num_rows - int(pc.sum(keep).as_py() or 0)
-    if n:
-        dropped[reason] = dropped.get(reason, 0) + n
-    return t.filter(keep)

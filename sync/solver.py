@@ -37,18 +37,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
 from .config import SyncConfig
-from .edgefit import EdgeFits, fit_edges
+from .edgefit import EdgeFits, Points, fit_edges
 from .network import NetSolution, solve_network
-from .pooling import HullPool, hull_reduce
+from .pooling import HullPool
 from .purity import HullPoints, complete_generations, hull_points
 from .tracking import DriftTracker
 
@@ -154,19 +156,22 @@ class HuygensSync:
     def _solve(self, pts: HullPoints, hosts: list[str], kind: str, gen: int | None) -> SolveReport:
         hidx = {h: i for i, h in enumerate(hosts)}
         nic_h = np.array([hidx[h] for h in pts.nic_host], np.int64)
-        src_h = nic_h[pts.src]
-        geo = _EdgeGeometry(pts, nic_h, self.pool.nic_numbers(pts))
-        theta, drift, known, t_ref = self._prior(hosts, pts, src_h)
+        theta, drift, known, t_ref = self._prior(hosts, pts, nic_h[pts.src])
+        # The fits rest on each directed pair's hull: the window's points reduced once.
+        red = self.pool.window_hulls(pts)
+        src_h = nic_h[red.src]
+        geo = _EdgeGeometry(red, nic_h, self.pool.nic_numbers(pts))
         tracked = (drift.copy(), self._drift_sd.copy(), known.copy())
         net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.cfg)
         lat = self._latency(pts)
-        y = _edge_owd(pts.owd_raw, pts.src, pts.dst, geo.upper, lat)
+        y = _edge_owd(red.owd_raw, red.src, red.dst, geo.upper, lat)
         npass, mapped = 0, known.copy()
         while True:
             npass += 1
-            t = _fleet_t(pts.t_raw, src_h, theta, drift, t_ref)
+            t = _fleet_t(red.t_raw, src_h, theta, drift, t_ref)
             b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
-            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg)
+            every = partial(_edge_points, pts, geo, _TimeMap(nic_h, theta, drift, t_ref, lat))
+            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg, full=every)
             # Edges to a host whose time mapping is still a guess may look overlapped only
             # because its points sit at the wrong t: take them at face value this pass.
             lenient = ~(mapped[geo.lo] & mapped[geo.hi])
@@ -242,7 +247,6 @@ class HuygensSync:
             e, up, tt, yy = self._pooled_points(pts, geo, tm, gen, k)
             if k == 1:
                 now = (e, up, tt, yy)
-            e, up, tt, yy = hull_reduce(e, up, tt, yy, geo.n)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket, cfg))
         held = fits.pop(1)  # this window alone, its slope held near the tracked one
         chosen, span = self.pool.choose(geo.codes, tm.t_ref, fits, b_prior, now)
@@ -259,7 +263,10 @@ class HuygensSync:
         n_nic = len(pts.nics)
         lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
         key = lo_nic * n_nic + hi_nic
-        edge = np.minimum(np.searchsorted(geo.key_codes, key), geo.n - 1)
+        # a pair's points are together: one edge look-up per run of equal keys
+        new = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
+        run_edge = np.minimum(np.searchsorted(geo.key_codes, key[new]), geo.n - 1)
+        edge = np.repeat(run_edge, np.diff(np.r_[new, key.size]))
         known = geo.key_codes[edge] == key
         t = _fleet_t(pool.t_raw, tm.nic_h[pool.src], tm.theta, tm.drift, tm.t_ref)
         upper = pool.src < pool.dst
@@ -283,12 +290,12 @@ class HuygensSync:
         # First guess of the reference time in fleet time: the median sender's view.
         t_ref = raw_mid
         for _ in range(2):
-            for i, h in enumerate(hosts):
-                p = self.tracker.predict(h, t_ref)
-                if p is not None and p[2][0, 0] < 1e12:
-                    theta[i], drift[i], known[i] = p[0], p[1], True
-                    sd[i] = float(np.sqrt(max(p[2][1, 1], 0.0)))
-            t_ref = int(np.median(pts.t_raw - np.rint(theta[src_h]).astype(np.int64)))
+            th, dr, var_th, var_dr = self.tracker.predict_many(hosts, t_ref)
+            now = var_th < 1e12  # NaN (not tracked): False
+            theta, drift = np.where(now, th, theta), np.where(now, dr, drift)
+            sd = np.where(now, np.sqrt(np.maximum(np.nan_to_num(var_dr), 0.0)), sd)
+            known |= now
+            t_ref = int(np.median(pts.t_raw - np.rint(theta).astype(np.int64)[src_h]))
         self._drift_sd = sd
         return theta, drift, known, t_ref
 
@@ -436,6 +443,18 @@ def _edge_owd(
     return np.where(upper, owd, -owd)
 
 
+def _edge_points(pts: HullPoints, geo: _EdgeGeometry, tm: _TimeMap, edges: np.ndarray) -> Points:
+    """Every point of the window on the given edges (not only the pairs' hulls), as
+    ``(edge, upper, t, y)``: what a soft-margin fit counts."""
+    lo, hi = np.minimum(pts.src, pts.dst), np.maximum(pts.src, pts.dst)
+    edge = np.searchsorted(geo.key_codes, lo * len(pts.nics) + hi)  # every pair has a hull
+    on = np.isin(edge, edges)
+    src, dst = pts.src[on], pts.dst[on]
+    upper = src < dst
+    t = _fleet_t(pts.t_raw[on], tm.nic_h[src], tm.theta, tm.drift, tm.t_ref)
+    return edge[on], upper, t, _edge_owd(pts.owd_raw[on], src, dst, upper, tm.lat)
+
+
 def _fleet_t(
     t_raw: np.ndarray, src_h: np.ndarray, theta: np.ndarray, drift: np.ndarray, t_ref: int
 ) -> np.ndarray:
@@ -522,5 +541,5 @@ def _host_list(
 
 
 def _ts_kind(windows: pa.Table) -> str:
-    vals = set(windows.column("ts_source").to_pylist()) if windows.num_rows else set()
+    vals = set(pc.unique(windows["ts_source"]).to_pylist()) if windows.num_rows else set()
     return TS_HARDWARE if vals == {TS_HARDWARE} else "software"

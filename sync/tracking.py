@@ -98,6 +98,21 @@ class DriftTracker:
         q = st.q * np.array([[adt**3 / 3, dt**2 / 2], [dt**2 / 2, adt]])
         return st.theta + st.drift * dt, st.drift, f @ st.p @ f.T + q
 
+    def predict_many(
+        self, hosts: list[str], t_ns: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`predict` of every host at once: offsets, drifts, offset and drift
+        variances (NaN where a host is not tracked). Same arithmetic as :meth:`predict`."""
+        sts = [self.states.get(h) for h in hosts]
+        t0 = np.array([s.t_ns if s else t_ns for s in sts], np.int64)
+        v = np.array([(s.theta, s.drift, s.p[0, 0], s.p[0, 1], s.p[1, 0], s.p[1, 1], s.q)
+                      if s else (np.nan,) * 7 for s in sts], np.float64).reshape(-1, 7)  # fmt: skip
+        theta, drift, p00, p01, p10, p11, q = v.T
+        dt = (t_ns - t0) * 1e-9
+        adt = np.abs(dt)
+        var_theta = (p00 + dt * p10) + (p01 + dt * p11) * dt + q * (adt**3 / 3)
+        return theta + drift * dt, drift, var_theta, p11 + q * adt
+
     def update(
         self,
         host: str,

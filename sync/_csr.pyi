@@ -1,0 +1,25 @@
+import numpy as np
+
+def group_offsets(group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]: ...
+def hull_groups(
+    off: np.ndarray, order: np.ndarray, t: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def bisect_edges(
+    off: np.ndarray,
+    t: np.ndarray,
+    y: np.ndarray,
+    b_prior: np.ndarray,
+    bracket: np.ndarray,
+    bisections: int,
+    out: np.ndarray,
+    span: np.ndarray,
+) -> None: ...
+def floors(
+    off: np.ndarray, t: np.ndarray, y: np.ndarray, b: np.ndarray, f: np.ndarray, g: np.ndarray
+) -> None: ...
+def pair_hulls(
+    src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray, n_nic: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
+def union_hulls(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], cur: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...

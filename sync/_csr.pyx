@@ -1,0 +1,414 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Per-group loops of the clock solve over a CSR layout: points grouped once by a stable
+counting sort (``group_offsets``), each group then one pass over its own points.
+
+The numpy forms padded every group to the widest one ((groups, width) matrices: a 1024-host
+window has ~130 k directed NIC pairs of up to a few hundred points) and sorted millions of
+points to group them; that was most of a collector round. Same arithmetic and tie rules as the
+padded forms (first index among equal values, hulls as :func:`fleetlens.hull.lower_hull_rows`:
+collinear points dropped, equal ``t`` keeps the lowest ``y``), so results are bit-identical.
+"""
+
+import numpy as np
+
+from libc.math cimport INFINITY
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc, realloc
+
+
+cdef struct Pt:
+    int64_t t
+    int64_t y
+
+
+cdef inline bint _le(Pt a, Pt b) noexcept nogil:
+    return a.t < b.t or (a.t == b.t and a.y <= b.y)
+
+
+cdef Pt *_merge_runs(Pt *buf, Pt *tmp, Py_ssize_t n) noexcept nogil:
+    """Sort ``buf[:n]`` by (t, y) by merging its ascending runs pairwise until one is left
+    (a group is a few sorted runs: the paths of a pair, the blocks of a span); returns the
+    buffer that holds the result."""
+    cdef Py_ssize_t i, j, l, a, b, w, runs = 2
+    cdef Pt *swap
+    while runs > 1:
+        runs = 0
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and _le(buf[j - 1], buf[j]):
+                j += 1
+            l = j + 1 if j < n else j
+            while l < n and _le(buf[l - 1], buf[l]):
+                l += 1
+            a, b, w = i, j, i
+            while a < j and b < l:
+                if _le(buf[a], buf[b]):
+                    tmp[w] = buf[a]
+                    a += 1
+                else:
+                    tmp[w] = buf[b]
+                    b += 1
+                w += 1
+            while a < j:
+                tmp[w] = buf[a]
+                a += 1
+                w += 1
+            while b < l:
+                tmp[w] = buf[b]
+                b += 1
+                w += 1
+            runs += 1
+            i = l
+        swap = buf
+        buf = tmp
+        tmp = swap
+    return buf
+
+
+def group_offsets(const int64_t[::1] group, Py_ssize_t n):
+    """Stable counting sort of ``0 <= group < n``: ``(offsets, order)``, group ``g``'s
+    points being ``order[offsets[g]:offsets[g + 1]]`` in their original order."""
+    cdef Py_ssize_t m = group.shape[0], k, i
+    off_a = np.zeros(n + 1, np.int64)
+    order_a = np.empty(m, np.int64)
+    pos_a = np.empty(max(n, 1), np.int64)
+    cdef int64_t[::1] off = off_a, order = order_a, pos = pos_a
+    with nogil:
+        for k in range(m):
+            off[group[k] + 1] += 1
+        for i in range(n):
+            off[i + 1] += off[i]
+            pos[i] = off[i]
+        for k in range(m):
+            order[pos[group[k]]] = k
+            pos[group[k]] += 1
+    return off_a, order_a
+
+
+cdef Py_ssize_t _group_hull(
+    Pt *mem,
+    Py_ssize_t width,
+    const int64_t[::1] t,
+    const int64_t[::1] y,
+    const int64_t[::1] order,
+    bint indexed,
+    Py_ssize_t k0,
+    Py_ssize_t k1,
+    int64_t[::1] ht,
+    int64_t[::1] hy,
+    Py_ssize_t w,
+) noexcept nogil:
+    """The lower hull of points ``k0..k1`` (through ``order`` if ``indexed``) written to
+    ``ht``/``hy`` from ``w`` on; returns its size."""
+    cdef Pt *buf = mem
+    cdef Py_ssize_t k, j, m = k1 - k0
+    cdef bint ordered = True
+    for k in range(m):
+        j = order[k0 + k] if indexed else k0 + k
+        buf[k].t = t[j]
+        buf[k].y = y[j]
+        if k and not _le(buf[k - 1], buf[k]):
+            ordered = False
+    if not ordered:
+        buf = _merge_runs(mem, mem + width, m)
+    return _chain(buf, m, ht, hy, w)
+
+
+cdef Py_ssize_t _chain(
+    const Pt *buf, Py_ssize_t m, int64_t[::1] ht, int64_t[::1] hy, Py_ssize_t w
+) noexcept nogil:
+    """Andrew's monotone chain over ``buf[:m]`` sorted by (t, y), written to ``ht``/``hy``
+    from ``w`` on; returns the hull's size."""
+    cdef Py_ssize_t k, h = 0
+    cdef int64_t pt, py, ot, oy, at, ay
+    cdef double cross
+    for k in range(m):
+        pt = buf[k].t
+        py = buf[k].y
+        while h >= 2:
+            ot = ht[w + h - 2]
+            oy = hy[w + h - 2]
+            at = ht[w + h - 1]
+            ay = hy[w + h - 1]
+            cross = <double>(at - ot) * <double>(py - oy) - <double>(ay - oy) * <double>(pt - ot)
+            if cross > 0:
+                break
+            h -= 1
+        if h > 0 and ht[w + h - 1] == pt:
+            continue  # same t, larger y: never on the lower hull
+        ht[w + h] = pt
+        hy[w + h] = py
+        h += 1
+    return h
+
+
+def hull_groups(
+    const int64_t[::1] off,
+    const int64_t[::1] order,
+    const int64_t[::1] t,
+    const int64_t[::1] y,
+):
+    """Lower hull of each group's points (``order[off[g]:off[g + 1]]`` index ``t``/``y``):
+    ``(size, hull_t, hull_y)``, group ``g``'s hull the next ``size[g]`` points in t order."""
+    cdef Py_ssize_t n = off.shape[0] - 1, m = order.shape[0], g, w = 0, width = 1
+    for g in range(n):
+        width = max(width, off[g + 1] - off[g])
+    size_a = np.zeros(max(n, 0), np.int64)
+    ht_a = np.empty(m, np.int64)
+    hy_a = np.empty(m, np.int64)
+    cdef int64_t[::1] size = size_a, ht = ht_a, hy = hy_a
+    cdef Pt *mem = <Pt *>malloc(2 * width * sizeof(Pt))
+    if mem == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for g in range(n):
+                size[g] = _group_hull(mem, width, t, y, order, True, off[g], off[g + 1], ht, hy, w)
+                w += size[g]
+    finally:
+        free(mem)
+    return size_a, ht_a[:w], hy_a[:w]
+
+
+def bisect_edges(
+    const int64_t[::1] off,
+    const double[::1] t,
+    const double[::1] y,
+    const double[::1] b_prior,
+    const double[::1] bracket,
+    int bisections,
+    double[::1] out,
+    double[::1] span,
+) -> None:
+    """Edge ``i``'s upper points are CSR row ``2i``, its lower points row ``2i + 1``:
+    ``out[i]`` the slope of its max-margin line within ``b_prior ± bracket`` (the bracket's
+    middle where a side is empty), ``span[i]`` how far apart in t its points are (0: none)."""
+    cdef Py_ssize_t edges = b_prior.shape[0], i, k, iu, il, u0, u1, l1
+    cdef int it
+    cdef double lo, hi, b, v, best, tmin, tmax
+    with nogil:
+        for i in range(edges):
+            u0, u1, l1 = off[2 * i], off[2 * i + 1], off[2 * i + 2]
+            if l1 > u0:
+                tmin = t[u0]
+                tmax = t[u0]
+                for k in range(u0 + 1, l1):
+                    tmin = min(tmin, t[k])
+                    tmax = max(tmax, t[k])
+                span[i] = tmax - tmin
+            else:
+                span[i] = 0.0
+            lo = b_prior[i] - bracket[i]
+            hi = b_prior[i] + bracket[i]
+            if u1 == u0 or l1 == u1:
+                out[i] = 0.5 * (lo + hi)  # unusable: the caller keeps the prior
+                continue
+            for it in range(bisections):
+                b = 0.5 * (lo + hi)
+                iu = u0
+                best = y[u0] - b * t[u0]
+                for k in range(u0 + 1, u1):
+                    v = y[k] - b * t[k]
+                    if v < best:
+                        best = v
+                        iu = k
+                il = u1
+                best = y[u1] - b * t[u1]
+                for k in range(u1 + 1, l1):
+                    v = y[k] - b * t[k]
+                    if v > best:
+                        best = v
+                        il = k
+                if t[il] > t[iu]:  # supergradient > 0: the optimum is at larger b
+                    lo = b
+                else:
+                    hi = b
+            out[i] = 0.5 * (lo + hi)
+
+
+def floors(
+    const int64_t[::1] off,
+    const double[::1] t,
+    const double[::1] y,
+    const double[::1] b,
+    double[::1] f,
+    double[::1] g,
+) -> None:
+    """At edge ``i``'s slope ``b[i]``: ``f[i]`` the lowest ``y − b·t`` of its upper points
+    (inf if none), ``g[i]`` the highest of its lower points (−inf if none)."""
+    cdef Py_ssize_t edges = b.shape[0], i, k
+    cdef double v, lo, hi
+    with nogil:
+        for i in range(edges):
+            lo = INFINITY
+            for k in range(off[2 * i], off[2 * i + 1]):
+                v = y[k] - b[i] * t[k]
+                if v < lo:
+                    lo = v
+            hi = -INFINITY
+            for k in range(off[2 * i + 1], off[2 * i + 2]):
+                v = y[k] - b[i] * t[k]
+                if v > hi:
+                    hi = v
+            f[i] = lo
+            g[i] = hi
+
+
+def pair_hulls(
+    const int64_t[::1] src,
+    const int64_t[::1] dst,
+    const int64_t[::1] t,
+    const int64_t[::1] y,
+    int64_t n_nic,
+):
+    """Lower hull of each directed pair's points, given points grouped by pair in ascending
+    ``src·n_nic + dst`` (a pair's points in any order): ``(src, dst, t, y)`` of the hull
+    points, pair by pair; None where the points are not so grouped."""
+    cdef Py_ssize_t n = src.shape[0], k, start = 0, end, width = 1, w = 0, h
+    cdef int64_t code, prev = -1
+    cdef bint grouped = True
+    with nogil:
+        for k in range(n):
+            code = src[k] * n_nic + dst[k]
+            if code < prev:
+                grouped = False
+                break
+            if code != prev:
+                width = max(width, k - start)
+                start = k
+                prev = code
+        width = max(width, n - start)
+    if not grouped:
+        return None
+    out_s = np.empty(n, np.int64)
+    out_d = np.empty(n, np.int64)
+    out_t = np.empty(n, np.int64)
+    out_y = np.empty(n, np.int64)
+    cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
+    cdef Pt *mem = <Pt *>malloc(2 * width * sizeof(Pt))
+    if mem == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            start = 0
+            while start < n:
+                end = start + 1
+                while end < n and src[end] == src[start] and dst[end] == dst[start]:
+                    end += 1
+                h = _group_hull(mem, width, t, y, t, False, start, end, ot, oy, w)
+                for k in range(w, w + h):
+                    os[k] = src[start]
+                    od[k] = dst[start]
+                w += h
+                start = end
+    finally:
+        free(mem)
+    return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy()
+
+
+def union_hulls(list parts, const int64_t[::1] cur):
+    """The lower hull of each directed pair's points over ``parts`` (``(src, dst, t, y)``
+    int64 arrays, each grouped by pair in ascending ``src << 32 | dst``, a pair's points in
+    time order or a few sorted runs): ``(src, dst, t, y)`` pair by pair in that order, the
+    NIC numbers through ``cur`` (a pair with an end numbered -1 there is left out); None
+    where a part is not so grouped."""
+    cdef Py_ssize_t n_parts = len(parts), i, total = 0, cap = 64, w = 0, k
+    views = []  # keeps the parts' buffers alive while their pointers are used
+    cdef const int64_t **ps = <const int64_t **>malloc(4 * max(n_parts, 1) * sizeof(int64_t *))
+    cdef Py_ssize_t *pos = <Py_ssize_t *>malloc(2 * max(n_parts, 1) * sizeof(Py_ssize_t))
+    cdef Pt *mem = <Pt *>malloc(2 * cap * sizeof(Pt))
+    cdef const int64_t[::1] mv
+    if ps == NULL or pos == NULL or mem == NULL:
+        free(ps)
+        free(pos)
+        free(mem)
+        raise MemoryError()
+    try:
+        for i in range(n_parts):
+            pos[2 * i] = 0
+            pos[2 * i + 1] = len(parts[i][0])
+            total += pos[2 * i + 1]
+            for k in range(4):
+                mv = parts[i][k]
+                views.append(mv)
+                ps[4 * i + k] = &mv[0] if mv.shape[0] else NULL
+        out_s = np.empty(total, np.int64)
+        out_d = np.empty(total, np.int64)
+        out_t = np.empty(total, np.int64)
+        out_y = np.empty(total, np.int64)
+        w = _union(n_parts, ps, pos, &mem, &cap, cur, out_s, out_d, out_t, out_y)
+    finally:
+        free(ps)
+        free(pos)
+        free(mem)
+    if w < 0:
+        return None
+    return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy()
+
+
+cdef Py_ssize_t _union(
+    Py_ssize_t n_parts,
+    const int64_t **ps,
+    Py_ssize_t *pos,
+    Pt **mem,
+    Py_ssize_t *cap,
+    const int64_t[::1] cur,
+    int64_t[::1] os,
+    int64_t[::1] od,
+    int64_t[::1] ot,
+    int64_t[::1] oy,
+) noexcept nogil:
+    """The merge of :func:`union_hulls`; returns the points written, -1 if not grouped."""
+    cdef Py_ssize_t i, m, w = 0, h, k, j
+    cdef int64_t best, code, s, d
+    cdef const int64_t *src
+    cdef const int64_t *dst
+    cdef Pt *buf
+    cdef Pt *grown
+    cdef bint ordered
+    while True:
+        best = -1
+        for i in range(n_parts):
+            if pos[2 * i] < pos[2 * i + 1]:
+                j = pos[2 * i]
+                code = ps[4 * i][j] << 32 | ps[4 * i + 1][j]
+                if best < 0 or code < best:
+                    best = code
+        if best < 0:
+            return w
+        m = 0
+        for i in range(n_parts):
+            src, dst = ps[4 * i], ps[4 * i + 1]
+            j = pos[2 * i]
+            while j < pos[2 * i + 1] and (src[j] << 32 | dst[j]) == best:
+                if m == cap[0]:
+                    grown = <Pt *>realloc(mem[0], 4 * cap[0] * sizeof(Pt))
+                    if grown == NULL:
+                        return -1
+                    mem[0] = grown
+                    cap[0] *= 2
+                mem[0][m].t = ps[4 * i + 2][j]
+                mem[0][m].y = ps[4 * i + 3][j]
+                m += 1
+                j += 1
+            if j < pos[2 * i + 1] and (src[j] << 32 | dst[j]) < best:
+                return -1  # this part is not grouped in ascending pairs
+            pos[2 * i] = j
+        s = best >> 32
+        d = best & <int64_t>0xFFFFFFFF
+        if cur[s] < 0 or cur[d] < 0:
+            continue
+        buf = mem[0]
+        ordered = True
+        for k in range(1, m):
+            if not _le(buf[k - 1], buf[k]):
+                ordered = False
+                break
+        if not ordered:
+            buf = _merge_runs(mem[0], mem[0] + cap[0], m)
+        h = _chain(buf, m, ot, oy, w)
+        for k in range(w, w + h):
+            os[k] = cur[s]
+            od[k] = cur[d]
+        w += h

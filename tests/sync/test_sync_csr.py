@@ -1,0 +1,101 @@
+"""The sync's grouped (CSR) kernels against their references: the per-group hulls equal
+:func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
+points, and the edge fits over each direction's hull the fits over all its points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fleetlens.sync._csr import group_offsets, hull_groups, pair_hulls, union_hulls
+from fleetlens.sync.edgefit import fit_edges
+
+from fleetlens.hull import lower_hull_rows
+from fleetlens.summary import pad_rows
+
+
+def _reference(group: np.ndarray, n: int, t: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    """Each group's lower hull as (size, 2) points, by the padded row form."""
+    mask, (tm, ym) = pad_rows(group, n, t, y)
+    size, ht, hy = lower_hull_rows(tm, ym, mask)
+    return [np.c_[ht[i, : size[i]], hy[i, : size[i]]] for i in range(n)]
+
+
+def _points(rng: np.random.Generator, m: int, ties: bool) -> tuple[np.ndarray, np.ndarray]:
+    t = rng.integers(0, 10**9, m)
+    y = rng.integers(1_000, 3_000, m)
+    if ties:  # equal times and collinear points: the tie rules matter
+        t, y = (t // 10**8) * 10**8, (y // 500) * 500
+    return t.astype(np.int64), y.astype(np.int64)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_group_hulls_equal_the_padded_rows(ties: bool) -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        n, m = int(rng.integers(1, 30)), int(rng.integers(0, 800))
+        group = rng.integers(0, n, m).astype(np.int64)
+        t, y = _points(rng, m, ties)
+        size, ht, hy = hull_groups(*group_offsets(group, n), t, y)
+        want = _reference(group, n, t, y)
+        assert size.tolist() == [len(w) for w in want]
+        assert np.array_equal(np.c_[ht, hy], np.concatenate([np.zeros((0, 2)), *want]))
+        # grouped by pair in ascending order: the one-pass form gives the same hulls
+        order = np.argsort(group, kind="stable")
+        src, dst = group[order] // 4, group[order] % 4
+        got = pair_hulls(src, dst, t[order], y[order], 4)
+        assert got is not None
+        assert np.array_equal(np.c_[got[2], got[3]], np.c_[ht, hy])
+        assert np.array_equal(got[0] * 4 + got[1], np.repeat(np.arange(n), size))
+        if m > 1 and group.min() != group.max():  # not grouped: told, not miscomputed
+            assert pair_hulls(src[::-1].copy(), dst[::-1].copy(), t, y, 4) is None
+
+
+def test_union_of_hulls_is_the_hull_of_every_point() -> None:
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        n_pairs, parts, every = int(rng.integers(1, 20)), [], []
+        for _ in range(int(rng.integers(1, 6))):
+            m = int(rng.integers(0, 300))
+            pair = np.sort(rng.integers(0, n_pairs, m)).astype(np.int64)
+            t, y = _points(rng, m, ties=bool(rng.integers(0, 2)))
+            size, ht, hy = hull_groups(*group_offsets(pair, n_pairs), t, y)
+            hp = np.repeat(np.arange(n_pairs), size)
+            parts.append((hp >> 1, hp & 1, ht, hy))  # pair p = (src p >> 1, dst p & 1)
+            every.append((pair, t, y))
+        pair, t, y = (np.concatenate([e[i] for e in every]) for i in range(3))
+        want = _reference(pair, n_pairs, t, y)
+        cur = np.arange(n_pairs)  # every NIC kept
+        got = union_hulls(parts, cur)
+        assert got is not None
+        got_pair = got[0] * 2 + got[1]
+        for p in range(n_pairs):
+            assert np.array_equal(np.c_[got[2], got[3]][got_pair == p], want[p])
+        gone = union_hulls(parts, np.where(cur == 0, -1, cur))  # NIC 0 left the window
+        assert gone is not None and not (gone[0] == 0).any() and not (gone[1] == 0).any()
+
+
+def test_fits_over_each_directions_hull_equal_the_fits_over_every_point() -> None:
+    rng = np.random.default_rng(3)
+    n, m = 40, 6000
+    edge = rng.integers(0, n, m).astype(np.int64)
+    upper = rng.random(m) < 0.5
+    t = rng.integers(-500_000_000, 500_000_000, m).astype(np.float64)
+    a, b = rng.normal(0, 1e4, n), rng.normal(0, 5e-5, n)
+    delay = np.rint(1500 + rng.exponential(300, m))
+    y = np.rint(a[edge] + b[edge] * t) + np.where(upper, delay, -delay)
+    b_prior = b + rng.normal(0, 1e-7, n)
+    full = fit_edges(edge, upper, t, y, n, b_prior)
+    # each direction reduced to its hull (the lower set's upper hull: the lower hull of −y)
+    row = edge * 2 + ~upper
+    size, ht, hy = hull_groups(
+        *group_offsets(row, 2 * n), t.astype(np.int64), np.where(upper, y, -y).astype(np.int64)
+    )
+    r = np.repeat(np.arange(2 * n), size)
+    up = r % 2 == 0
+    hull = fit_edges(r // 2, up, ht.astype(float), np.where(up, hy, -hy).astype(float), n, b_prior)
+    assert (full.usable == hull.usable).all() and (full.slope_ok == hull.slope_ok).all()
+    assert np.allclose(hull.a, full.a, rtol=0, atol=1e-6)
+    assert np.allclose(hull.b, full.b, rtol=0, atol=1e-15)
+    assert np.allclose(hull.margin, full.margin, rtol=0, atol=1e-6)
+    assert np.array_equal(hull.span, full.span)
+    assert (hull.n_up <= full.n_up).all() and (hull.n_up < full.n_up).any()
