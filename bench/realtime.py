@@ -288,7 +288,8 @@ def scrape(url: str) -> dict[str, float]:
 def clock_age_s(url: str) -> float:
     """Now − the newest served model's reference (fleet) time; NaN before the first solve."""
     models = json.loads(_get(url + "/v1/clocks?limit=100"))
-    refs = [m["t0_ns"] - round(m["offset_ns"]) for m in models if m.get("updated")]
+    # t0 0: an identity model (no solve for that host yet), not a reference time
+    refs = [m["t0_ns"] - round(m["offset_ns"]) for m in models if m["t0_ns"] > 0]
     return (time.time_ns() - max(refs)) / 1e9 if refs else float("nan")
 
 
@@ -482,7 +483,7 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=5.0, help="replay length (full collector)")
     ap.add_argument("--baseline-minutes", type=float, default=1.0,
                     help="replay length into the ingest-only collector (0: none)")  # fmt: skip
-    ap.add_argument("--windows", type=int, default=30, help="distinct cached windows")
+    ap.add_argument("--windows", type=int, default=20, help="distinct cached windows")
     ap.add_argument("--clients", type=int, default=2, help="replaying client processes")
     ap.add_argument("--sample-s", type=float, default=5.0, help="age and CPU sampling period")
     ap.add_argument("--seed", type=int, default=1)
