@@ -24,8 +24,9 @@ hosts, each an asyncio loop.
 Printed per minute of the replay:
 
 - ingest lag: from a batch's due time to its 200 (p50/p99/max over the batches due in that
-  minute; a batch still unanswered at the minute's end counts with its lag so far) and
-  batches stored against batches due by the minute's end;
+  minute; a batch still unanswered at the minute's end counts with its lag so far, so a
+  backlog longer than the minute shows as ~60 s), batches stored against batches due by the
+  minute's end, and how long ago the oldest unanswered batch was due (the backlog);
 - verdict age: ``fleetlens_triangulated_window_age_seconds`` (now − the newest judged
   window's end), sampled every ``--sample-s`` from ``/metrics`` (p50/max of the samples);
 - clock-model age: now − the newest served clock model's reference time (``t0 − offset``,
@@ -300,6 +301,7 @@ class Minute:
     lag_max: float
     stored: int
     due: int
+    backlog_s: float  # the oldest batch due and unanswered at the minute's end: due that long
     verdict_p50: float
     verdict_max: float
     clock_p50: float
@@ -344,6 +346,8 @@ class Watch:
                                (min(hi, now) - due[waiting]) / 1e9])  # fmt: skip
         stored = int((rec["status"][rec["due"] < hi] == 200).sum())
         n_due = int((due < hi).sum())
+        behind = due[~answered & (due < hi)]
+        backlog = (hi - int(behind.min())) / 1e9 if behind.size else 0.0
         lag = lags if lags.size else np.array([np.nan])
         v = np.array([a for t, a in self.verdict if lo <= t < hi] or [np.nan])
         c = np.array([a for t, a in self.clock if lo <= t < hi] or [np.nan])
@@ -351,7 +355,7 @@ class Watch:
         span = (hi - lo) / 1e9
         return Minute(
             float(np.percentile(lag, 50)), float(np.percentile(lag, 99)), float(lag.max()),
-            stored, n_due, _nanpct(v, 50), _nanmax(v), _nanpct(c, 50), _nanmax(c),
+            stored, n_due, backlog, _nanpct(v, 50), _nanmax(v), _nanpct(c, 50), _nanmax(c),
             cpu_s / span, rss, peak, loops_s, replayer_s / span,
         )  # fmt: skip
 
@@ -369,7 +373,8 @@ def print_minute(i: int, m: Minute, loops: bool) -> None:
             f"p50 {m.clock_p50:5.1f} max {m.clock_max:5.1f} s; " if loops else "")  # fmt: skip
     loop_s = ", ".join(f"{k} {v:.1f} s" for k, v in m.loops_s.items())
     print(f"  minute {i}: ingest lag p50 {m.lag_p50:5.2f} p99 {m.lag_p99:5.2f} max "
-          f"{m.lag_max:5.2f} s, batches stored/due {m.stored}/{m.due}; {ages}collector "
+          f"{m.lag_max:5.2f} s, batches stored/due {m.stored}/{m.due} (oldest unanswered due "
+          f"{m.backlog_s:.1f} s ago); {ages}collector "
           f"{m.cores:.2f} cores, RSS {m.rss_mib:,.0f} MiB (peak {m.peak_mib:,.0f}); "
           f"loops {loop_s or 'off'}; replayer {m.replayer_cores:.2f} cores",
           flush=True)  # fmt: skip

@@ -69,15 +69,16 @@ def test_smoke_run_prints_measured_lags(tmp_path: Path) -> None:
     assert "3 windows simulated and encoded" in out and "64 hosts registered" in out
     minutes = re.findall(
         rf"minute 1: ingest lag p50 +{NUM} p99 +{NUM} max +{NUM} s, batches stored/due "
-        rf"(\d+)/(\d+); (.*)collector {NUM} cores, RSS ([\d,]+) MiB", out)  # fmt: skip
+        rf"(\d+)/(\d+) \(oldest unanswered due {NUM} s ago\); (.*)collector {NUM} cores, RSS "
+        rf"([\d,]+) MiB", out)  # fmt: skip
     assert len(minutes) == 2, out  # the ingest-only baseline, then the full collector
-    for p50, p99, mx, stored, due, _, cores, rss in minutes:
-        assert 0 <= float(p50) <= float(p99) <= float(mx)
+    for p50, p99, mx, stored, due, backlog, _, cores, rss in minutes:
+        assert 0 <= float(p50) <= float(p99) <= float(mx) and float(backlog) >= 0
         assert 0 < int(stored) <= int(due)  # batches answered 200 and counted
         assert float(cores) > 0 and int(rss.replace(",", "")) > 0
-    assert minutes[0][5] == ""  # no loops, no ages
+    assert minutes[0][6] == ""  # no loops, no ages
     ages = re.search(rf"verdict age p50 +{NUM} max +{NUM} s; clock-model age p50 +{NUM} max "
-                     rf"+{NUM} s", minutes[1][5])  # fmt: skip
+                     rf"+{NUM} s", minutes[1][6])  # fmt: skip
     assert ages is not None, out  # both ages measured (not nan) within the minute
     assert re.search(r"loops clocks [\d.]+ s, .*triangulate [\d.]+ s", out), out
     assert re.search(rf"CPU split +: full collector {NUM} cores, ingest-only {NUM} cores", out)
