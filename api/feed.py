@@ -6,18 +6,82 @@ its own backlog in the store (not the clock solve's look-back: a round slower th
 look-back, on a big fleet, must delay windows, never skip them), one window read at a time
 without the hulls (clock sync's), and stops at the first window not yet settled
 (``settling.py``); what it hands over is what ``clockgate.py`` lets triangulation judge.
+
+The newest window generations are also held in memory as the writer committed them
+(:class:`RecentWindows`): the feed and the clock round read those from there, not back from
+DuckDB.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from fleetlens.api.clockgate import ClockGate
 from fleetlens.api.settling import Settling
 from fleetlens.api.store import Store
 
-from fleetlens.records import HULLS
+from fleetlens.records import HULLS, WINDOW_SCHEMA
+
+# Generations kept in memory behind the newest one, beyond the look-back: the feed judges a
+# window about a second after its end, so it finds it here unless it fell that far behind.
+RECENT_SPARE_NS = 1_000_000_000
+
+
+class RecentWindows:
+    """The rows of the newest window generations, as committed (every committed batch passes
+    through :meth:`add`).
+
+    At 1024 hosts x 8 NICs a generation is ~0.9 M rows, and reading one back from DuckDB and
+    decoding it took 1-2.6 s: longer than the second it covers, so the loops fell behind real
+    time. A generation is answered from memory only if every row of it went through ``add``:
+    it started after the newest window stored when the collector started, and it is not older
+    than ``keep_ns`` behind the newest generation (pruned). Anything else is the store's."""
+
+    def __init__(self, stored_newest_ns: int | None, keep_ns: int) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[int, list[pa.Table]] = {}
+        # Generations up to here (stored before this collector ran, or pruned) are not held.
+        self._upto = stored_newest_ns
+        self._keep_ns = keep_ns
+
+    def add(self, windows: pa.Table) -> None:
+        """A committed batch's rows (``WINDOW_SCHEMA``); called on the writer thread."""
+        starts = pc.unique(windows["start_ns"]).to_pylist()
+        rows = windows.select(WINDOW_SCHEMA.names).cast(WINDOW_SCHEMA)
+        with self._lock:
+            for s in starts:
+                if self._upto is not None and s <= self._upto:
+                    continue
+                part = rows if len(starts) == 1 else rows.filter(pc.equal(rows["start_ns"], s))
+                self._rows.setdefault(s, []).append(part)
+            if self._rows:
+                old = [s for s in self._rows if s < max(self._rows) - self._keep_ns]
+                for s in old:
+                    del self._rows[s]
+                if old:
+                    self._upto = max(old + ([self._upto] if self._upto is not None else []))
+
+    def between(self, lo_ns: int, hi_ns: int, without: tuple[str, ...] = ()) -> pa.Table | None:
+        """The generations starting in [lo_ns, hi_ns] as ``Store.windows_between`` reads
+        them, or None if some of them are not held (read the store)."""
+        with self._lock:
+            if self._upto is not None and lo_ns <= self._upto:
+                return None
+            parts = [t for s in sorted(self._rows) if lo_ns <= s <= hi_ns for t in self._rows[s]]
+        table = pa.concat_tables(parts) if parts else WINDOW_SCHEMA.empty_table()
+        for name in without:  # as the store leaves them: null, unread
+            i = table.schema.get_field_index(name)
+            table = table.set_column(
+                i, name, pa.nulls(table.num_rows, WINDOW_SCHEMA.field(name).type)
+            )
+        return table
+
+    def at(self, start_ns: int, without: tuple[str, ...] = ()) -> pa.Table | None:
+        """The generation starting at ``start_ns`` (as ``Store.window_at``), or None."""
+        return self.between(start_ns, start_ns, without)
 
 
 class TriangulationFeed:
@@ -27,6 +91,7 @@ class TriangulationFeed:
         self.gate = gate
         self.lookback_ns = lookback_ns
         self.triangulated_ns: int | None = None  # start of the newest window the feed is past
+        self.recent = RecentWindows(store.newest_window_start(), lookback_ns + RECENT_SPARE_NS)
 
     def windows(self, newest_start_ns: int | None, now_ns: int) -> Iterator[pa.Table]:
         """Each settled window not handed over yet, as triangulation may judge it. The caller
@@ -39,7 +104,9 @@ class TriangulationFeed:
         for start in self.store.window_starts(lo):
             # On a reference fleet (6 M rows) reading the whole backlog and filtering it took
             # ~4 s a window: one window at a time, without the hulls.
-            window = self.store.window_at(start, without=HULLS)
+            window = self.recent.at(start, HULLS)
+            if window is None:
+                window = self.store.window_at(start, without=HULLS)
             if not self.settling.ready(window, now_ns):
                 return  # a late upload: this window (and the next ones) next round
             one = self.gate.judgeable(window)

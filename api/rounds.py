@@ -82,6 +82,7 @@ class Rounds:
             newest = pc.max(batch.windows["start_ns"]).as_py()
             self.newest_start_ns = max(self.newest_start_ns or newest, newest)
             m.owd.observe(batch.windows)
+            self.feed.recent.add(batch.windows)
             starts = pc.unique(batch.windows["start_ns"]).to_pylist()
             dur = batch.windows["duration_ns"][0].as_py() or DEFAULT_WINDOW_NS
             if self.arrivals.stored(batch.host_id, starts, dur, time.time_ns()):
@@ -95,7 +96,9 @@ class Rounds:
             return WINDOW_SCHEMA.empty_table()
         # Paths are triangulation's, which reads its own windows (the fallback excepted).
         skip = () if self.fallback else ("path",)
-        return self.store.windows_between(hi - self.lookback_ns, hi, skip)
+        lo = hi - self.lookback_ns
+        held = self.feed.recent.between(lo, hi, skip)
+        return self.store.windows_between(lo, hi, skip) if held is None else held
 
     def triangulation_round(self, now_ns: int) -> None:
         """The settled windows triangulated, their verdicts and drain decisions stored in one

@@ -102,6 +102,9 @@ class WindowRow:
     solved: int  # hosts with a model from a solve (coasting ones included)
     faulty: list[str]
     wall_s: float  # simulate + post + wait for the collector
+    sim_s: float = 0.0  # of which simulating the window (the agents' side included)
+    post_s: float = 0.0  # posting it
+    wait_s: float = 0.0  # waiting for a collector round to solve and judge it
 
 
 @dataclass(kw_only=True)
@@ -168,7 +171,9 @@ class SimSummary(Summary):
             ("LinkPass", self.linkpass),
             ("wall time",
              f"{w.get('total')} s ({w.get('windows')} windows, {w.get('per_window_mean')} s "
-             f"each, triangulation {w.get('triangulate_per_round')} s per window)"),
+             f"each: simulate {w.get('sim_per_window')}, post {w.get('post_per_window')}, "
+             f"collector {w.get('wait_per_window')}; triangulation "
+             f"{w.get('triangulate_per_round')} s per window)"),
         ]  # fmt: skip
 
 
@@ -281,13 +286,18 @@ class SimFabric:
 
     def observe(self) -> Reading:
         assert self.collector is not None and self.stream is not None
+        t0 = time.monotonic()
         try:
             win = next(self.windows)
         except StopIteration:
             raise SimDemoError(f"no simulated window after {self.t_s} s") from None
+        t1 = time.monotonic()
         self._post(win)
+        t2 = time.monotonic()
         models = self._wait_processed(win.index)
-        r = self._judge(win, models, round(time.monotonic() - self.t_window, 2))
+        t3 = time.monotonic()
+        split = (t1 - t0, t2 - t1, t3 - t2)
+        r = self._judge(win, models, round(time.monotonic() - self.t_window, 2), split)
         self.t_window = time.monotonic()
         if self.on_window is not None:
             self.on_window(win.index, self)
@@ -348,8 +358,15 @@ class SimFabric:
                                    f"{self.collector.log_tail()}")  # fmt: skip
         return m
 
-    def _judge(self, win: SimWindow, models: dict[str, ClockModel], wall: float) -> Reading:
-        """The collector's view after window ``win``: the agents' next window uses its models."""
+    def _judge(
+        self,
+        win: SimWindow,
+        models: dict[str, ClockModel],
+        wall: float,
+        split: tuple[float, float, float],
+    ) -> Reading:
+        """The collector's view after window ``win``: the agents' next window uses its models.
+        ``split``: wall seconds simulating, posting and waiting for the collector."""
         assert self.collector is not None
         doing = f"reading window {win.index}'s results"
         self.sim.set_clock_models(models)
@@ -362,7 +379,8 @@ class SimFabric:
         r = Reading(float(self.t_s), hosts, err, flagged, bool(np.isfinite(err).all()), links,
                     nics)  # fmt: skip
         row = WindowRow(win.index, win.windows.num_rows, r.p99_ns, int(flagged.sum()),
-                        r.abs_errors.size, links + nics, wall)  # fmt: skip
+                        r.abs_errors.size, links + nics, wall,
+                        *(round(x, 2) for x in split))  # fmt: skip
         self.s.timeline.append(row)
         self._progress(row)
         return r
@@ -373,7 +391,8 @@ class SimFabric:
         self.say(
             f"  {r.window + 1:>3} s: {r.rows:,} rows, clock p99 {p99} ns "
             f"({r.synced}/{len(self.sim.topo.hosts)} synced), faulty: {bad} "
-            f"[dim]({r.wall_s:.1f} s)[/]"
+            f"[dim]({r.wall_s:.1f} s: simulate {r.sim_s:.1f}, post {r.post_s:.1f}, "
+            f"collector {r.wait_s:.1f})[/]"
         )
 
     # ---- the summary ----------------------------------------------------------------------
@@ -435,6 +454,9 @@ class SimFabric:
         per = [r.wall_s for r in s.timeline]
         s.wall_s["per_window_mean"] = round(float(np.mean(per)), 2) if per else 0.0
         s.wall_s["per_window_max"] = round(float(np.max(per)), 2) if per else 0.0
+        for part in ("sim_s", "post_s", "wait_s"):  # where a window's wall time went
+            v = [getattr(r, part) for r in s.timeline]
+            s.wall_s[part.replace("_s", "_per_window")] = round(float(np.mean(v)), 2) if v else 0.0
         s.wall_s["windows"] = len(per)
         s.wall_s["total"] = round(time.monotonic() - self.t_start, 1)
 

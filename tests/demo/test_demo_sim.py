@@ -67,6 +67,14 @@ def test_story_on_64_hosts_against_truth(tmp_path: Path) -> None:
     worst = [abs(r["error_ns"]) for r in out["clocks"]]
     assert worst == sorted(worst, reverse=True) and worst[0] == out["sync_max_ns"]
     assert "not applicable" in out["linkpass"]
+    # Where each window's wall time went: simulating, posting, waiting for the collector.
+    for row in out["timeline"]:
+        parts = (row["sim_s"], row["post_s"], row["wait_s"])
+        assert min(parts) >= 0 and row["post_s"] > 0 and sum(parts) <= row["wall_s"] + 0.05
+    wall = out["wall_s"]
+    assert wall["sim_per_window"] + wall["post_per_window"] + wall["wait_per_window"] <= (
+        wall["per_window_mean"] + 0.05
+    )
     # The collector is gone and its directory removed.
     assert pids and not _alive(pids[0])
     assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,94 @@
+"""The newest window generations held in memory (``feed.RecentWindows``): the loops read the
+same rows from there as from DuckDB, and read DuckDB for what memory does not hold entirely
+(generations stored before a restart, or pruned)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from collector_helpers import send_clean_window
+from fleetlens.api.config import Settings
+from fleetlens.api.feed import RecentWindows
+from fleetlens.api.service import Collector
+
+from fleetlens.records import HULLS, WINDOW_SCHEMA
+from fleetlens.topology import leaf_spine
+
+T0 = 1_800_000_000_000_000_000
+SEC = 1_000_000_000
+ROWS = 4 * 2 * 6  # a generation: 4 hosts x 2 NICs, each probing the 6 NICs of other hosts
+
+
+def _sorted(t: pa.Table) -> pa.Table:
+    return t.sort_by([("start_ns", "ascending"), ("src_nic", "ascending"),
+                      ("dst_nic", "ascending")])  # fmt: skip
+
+
+def _collector(tmp_path: Path) -> Collector:
+    topo = leaf_spine(hosts=4, nics=2, leaves=2, spines=2)
+    inv = tmp_path / "fleet.json"
+    topo.save(inv)
+    c = Collector(Settings(db_path=tmp_path / "fl.duckdb", inventory=str(inv)))
+    c.start(loops=False)
+    return c
+
+
+def test_memory_holds_what_the_store_holds_then_defers_to_it(tmp_path: Path) -> None:
+    c = _collector(tmp_path)
+    topo = c.topology
+    assert topo is not None
+    path = ["leaf0->spine1", "spine1->leaf1"]
+    try:
+        for w in range(3):
+            for h in topo.hosts:
+                send_clean_window(c, topo, h, T0 + w * SEC, with_hull=True, path=path)
+        recent = c.feed.recent
+        for lo, hi, without in ((T0, T0 + 2 * SEC, ("path",)), (T0 + SEC, T0 + SEC, HULLS)):
+            held = recent.between(lo, hi, without)
+            assert held is not None and held.num_rows == ROWS * ((hi - lo) // SEC + 1)
+            stored = c.store.windows_between(lo, hi, without)
+            assert _sorted(held).equals(_sorted(stored.cast(held.schema)))
+            assert held.schema.equals(WINDOW_SCHEMA)
+            for name in without:
+                assert held[name].null_count == held.num_rows  # left out, as the store does
+        assert c.rounds.newest_windows(T0 + 4 * SEC).num_rows == 3 * ROWS
+    finally:
+        c.stop()
+    # Restarted: what was stored before is the store's, what comes after is held.
+    c = _collector(tmp_path)
+    try:
+        assert c.feed.recent.between(T0, T0 + 2 * SEC) is None
+        assert c.feed.recent.at(T0 + 3 * SEC) is not None  # nothing there yet: empty
+        assert c.rounds.newest_windows(T0 + 4 * SEC).num_rows == 3 * ROWS  # from the store
+        send_clean_window(c, topo, topo.hosts[0], T0 + 3 * SEC, with_hull=True)
+        one = c.feed.recent.at(T0 + 3 * SEC)
+        assert one is not None and one.num_rows == ROWS // 4
+        assert _sorted(one).equals(_sorted(c.store.window_at(T0 + 3 * SEC).cast(one.schema)))
+    finally:
+        c.stop()
+
+
+def test_pruned_generations_are_read_from_the_store() -> None:
+    recent = RecentWindows(None, keep_ns=2 * SEC)
+
+    def gen(start: int, n: int = 2) -> pa.Table:
+        cols = {f.name: pa.nulls(n, f.type) for f in WINDOW_SCHEMA}
+        cols["start_ns"] = pa.array([start] * n, pa.int64())
+        cols["src_nic"] = pa.array([f"h{i}/eth0" for i in range(n)])
+        return pa.table(cols, schema=WINDOW_SCHEMA)
+
+    for w in range(3):
+        recent.add(gen(T0 + w * SEC))
+    both = pa.concat_tables([gen(T0), gen(T0 + SEC)])
+    got = recent.between(T0, T0 + SEC)
+    assert got is not None and got.equals(both)
+    # A batch holding two generations is split between them.
+    recent.add(pa.concat_tables([gen(T0 + 3 * SEC, 1), gen(T0 + 4 * SEC, 3)]))
+    assert recent.between(T0, T0 + SEC) is None  # T0, T0 + 1 s pruned: > 2 s behind T0 + 4 s
+    four = recent.at(T0 + 4 * SEC)
+    assert four is not None and four.num_rows == 3
+    assert recent.at(T0 + SEC) is None
+    recent.add(gen(T0 + SEC))  # a late batch for a pruned generation stays the store's
+    assert recent.at(T0 + SEC) is None
+    assert recent.between(T0 + 2 * SEC, T0 + 4 * SEC) is not None
