@@ -32,9 +32,10 @@ Printed per minute of the replay:
 - clock-model age: now − the newest served clock model's reference time (``t0 − offset``,
   the fleet time of the window generation the solve ended on; ``GET /v1/clocks``, first
   page), sampled alike;
-- the collector's CPU (cores, every thread, ``/proc/PID/stat``) and RSS (now and peak), the
-  wall seconds its clock and triangulation loops ran (``fleetlens_loop_duration_seconds``),
-  and the replayer's own CPU (cores of its client processes: near one core each, it limits).
+- the collector's CPU (cores, every thread of every process it runs, ``/proc/PID/stat``)
+  and RSS (now and peak), the wall seconds its clock and triangulation loops ran
+  (``fleetlens_loop_duration_seconds``), and the replayer's own CPU (cores of its client
+  processes: near one core each, it limits).
 
 The baseline in the same command is the same replay into an ingest-only collector
 (``--ingest-only``: no clock solve, no triangulation, no retention) for ``--baseline-minutes``,
@@ -257,17 +258,46 @@ async def _post(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], req: by
 
 
 # ---- watching the collector ------------------------------------------------------------------
+def proc_tree(pid: int) -> list[int]:
+    """A process and its live descendants (``--ingest-workers`` children included)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            todo.extend(int(c) for c in task.read_text().split())
+    return out
+
+
+def _stat(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}").joinpath("stat").read_text()
+    except OSError:  # exited between the listing and the read
+        return None
+
+
 def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, every thread (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process tree, every thread (``/proc/PID/stat``)."""
+    ticks = 0
+    for p in proc_tree(pid):
+        if (text := _stat(p)) is not None:
+            fields = text.rpartition(")")[2].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def proc_rss_mib(pid: int) -> tuple[float, float]:
-    """(current, peak) resident set size of a process, MiB."""
-    kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in Path(f"/proc/{pid}/status").read_text()
-          .splitlines() if ln.startswith(("VmRSS", "VmHWM"))}  # fmt: skip
-    return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
+    """(current, peak) resident set size of a process tree, MiB (peaks summed: a bound)."""
+    rss = hwm = 0
+    for p in proc_tree(pid):
+        try:
+            lines = Path(f"/proc/{p}/status").read_text().splitlines()
+        except OSError:
+            continue
+        kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in lines
+              if ln.startswith(("VmRSS", "VmHWM"))}  # fmt: skip
+        rss, hwm = rss + kb.get("VmRSS", 0), hwm + kb.get("VmHWM", 0)
+    return rss / 1024, hwm / 1024
 
 
 def _get(url: str, timeout_s: float = 30.0) -> bytes:
@@ -381,10 +411,11 @@ def print_minute(i: int, m: Minute, loops: bool) -> None:
 
 
 def replay(work: Path, cache: Path, meta: dict, minutes: float, clients: int, loops: bool,
-           sample_s: float, seed: int) -> list[Minute]:  # fmt: skip
+           sample_s: float, seed: int, ingest_workers: int) -> list[Minute]:  # fmt: skip
     """One replay into a fresh collector; the per-minute figures (also printed)."""
     hosts, label = meta["hosts"], "full collector" if loops else "ingest-only collector"
     args = ["--insecure-no-auth", "--public-metrics", *([] if loops else ["--ingest-only"])]
+    args += ["--ingest-workers", str(ingest_workers)] if ingest_workers else []
     db = work / ("full.duckdb" if loops else "ingest.duckdb")
     col = start_collector(db, meta["spec"], args, log=db.with_suffix(".log"), timeout_s=120)
     try:
@@ -494,6 +525,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cache", type=Path, default=REPO / "build" / "realtime")
     ap.add_argument("--workdir", type=Path, help="default: a temporary directory")
+    workers_help = "the collector's --ingest-workers (CPU and RSS: its processes summed)"
+    ap.add_argument("--ingest-workers", type=int, default=0, help=workers_help)
     a = ap.parse_args()
     cache, meta = ensure_cache(a.cache, a.hosts, a.windows, a.seed)
     print(f"machine      : {os.cpu_count()} cores, load average "
@@ -504,8 +537,9 @@ def main() -> int:
         base = []
         if a.baseline_minutes > 0:
             base = replay(work, cache, meta, a.baseline_minutes, a.clients, False, a.sample_s,
-                          a.seed)  # fmt: skip
-        full = replay(work, cache, meta, a.minutes, a.clients, True, a.sample_s, a.seed)
+                          a.seed, a.ingest_workers)  # fmt: skip
+        full = replay(work, cache, meta, a.minutes, a.clients, True, a.sample_s, a.seed,
+                      a.ingest_workers)  # fmt: skip
     cores = float(np.mean([m.cores for m in full[1:] or full]))
     if base:
         b = float(np.mean([m.cores for m in base]))
