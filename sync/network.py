@@ -26,6 +26,11 @@ the edge is flagged and removed (``reject=False``: Huber weights only, used for 
 edge slopes scatter with the clocks' wander rather than with path faults). Hosts left with
 fewer than ``min_edges`` edges are dropped as unsynchronized: with two edges a conflict
 cannot be told apart from a wrong edge; with three the majority wins.
+
+The kept edges and hosts depend only on which edges have weight: the Huber rounds never zero
+a weight, and a window's drift solve keeps the offsets' surviving edges, so an
+:class:`ActiveSets` shared by a window's solves computes each distinct set (degree pruning and
+connected components) once.
 """
 
 from __future__ import annotations
@@ -38,6 +43,25 @@ from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import cg
 
 from .config import DEFAULT, SyncConfig
+
+
+class ActiveSets:
+    """The kept edges and hosts of one edge geometry, per set of weighted edges (memoized).
+
+    Exact: :func:`_active` reads nothing of the weights but which are positive."""
+
+    def __init__(self, n: int, lo: np.ndarray, hi: np.ndarray, min_edges: int) -> None:
+        self.n, self.lo, self.hi, self.min_edges = n, lo, hi, min_edges
+        self._seen: list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]] = []
+
+    def __call__(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        on = w > 0
+        for mask, sets in self._seen:
+            if np.array_equal(mask, on):
+                return sets
+        sets = _active(self.n, self.lo, self.hi, on, self.min_edges)
+        self._seen.append((on, sets))
+        return sets
 
 
 @dataclass
@@ -63,15 +87,18 @@ def solve_network(
     reference: int | None = None,
     reject: bool = True,
     cfg: SyncConfig = DEFAULT,
+    active_sets: ActiveSets | None = None,
 ) -> NetSolution:
-    """Robust weighted LS of per-host values from edge differences ``z ≈ x[hi] − x[lo]``."""
-    min_edges = cfg.min_edges
+    """Robust weighted LS of per-host values from edge differences ``z ≈ x[hi] − x[lo]``.
+
+    ``active_sets``: shared by solves over the same ``lo``/``hi`` (one per call if None)."""
+    sets = ActiveSets(n, lo, hi, cfg.min_edges) if active_sets is None else active_sets
     w = w0.astype(np.float64).copy()
     x, solved, s = prior.astype(np.float64).copy(), np.zeros(n, bool), floor
     # Huber rounds first (every edge keeps a bounded pull, so no host is ever cut off by its
     # own stale value), then one hard rejection on the converged M-estimate.
     for _ in range(cfg.irls_rounds):
-        active, solved = _active(n, lo, hi, w, min_edges)
+        active, solved = sets(w)
         if not solved.any():
             break
         x = _solve(n, lo, hi, z, np.where(active, w, 0.0), x, solved, cfg)
@@ -90,7 +117,7 @@ def solve_network(
     w = np.where(outlier, 0.0, w)
     # The last round changed the weights: solve once more so x, weights and residuals agree
     # (a host re-admitted in the last round would otherwise keep a stale value).
-    active, solved = _active(n, lo, hi, w, min_edges)
+    active, solved = sets(w)
     w = np.where(active, w, 0.0)
     if solved.any():
         x = _solve(n, lo, hi, z, w, x, solved, cfg)
@@ -102,11 +129,10 @@ def solve_network(
 
 
 def _active(
-    n: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, min_edges: int
+    n: int, lo: np.ndarray, hi: np.ndarray, edge_on: np.ndarray, min_edges: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Edges and hosts kept: drop hosts with < ``min_edges`` edges until stable, then keep the
-    largest connected component."""
-    edge_on = w > 0
+    """Edges and hosts kept of the weighted edges ``edge_on``: drop hosts with < ``min_edges``
+    edges until stable, then keep the largest connected component."""
     while True:
         deg = np.bincount(lo[edge_on], minlength=n) + np.bincount(hi[edge_on], minlength=n)
         host_ok = deg >= min_edges

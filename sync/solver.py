@@ -49,7 +49,7 @@ from fleetlens.topology import Topology
 
 from .config import SyncConfig
 from .edgefit import EdgeFits, Points, fit_edges
-from .network import NetSolution, solve_network
+from .network import ActiveSets, NetSolution, solve_network
 from .pooling import HullPool
 from .purity import HullPoints, complete_generations, hull_points
 from .tracking import DriftTracker
@@ -376,13 +376,18 @@ class _Solved(NamedTuple):
 
 @dataclass
 class _Network:
-    """The per-window network solves (offsets, then drifts) over one edge geometry."""
+    """The per-window network solves (offsets, then drifts) over one edge geometry, sharing
+    its kept edge and host sets across passes (:class:`ActiveSets`)."""
 
     n_hosts: int
     geo: _EdgeGeometry
     kind: str
     ref: int | None
     cfg: SyncConfig
+    sets: ActiveSets = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sets = ActiveSets(self.n_hosts, self.geo.lo, self.geo.hi, self.cfg.min_edges)
 
     def solve(
         self,
@@ -396,12 +401,13 @@ class _Network:
         w0, unstable = _edge_weights(fits, geo, self.n_hosts, lenient, cfg)
         off = solve_network(
             self.n_hosts, geo.lo, geo.hi, fits.a, w0, theta, known, cfg.floor_ns(self.kind),
-            self.ref, cfg=cfg,
+            self.ref, cfg=cfg, active_sets=self.sets,
         )  # fmt: skip
         w_drift = np.where(fits.slope_ok, (off.weight > 0).astype(np.float64), 0.0)
         dft = solve_network(
             self.n_hosts, geo.lo, geo.hi, fits.b * 1e9, w_drift, drift, known,
             cfg.drift_floor_ppb(self.kind), self.ref, reject=False, cfg=cfg,
+            active_sets=self.sets,
         )  # fmt: skip
         return unstable, off, dft
 

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 from fleetlens.sync import HuygensSync, SyncConfig, solve_clocks
 from fleetlens.sync.edgefit import fit_edges, soft_margin
+from fleetlens.sync.network import ActiveSets, solve_network
 from fleetlens.sync.purity import hull_points, pure_mask
 from scipy.optimize import linprog
 
@@ -394,3 +395,36 @@ def test_junk_windows_weigh_by_their_own_evidence_and_steps_are_still_followed(
     for k in range(30, 34):
         tr.update("h", k * 10**9, 1e6 + rng_noise(k), 20.0, 0.0, 50.0, evidence_sd=evidence)
     assert tr.states["h"].theta == pytest.approx(1e6, abs=15)
+
+
+def test_shared_active_sets_change_no_network_answer() -> None:
+    """Sets shared across solves (offsets, then drifts over the offsets' kept edges) give the
+    very answers of per-call sets, and a set of weighted edges seen before is not recomputed;
+    a host left with too few edges and a detached pair stay out either way."""
+    rng = np.random.default_rng(7)
+    n = 40
+    lo, hi = rng.integers(0, n - 4, 400), rng.integers(0, n - 4, 400)
+    keep = lo != hi
+    lo, hi = np.minimum(lo, hi)[keep], np.maximum(lo, hi)[keep]
+    # n-4: three edges, one an outlier (dropped with it); n-3..n-1: a detached triangle
+    lo, hi = np.r_[0, 1, 2, lo, n - 3, n - 2], np.r_[n - 4, n - 4, n - 4, hi, n - 1, n - 1]
+    truth = rng.normal(0, 1e6, n)
+    z = truth[hi] - truth[lo] + rng.normal(0, 50, lo.size)
+    z[[0, 3, 4]] += 1e4  # outliers
+    w0 = np.ones(lo.size)
+    w0[lo.size // 2 :] *= 0.5
+    prior, has = np.zeros(n), np.zeros(n, bool)
+    sets = ActiveSets(n, lo, hi, SyncConfig().min_edges)
+    for cache in (None, sets):
+        off = solve_network(n, lo, hi, z, w0, prior, has, 20.0, active_sets=cache)
+        w_d = (off.weight > 0).astype(np.float64)
+        dft = solve_network(n, lo, hi, z * 1e-3, w_d, prior, has, 20.0, reject=False,
+                            active_sets=cache)  # fmt: skip
+        if cache is None:
+            ref = (off, dft)
+            continue
+        for got, want in zip((off, dft), ref, strict=True):
+            for a, b in zip(vars(got).values(), vars(want).values(), strict=True):
+                np.testing.assert_array_equal(a, b)
+    assert off.outlier[[0, 3, 4]].all() and not off.solved[n - 4 :].any()
+    assert sets(w0) is sets(2 * w0)  # memoized on which weights are positive
