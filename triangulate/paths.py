@@ -82,7 +82,7 @@ class Frame:
     dropped: dict[str, int]
     token: object  # the same object while the flows and their paths stay the same
     # per row: acks the receiver sent (one per pair it heard, at least half the received
-    # packets) and those lost on the way back; None when no row carries ``acks_lost``
+    # packets) and those lost on the way back; None when no row lost an ack
     acks: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -460,11 +460,12 @@ class PathModel:
 
 def _acks(table: pa.Table, pos: np.ndarray, n_flows: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(acks sent, acks lost) per layout flow from the rows that carry ``acks_lost`` (records
-    of older agents do not: their flows count no acks); None when no row does."""
+    of older agents do not: their flows count no acks); None when no row lost an ack (the
+    engine then fits the probes alone: one kernel call instead of decoding the columns)."""
     if "acks_lost" not in table.column_names:
         return None
     col = table["acks_lost"]
-    if col.null_count == len(col):
+    if not (pc.max(col).as_py() or 0) > 0:
         return None
     lost = pc.fill_null(col, 0).to_numpy().astype(np.float64)
     on = pos >= 0
