@@ -64,6 +64,10 @@ CREATE TABLE IF NOT EXISTS decisions (
 CREATE TABLE IF NOT EXISTS jobs (
     name VARCHAR PRIMARY KEY, hosts VARCHAR[], created_ns BIGINT);
 """
+# Columns added since the first release, in order: a file written before one gains it (null in
+# its old rows: unknown) when a collector opens it; a read-only open reads nulls instead.
+MIGRATIONS = (("windows", "acks_lost", "INTEGER"),)
+_ADDED_WINDOW_COLS = {col: sql_type for table, col, sql_type in MIGRATIONS if table == "windows"}
 
 
 # Per-minute aggregate of windows per NIC pair. Percentiles of percentiles are not exact:
@@ -217,6 +221,8 @@ def connect(
     con = duckdb.connect(str(path), read_only=read_only, config=config)
     if not read_only:
         con.execute(SCHEMA)
+        for table, column, sql_type in MIGRATIONS:
+            con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
     return con
 
 
@@ -235,6 +241,9 @@ class Store:
         self.con = connect(self.path, threads, memory_limit, read_only)
         self._local = threading.local()
         self.links = self._load_links()
+        self._window_cols = {r[0] for r in self.con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'windows'"
+        ).fetchall()}  # fmt: skip
         row = self.con.execute("SELECT watermark_ns, raw_floor_ns FROM rollup").fetchone()
         # Every window that started before `watermark_ns` is in windows_minute; windows_raw
         # holds every window that started at or after `raw_floor_ns` (<= watermark).
@@ -319,7 +328,12 @@ class Store:
         costs 0.5-2 s to read and decode."""
         if not set(without) <= set(BLOB_COLUMNS):
             raise ValueError(f"only list columns can be left out, not {sorted(without)}")
-        cols = ", ".join(f"NULL::BLOB AS {n}" if n in without else n for n in WINDOW_SCHEMA.names)
+        cols = ", ".join(
+            f"NULL::BLOB AS {n}" if n in without
+            else n if n in self._window_cols
+            else f"NULL::{_ADDED_WINDOW_COLS[n]} AS {n}"  # read-only, from before a migration
+            for n in WINDOW_SCHEMA.names
+        )  # fmt: skip
         rel = self.read().sql(f"SELECT {cols} FROM windows WHERE {where}", params=params)
         rows = rel.to_arrow_table()
         # Decode after fetching: the dictionary is then at least as new as the rows read.

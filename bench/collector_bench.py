@@ -111,6 +111,7 @@ def batch_table(
         "hull_t_ns": hull, "hull_owd_ns": hull_y,
         "ts_source": pa.array(np.full(rows, "software")),
         "path": pa.ListArray.from_arrays(four, pa.array(hops.ravel())),
+        "acks_lost": pa.array(np.zeros(rows, np.int32)),
     }  # fmt: skip
     return pa.table(cols).cast(WINDOW_SCHEMA)
 

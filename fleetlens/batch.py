@@ -17,8 +17,9 @@ Encodings (``fmt`` → HTTP ``Content-Type``):
 Every window of a batch must be sent by a NIC of the batch's host (``src_nic`` starts with
 ``host_id + "/"``); the collector enforces it together with its context checks (known NICs,
 windows from the future). :func:`decode_batch` checks what needs no context: types, NaN,
-negative counts, received > sent, hull lengths, id syntax. Errors are :class:`BatchError`,
-which names the offending field.
+negative counts, received > sent, acks_lost > received, hull lengths, id syntax. Errors are
+:class:`BatchError`, which names the offending field. A column a batch lacks is null (or its
+default): agents older than a column (``acks_lost``) are still accepted.
 """
 
 from __future__ import annotations
@@ -273,7 +274,7 @@ def _fail_where(bad: np.ndarray, field: str, what: str, reason: str) -> None:
 
 
 _OWD = ("owd_min_ns", "owd_p50_ns", "owd_p99_ns", "owd_max_ns")
-_NUMBERS = ("sport", "duration_ns", "start_ns", "sent", "received", "pure", *_OWD)
+_NUMBERS = ("sport", "duration_ns", "start_ns", "sent", "received", "pure", "acks_lost", *_OWD)
 
 
 def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
@@ -324,9 +325,12 @@ def check_windows(t: pa.Table) -> None:
                 "invalid")  # fmt: skip
     _fail_where(v["duration_ns"][0] <= 0, "duration_ns", "must be > 0", "negative")
     _fail_where(v["start_ns"][0] < 0, "start_ns", "negative", "negative")
-    for name in ("sent", "received", "pure"):
-        _fail_where(v[name][0] < 0, name, "negative count", "negative")
+    for name in ("sent", "received", "pure", "acks_lost"):
+        _fail_where(v[name][0] < 0, name, "negative count", "negative")  # nulls hold 0
     _fail_where(v["received"][0] > v["sent"][0], "received", "greater than sent", "invalid")
+    # a pair's ack counts as lost only once a later ack says a probe of it arrived
+    _fail_where(v["acks_lost"][0] > v["received"][0], "acks_lost", "greater than received",
+                "invalid")  # fmt: skip
     for name in _OWD:
         _fail_where(np.isnan(v[name][0]), name, "NaN", "nan")  # nulls hold 0: no failure
         _fail_where(np.isinf(v[name][0]), name, "infinite", "nan")

@@ -9,7 +9,10 @@ sender's raw transmit time of the pair's first probe and ``owd_raw = rx0_raw - t
 max-margin separator between the two directions of an edge depends only on the two hulls, so a
 handful of points per window carry all the clock-sync information.
 
-Counts: ``sent`` and ``received`` count probe packets (two per pair); ``pure`` counts pairs.
+Counts: ``sent`` and ``received`` count probe packets (two per pair); ``pure`` counts pairs;
+``acks_lost`` counts pairs whose own ack never came back although the receiver saw the pair
+(a later ack's receive bitmap told): evidence about the reverse path, never forward loss. It
+is null (unknown) in records of agents older than the column.
 One-way-delay statistics are in fleet time and are ``None`` when nothing was received.
 """
 
@@ -103,6 +106,7 @@ class Window:
     hull_owd_ns: list[int] = field(default_factory=list)
     ts_source: str = TS_SOFTWARE
     path: list[str] | None = None
+    acks_lost: int | None = None
 
     @property
     def flow(self) -> Flow:
@@ -127,6 +131,7 @@ WINDOW_SCHEMA = pa.schema(
         ("hull_owd_ns", pa.list_(pa.int64())),
         ("ts_source", pa.string()),
         ("path", pa.list_(pa.string())),
+        ("acks_lost", pa.int32()),  # nullable: unknown from agents older than the column
     ]
 )
 HULLS = ("hull_t_ns", "hull_owd_ns")  # the window's columns only clock sync reads

@@ -13,6 +13,8 @@ moved fleet time back across the boundary) counts in the next open window. Per f
 
 - ``sent``/``received``: probe packets sent, and those the receiver says arrived (the pair's
   ack, or a later ack's records or receive bitmap: a lost ack never reads as a lost probe);
+- ``acks_lost``: pairs whose own ack was lost (a later ack answered for them): evidence about
+  the reverse path, kept out of ``received``;
 - ``pure``: pairs with all four stamps whose receive gap equals the send gap within
   ``purity_ns`` (neither packet met extra queueing on the way);
 - one-way delay in fleet time (``rx_fleet - tx_fleet``, both probes of every pair) as
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from fleetlens.probe.fastpath import (
+    FLAG_ACK_LOST,
     FLAG_HEARD0,
     FLAG_HEARD1,
     FLAG_RX0,
@@ -155,7 +158,9 @@ class WindowBuilder:
         groups, g = np.unique(key, return_inverse=True)
         n = groups.size
         win, flow = groups // len(self.flows), groups % len(self.flows)
-        summary = summarize_samples(s, g.reshape(-1), n, self.purity_ns)
+        g = g.reshape(-1)
+        summary = summarize_samples(s, g, n, self.purity_ns)
+        acks_lost = np.bincount(g, (np.asarray(s["flags"], np.uint16) & FLAG_ACK_LOST) > 0, n)
         cols = {
             "src_nic": pa.array(self.flows.src_nic[flow], pa.string()),
             "dst_nic": pa.array(self.flows.dst_nic[flow], pa.string()),
@@ -165,6 +170,7 @@ class WindowBuilder:
             **summary.columns(),
             "ts_source": pa.array(self.flows.ts_source[flow], pa.string()),
             "path": pa.array([self.paths.get(int(f)) for f in flow], pa.list_(pa.string())),
+            "acks_lost": pa.array(acks_lost.astype(np.int32)),
         }
         return pa.table(cols, schema=WINDOW_SCHEMA)
 

@@ -19,6 +19,9 @@ class TriangulateConfig:
     min_lost: float = 2.0  # lost packets a link must explain before it is reported
     loss_decay_s: float = 30.0  # time constant of the long-horizon loss evidence
     max_links_per_fit: int = 64  # greedy stops after this many links per fit
+    # lost acks (records' ``acks_lost``) as loss evidence on each ack's reverse path, in the
+    # one-window fit of every window that lost an ack
+    ack_evidence: bool = True
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link
     delay_quantile: float = 0.25  # a link's statistic: this quantile of its flows' excess

@@ -6,7 +6,8 @@ remembered paths, per-flow delay baselines, long-horizon loss evidence, link hea
 NIC sending rates and the verdict hysteresis.
 
 Per window: decode the records into flow rows and their factorized incidence (``paths``,
-``incidence``), fit loss twice — on this window alone (fast: black holes, heavy loss) and on
+``incidence``), fit loss twice — on this window alone (fast: black holes, heavy loss; with the
+window's lost acks as rows of their own on the reverse paths, ``_with_acks``) and on
 exponentially decayed per-flow counts (slow: 0.01 % loss needs tens of seconds of probes) —
 fit delay (``delay``), fold links into switches, NICs and hosts (``attribution``), widen a
 finding on a link the observed flows cannot tell from others to its whole ambiguity group
@@ -98,6 +99,8 @@ class Triangulator:
         self._sample: _DelaySample | None = None
         self._seen: tuple = (b"", frozenset())  # see _observed
         self._amb: tuple[object, Ambiguity] | None = None  # (layout token, its groups)
+        # (layout token, the flows' and acks' incidence, the acks' alone): see _with_acks
+        self._ack_inc: tuple[object, Incidence, Incidence] | None = None
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, Verdict]
@@ -126,11 +129,14 @@ class Triangulator:
         cfg = self.cfg
         S = f.inc.link_sums(f.sent)
         gamma, lossy_now, lossy_all = self._decay(f)
+        inc, sent, lost, S_fast, lossy = self._with_acks(f, S, lossy_now)
         fast = fit_incidence(
-            f.inc, f.sent, f.lost, S,
-            cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy_now,
+            inc, sent, lost, S_fast,
+            cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
         )  # fmt: skip
-        fast = self.loss_ev.gate(fast, f.inc, f.sent, f.lost, _window_s(f))
+        fast = self.loss_ev.gate(fast, inc, sent, lost, _window_s(f))
+        if inc is not f.inc:
+            fast = _forward_counts(fast, f, S)
         extra = self._slow_loss(f, fast, S, gamma, lossy_all)
         db = self._delay_batch(f)
         dfit = self.delay.observe(db)
@@ -151,6 +157,35 @@ class Triangulator:
             out += [Verdict(s, "link", "healthy", f.end_ns) for s in sorted(quiet)]
         self.tracker.forget_healthy()
         return self._name_groups(out, amb)
+
+    def _with_acks(
+        self, f: Frame, S: np.ndarray, lossy: np.ndarray | None
+    ) -> tuple[Incidence, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """The one-window fit's input: (incidence, sent, lost, per-link sent, lossy rows).
+
+        With lost acks, every flow row gets a twin after the flow rows: its acks (one per pair
+        the receiver heard) on the reverse path (``PathModel.ack_incidence``), whose fabric part
+        is spread over its ECMP candidates. A link that drops only acks then explains their
+        loss as a forward-lossy link explains lost probes, and an ack's loss never counts
+        against the forward path. A window without a lost ack fits the flows alone."""
+        if not self.cfg.ack_evidence or f.acks is None or not f.acks[1].any():
+            return f.inc, f.sent, f.lost, S, lossy
+        a_sent, a_lost = f.acks
+        got = self._ack_inc
+        if got is None or got[0] != f.token:
+            a = self.paths.ack_incidence(f)
+            both = Incidence(
+                np.concatenate([f.inc.up, a.up]), np.concatenate([f.inc.dn, a.dn]),
+                np.concatenate([f.inc.route, a.route]), f.inc.routes, f.inc.n_links,
+            )  # fmt: skip
+            got = self._ack_inc = (f.token, both, a)
+        _, inc, a_inc = got
+        if lossy is not None:
+            lossy = np.concatenate([lossy, f.n + np.flatnonzero(a_lost > 0)])
+        return (
+            inc, np.concatenate([f.sent, a_sent]), np.concatenate([f.lost, a_lost]),
+            S + a_inc.link_sums(a_sent), lossy,
+        )  # fmt: skip
 
     def _ambiguity(self, f: Frame) -> Ambiguity:
         """The ambiguity groups of the frame's flows (kept while its layout token is)."""
@@ -363,6 +398,21 @@ class Triangulator:
             self._seen = (seen, frozenset(ids[i] for i in np.flatnonzero(mask)))
         devices = {s for s, t in self.tracker.tracks.items() if t.kind != "link"}
         return self._seen[1] | devices
+
+
+def _forward_counts(fit: LossFit, f: Frame, S: np.ndarray) -> LossFit:
+    """A fit made with the acks, its per-link counts the probes' alone: the links it picked
+    and their rates use every packet, while what later stages read per link (packets, lost
+    packets, and the lost ones on ECMP-spread paths, which make a link's siblings equally
+    suspect) stays forward evidence. The acks' paths are always spread: counted in, a weak
+    fault's own siblings looked as suspect as the link."""
+    lossy = np.flatnonzero(f.lost > 0)
+    row, link, w = f.inc.entries(lossy)
+    lost = w * f.lost[lossy][row]
+    unsure = w < 1.0 - 1e-9
+    n = f.inc.n_links
+    spread = np.bincount(link[unsure], lost[unsure], n)
+    return LossFit(fit.links, fit.rate, fit.llr, S, np.bincount(link, lost, n), spread)
 
 
 def _window_s(f: Frame) -> float:

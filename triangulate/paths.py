@@ -81,6 +81,9 @@ class Frame:
     end_ns: int
     dropped: dict[str, int]
     token: object  # the same object while the flows and their paths stay the same
+    # per row: acks the receiver sent (one per pair it heard, at least half the received
+    # packets) and those lost on the way back; None when no row lost an ack
+    acks: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def n(self) -> int:
@@ -195,9 +198,10 @@ class PathModel:
             self._fill_candidates(lay)
         if lay.key.size != table.num_rows:  # rows dropped: the span of the kept ones
             span = _span_of_rows(table, rows.get())
+        acks = _acks(table, pos, lay.key.size)
         f = Frame(
             lay.key, lay.src, lay.dst, lay.sport, sent, lost, owd, lay.known, lay.inc,
-            *span, dropped, (lay.token, self.version),
+            *span, dropped, (lay.token, self.version), acks,
         )  # fmt: skip
         if dropped["bad_counts"]:  # rare: a one-off frame without those rows
             keep = np.flatnonzero((sent > 0) & (lost >= 0) & (lost <= sent))
@@ -205,6 +209,7 @@ class PathModel:
                 f.key[keep], f.src[keep], f.dst[keep], f.sport[keep], f.sent[keep],
                 f.lost[keep], f.owd_min[keep], f.known[keep], f.inc.take(keep),
                 f.start_ns, f.end_ns, dropped, object(),
+                None if acks is None else (acks[0][keep], acks[1][keep]),
             )  # fmt: skip
         return f
 
@@ -426,6 +431,14 @@ class PathModel:
         """Incidence entries of stored flows (rows = positions in ``key``)."""
         return self.incidence(key).entries()
 
+    def ack_incidence(self, f: Frame) -> Incidence:
+        """The incidence of the frame's acks: each row's reverse flow, from its destination's
+        probe port to its source port, through the destination's up-link, the fabric links of
+        the reverse direction and the source's down-link. The agents never learn that fabric
+        path, so it is always the ECMP candidates' spread, as for an unknown forward path."""
+        up, dn = self._up[f.dst], self._dn[f.src]
+        return Incidence(up, dn, self._candidate_routes(f.dst, f.src), self.routes, self.n_links)
+
     def _candidate_routes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Access links with weight 1, fabric links weighted by their share of ECMP paths."""
         n_leaf = len(self.leaf_names)
@@ -443,6 +456,27 @@ class PathModel:
             w = np.array([shares[i] for i in links.tolist()], np.float64)
             self._cand[pair] = self.routes.add(b"c%d" % pair, links, w)
         return self._cand[pair]
+
+
+def _acks(table: pa.Table, pos: np.ndarray, n_flows: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(acks sent, acks lost) per layout flow from the rows that carry ``acks_lost`` (records
+    of older agents do not: their flows count no acks); None when no row lost an ack (the
+    engine then fits the probes alone: one kernel call instead of decoding the columns)."""
+    if "acks_lost" not in table.column_names:
+        return None
+    col = table["acks_lost"]
+    if not (pc.max(col).as_py() or 0) > 0:
+        return None
+    lost = pc.fill_null(col, 0).to_numpy().astype(np.float64)
+    on = pos >= 0
+    if col.null_count:
+        on &= pc.is_valid(col).to_numpy(zero_copy_only=False)
+    received = pc.fill_null(table["received"], 0).to_numpy().astype(np.float64)
+    at = pos[on]
+    return (
+        np.bincount(at, np.ceil(received[on] / 2), n_flows),
+        np.bincount(at, lost[on], n_flows),
+    )
 
 
 _COUNTS = ["sport", "sent", "received", "owd_min_ns", "start_ns", "duration_ns"]

@@ -122,6 +122,7 @@ def make_windows(
         "hull_owd_ns": [[int(b), int(b) + 10] for b in base],
         "ts_source": ["software"] * n,
         "path": [list(p[3]) for p in pairs] * n_windows,
+        "acks_lost": np.zeros(n, np.int32),
     }
     return pa.table(cols, schema=WINDOW_SCHEMA)
 
@@ -190,7 +191,7 @@ def send_clean_window(
             "owd_min_ns": [20_000.0] * n, "owd_p50_ns": [21_000.0] * n,
             "owd_p99_ns": [25_000.0] * n, "owd_max_ns": [30_000.0] * n,
             "hull_t_ns": [hull_t] * n, "hull_owd_ns": [hull_owd] * n,
-            "ts_source": ["software"] * n, "path": [path] * n,
+            "ts_source": ["software"] * n, "path": [path] * n, "acks_lost": [0] * n,
         },
         schema=WINDOW_SCHEMA,
     )  # fmt: skip
