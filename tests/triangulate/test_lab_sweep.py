@@ -272,6 +272,8 @@ def _judge(res: Result, link: str, nic: str | None, fault: list[Sample], after: 
     first = next((x for x in fault if hit(x)), None)
     if first is not None:
         res.localize_s = first.t
+        if link not in first.links:
+            res.note += f"named as NIC {nic}; "
         held = [x for x in fault if x.t >= first.t]
         res.hold_pct = 100.0 * sum(map(hit, held)) / len(held)
         gaps = [round(x.t, 1) for x in held if not hit(x)]
