@@ -279,14 +279,16 @@ def _judge(res: Result, link: str, nic: str | None, fault: list[Sample], after: 
         gaps = [round(x.t, 1) for x in held if not hit(x)]
         if gaps:
             res.note += f"not faulty at t={gaps[:5]}{'...' if len(gaps) > 5 else ''}; "
-    false: dict[str, float] = {}
+    false: dict[str, list[float]] = {}  # first and last poll it was wrongly faulty
     for x in fault + after:
         others = (x.links - group) | (x.nics - ({nic} if nic else set()))
         for o in others:
-            false.setdefault(o, x.t)
+            false.setdefault(o, [x.t, x.t])[1] = x.t
     res.false_links = sorted(false)
     if false:
-        res.note += "false: " + ", ".join(f"{o} first at t={t:.1f}" for o, t in false.items())
+        res.note += f"heal at t={heal_t:.1f}; false: " + ", ".join(
+            f"{o} at t={a:.1f}-{b:.1f}" for o, (a, b) in false.items()
+        )
     last_hit = max((x.t for x in after if hit(x)), default=None)
     if last_hit is None:
         res.clear_s = after[0].t - heal_t if after else None
