@@ -31,8 +31,11 @@ def _old_agents(t: pa.Table) -> pa.Table:
     return t.set_column(at, "acks_lost", pa.nulls(t.num_rows, pa.int32()))
 
 
+ACKS_ON = TriangulateConfig(ack_evidence=True)  # off by default (see config.py)
+
+
 def _run(
-    mutate: Callable[[pa.Table], pa.Table] | None, config: TriangulateConfig | None = None
+    mutate: Callable[[pa.Table], pa.Table] | None, config: TriangulateConfig = ACKS_ON
 ) -> list[Step]:
     return drive(small(), (f"{LINK}:loss={LOSS}",), seconds=4, seed=3, base_loss=1e-5,
                  config=config, mutate=mutate)  # fmt: skip
