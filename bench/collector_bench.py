@@ -36,7 +36,12 @@ import numpy as np
 import pyarrow as pa
 from fleetlens.api.store import Store
 from fleetlens.api.writer import Writer
-from fleetlens.fixtures.collector import CollectorProcess, start_collector
+from fleetlens.fixtures.collector import (
+    CollectorProcess,
+    start_collector,
+    tree_cpu_s,
+    tree_rss_mib,
+)
 
 from fleetlens.batch import Batch, encode_batch
 from fleetlens.client import CollectorClient
@@ -248,27 +253,6 @@ async def _agent(url: str, requests: list[bytes], errors: list[str]) -> None:
         writer.close()
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children alive now (ingest workers),
-    every thread (``/proc/PID/stat``)."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if stat.parent.name == str(pid) or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def _proc_rss_mib(pid: int) -> tuple[float, float]:
-    """(current, peak) resident set size of a process, MiB."""
-    kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in Path(f"/proc/{pid}/status").read_text()
-          .splitlines() if ln.startswith(("VmRSS", "VmHWM"))}  # fmt: skip
-    return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
-
-
 def bench_agents(
     work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], threads: int, clients: int,
     writer: WriterRun, workers: int = 0,
@@ -287,12 +271,12 @@ def bench_agents(
                                for i in range(clients)))  # fmt: skip
 
     try:
-        cpu0, own0 = _proc_cpu_s(col.pid), time.process_time()
+        cpu0, own0 = tree_cpu_s(col.pid), time.process_time()
         t0 = time.perf_counter()
         asyncio.run(run())
         dt = time.perf_counter() - t0
-        cpu, own = _proc_cpu_s(col.pid) - cpu0, time.process_time() - own0
-        rss, peak = _proc_rss_mib(col.pid)
+        cpu, own = tree_cpu_s(col.pid) - cpu0, time.process_time() - own0
+        rss, peak = tree_rss_mib(col.pid)
         busy = writer_busy_cpu(col)
     finally:
         col.stop(timeout_s=60)
@@ -308,7 +292,7 @@ def bench_agents(
           f"batch (writer alone {writer.cpu_per_batch_s * 1e3:.2f} ms: the HTTP path adds "
           f"{(per_batch - writer.cpu_per_batch_s) * 1e3:.2f} ms per batch); writer thread in "
           f"transactions {busy:.1f} s; load generator {own:.1f} s")  # fmt: skip
-    print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB (writer process)")
+    print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB (all its processes)")
     return rows / dt
 
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import mmap
 import multiprocessing as mp
@@ -63,7 +62,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from fleetlens.fixtures.collector import CollectorProcess, start_collector
+from fleetlens.fixtures.collector import (
+    CollectorProcess,
+    start_collector,
+    tree_cpu_s,
+    tree_rss_mib,
+)
 from fleetlens.fixtures.sim import SimConfig, Simulator
 from fleetlens.fixtures.sim.stream import CollectorStream, split_by_host
 
@@ -258,48 +262,6 @@ async def _post(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], req: by
 
 
 # ---- watching the collector ------------------------------------------------------------------
-def proc_tree(pid: int) -> list[int]:
-    """A process and its live descendants (``--ingest-workers`` children included)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            todo.extend(int(c) for c in task.read_text().split())
-    return out
-
-
-def _stat(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}").joinpath("stat").read_text()
-    except OSError:  # exited between the listing and the read
-        return None
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process tree, every thread (``/proc/PID/stat``)."""
-    ticks = 0
-    for p in proc_tree(pid):
-        if (text := _stat(p)) is not None:
-            fields = text.rpartition(")")[2].split()
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def proc_rss_mib(pid: int) -> tuple[float, float]:
-    """(current, peak) resident set size of a process tree, MiB (peaks summed: a bound)."""
-    rss = hwm = 0
-    for p in proc_tree(pid):
-        try:
-            lines = Path(f"/proc/{p}/status").read_text().splitlines()
-        except OSError:
-            continue
-        kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in lines
-              if ln.startswith(("VmRSS", "VmHWM"))}  # fmt: skip
-        rss, hwm = rss + kb.get("VmRSS", 0), hwm + kb.get("VmHWM", 0)
-    return rss / 1024, hwm / 1024
-
-
 def _get(url: str, timeout_s: float = 30.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
         return bytes(resp.read())
@@ -381,7 +343,7 @@ class Watch:
         lag = lags if lags.size else np.array([np.nan])
         v = np.array([a for t, a in self.verdict if lo <= t < hi] or [np.nan])
         c = np.array([a for t, a in self.clock if lo <= t < hi] or [np.nan])
-        rss, peak = proc_rss_mib(self.col.pid)
+        rss, peak = tree_rss_mib(self.col.pid)
         span = (hi - lo) / 1e9
         return Minute(
             float(np.percentile(lag, 50)), float(np.percentile(lag, 99)), float(lag.max()),
@@ -450,7 +412,7 @@ def _run(col: CollectorProcess, r: Replay, clients: int, loops: bool, sample_s: 
         lo = r.t0_ns + SEC  # the first batches are due from here
         while lo < end:
             hi = min(lo + 60 * SEC, end)
-            cpu0, rep0 = proc_cpu_s(col.pid), sum(_cpu(p) for p in procs)
+            cpu0, rep0 = tree_cpu_s(col.pid), sum(_cpu(p) for p in procs)
             loops0 = scrape(col.url) if loops else {}
             while time.time_ns() < hi:
                 _drain(out, w.records, min(sample_s, (hi - time.time_ns()) / 1e9))
@@ -459,7 +421,7 @@ def _run(col: CollectorProcess, r: Replay, clients: int, loops: bool, sample_s: 
             loops1 = scrape(col.url) if loops else {}
             loop_s = {k.split(":")[1]: v - loops0.get(k, 0.0) for k, v in loops1.items()
                       if k.startswith("fleetlens_loop_duration")}  # fmt: skip
-            m = w.minute(lo, hi, proc_cpu_s(col.pid) - cpu0, loop_s,
+            m = w.minute(lo, hi, tree_cpu_s(col.pid) - cpu0, loop_s,
                          sum(_cpu(p) for p in procs) - rep0)  # fmt: skip
             minutes.append(m)
             print_minute(len(minutes), m, loops)
@@ -475,9 +437,7 @@ def _run(col: CollectorProcess, r: Replay, clients: int, loops: bool, sample_s: 
 
 def _cpu(p: mp.process.BaseProcess) -> float:
     assert p.pid is not None
-    with contextlib.suppress(OSError):
-        return proc_cpu_s(p.pid)
-    return 0.0
+    return tree_cpu_s(p.pid)
 
 
 def _drain(q: mp.Queue, into: list[np.ndarray], wait_s: float) -> None:
