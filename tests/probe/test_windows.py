@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 from fleetlens.probe.fastpath import (
+    FLAG_ACK_LOST,
     FLAG_ACKED,
+    FLAG_HEARD0,
+    FLAG_HEARD1,
     FLAG_RX0,
     FLAG_RX1,
     FLAG_SENT0,
@@ -23,18 +26,25 @@ ALL = FLAG_SENT0 | FLAG_SENT1 | FLAG_TX0 | FLAG_TX1 | FLAG_RX0 | FLAG_RX1 | FLAG
 CLOCK = ClockModel.identity("h00")
 
 
-def _flows() -> FlowTable:
+def _flows(*dsts: str) -> FlowTable:
+    """Flows from h00/eth0 to each of ``dsts`` (default h01/eth0), source ports 40000, 40001, ..."""
+    dsts = dsts or ("h01/eth0",)
     obj = lambda *v: np.array(v, dtype=object)  # noqa: E731
-    return FlowTable(obj("h00/eth0"), obj("h01/eth0"), np.array([40000], np.int32), obj("software"))
+    n = len(dsts)
+    return FlowTable(obj(*["h00/eth0"] * n), obj(*dsts), 40000 + np.arange(n, dtype=np.int32),
+                     obj(*["software"] * n))  # fmt: skip
 
 
-def _samples(pairs: list[int], tx: list[int], flags: int = ALL) -> dict[str, np.ndarray]:
+def _samples(
+    pairs: list[int], tx: list[int], flags: int | list[int] = ALL, flows: list[int] | None = None
+) -> dict[str, np.ndarray]:
     n = len(pairs)
     t = np.array(tx, np.int64)
     return {
-        "flow": np.zeros(n, np.uint32), "pair": np.array(pairs, np.uint32),
+        "flow": np.array(flows or [0] * n, np.uint32), "pair": np.array(pairs, np.uint32),
         "tx0": t, "tx1": t + 20_000, "rx0": t + 300, "rx1": t + 20_300,
-        "rx0_fleet": t + 300, "rx1_fleet": t + 20_300, "flags": np.full(n, flags, np.uint8),
+        "rx0_fleet": t + 300, "rx1_fleet": t + 20_300,
+        "flags": np.broadcast_to(np.asarray(flags, np.uint16), n).copy(),  # 16-bit since wire v2
     }  # fmt: skip
 
 
@@ -115,3 +125,20 @@ def test_flows_of_a_pair_on_one_path_are_one_record_over_all_their_probes() -> N
     assert paths == {40001: up0, 40002: up1, 40004: None}
     hulls = {(r["dst_nic"], r["sport"]): r["hull_t_ns"] for r in t.to_pylist()}
     assert hulls[("h01/eth0", 40001)] == [T0 + 100, T0 + 1_000_100]  # both flows' points
+
+
+def test_lost_acks_are_counted_per_flow_and_never_as_lost_probes() -> None:
+    """A pair whose own ack was lost (a later ack answered for it) counts in ``acks_lost`` and,
+    its probes having arrived, as received."""
+    sent = FLAG_SENT0 | FLAG_SENT1 | FLAG_TX0 | FLAG_TX1
+    recovered = ALL | FLAG_ACK_LOST  # a later ack's records
+    heard = sent | FLAG_HEARD0 | FLAG_HEARD1 | FLAG_ACKED | FLAG_ACK_LOST  # a later bitmap only
+    timed_out = sent  # never answered: its probes count as lost, no ack as lost
+    b = WindowBuilder(_flows("h01/eth0", "h02/eth0"), SEC)
+    t = T0 + 1_000 * np.arange(6)
+    flags = [ALL, recovered, heard, timed_out, ALL, ALL]
+    b.add(_samples(list(range(6)), list(t), flags, [0, 0, 0, 0, 1, 1]), CLOCK, T0 + SEC)
+    b.mark_end(T0 // SEC, pairs_sent=6)
+    out = b.pop_complete(T0 + SEC + 1, grace_ns=SEC).sort_by("dst_nic")
+    assert out["acks_lost"].to_pylist() == [2, 0]
+    assert out["sent"].to_pylist() == [8, 4] and out["received"].to_pylist() == [6, 4]
