@@ -102,7 +102,7 @@ class ShardConfig:
 @dataclass
 class _Owned:
     lease_rev: int
-    base: int = 0  # the mark taken over: messages at or below it are stored already
+    base: int = 0  # the mark taken over: its consumer delivers the messages after it
     mark_rev: int = 0
     stopping: bool = False
     task: asyncio.Task[None] | None = None
@@ -112,12 +112,15 @@ class _Owned:
 class _Lag:
     pending: int = 0
     oldest_s: float = 0.0
+    # The oldest message a group fetched since the last measure, and what was still behind
+    # it: a backlog drained between two measures still shows for one of them.
+    seen_s: float = 0.0
+    seen_pending: int = 0
 
 
 @dataclass
 class ShardCounters:
     stored: dict[str, int] = field(default_factory=dict)  # new batches committed, by partition
-    skipped: int = 0  # redelivered at or below a mark: stored before
     reconciled: int = 0  # batches deleted from this file: another shard stored them
     takeovers: int = 0
 
@@ -181,7 +184,7 @@ class Shard:
         tick = self.cfg.lease_ttl_s / 3
         while True:
             try:
-                await self._tick()
+                await asyncio.wait_for(self._tick(), 2 * self.cfg.lease_ttl_s)
             except Exception:
                 log.exception("shard: lease round failed (retried)")
             if self.export is not None:
@@ -256,8 +259,10 @@ class Shard:
             return
         owned.stopping = True
         if owned.task is not None:
+            # A group still waiting for the cluster is cut short: unacknowledged, redelivered.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(owned.task, 60)
+                await asyncio.wait_for(owned.task, self.cfg.lease_ttl_s)
+        log.info("shard %d: released %s", self.cfg.index, p)
         with contextlib.suppress(Exception):
             await self._leases.delete(f"lease.{p}")
 
@@ -271,22 +276,22 @@ class Shard:
     async def _consume_owned(self, p: str, owned: _Owned) -> None:
         import nats
         import nats.js.errors
-        from nats.js.api import AckPolicy, ConsumerConfig
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+        # A consumer of its own from the mark on: what an earlier owner fetched and never
+        # acknowledged is not waited for (ack_wait) nor delivered out of order.
         durable = f"p-{p}"
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await _retrying(lambda: self._js.delete_consumer(STREAM, durable),
+                            fatal=(nats.js.errors.NotFoundError,))  # fmt: skip
+        subj = subject(p)
         cfg = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT,
                              ack_wait=self.cfg.ack_wait_s, max_ack_pending=self.cfg.fetch,
-                             filter_subject=subject(p))  # fmt: skip
-        subj = subject(p)
+                             filter_subject=subj, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                             opt_start_seq=owned.base + 1)  # fmt: skip
         sub = await _retrying(
             lambda: self._js.pull_subscribe(subj, durable=durable, stream=STREAM, config=cfg)
         )
-        # The old owner's group in flight comes back (after ack_wait) before anything newer.
-        while not owned.stopping:
-            info = await _retrying(lambda: self._js.consumer_info(STREAM, durable))
-            if not info.num_ack_pending:
-                break
-            await asyncio.sleep(0.5)
         try:
             while not owned.stopping:
                 try:
@@ -296,13 +301,10 @@ class Shard:
                 except nats.js.errors.ServiceUnavailableError:
                     await asyncio.sleep(0.5)  # the consumer's leader moving (a node down)
                     continue
-                if not msgs:
-                    continue
-                try:
+                if msgs:
+                    # A group that fails ends this ownership: leased again from the mark, its
+                    # messages come back in order.
                     await self._group(p, owned, msgs)
-                except Exception:
-                    log.exception("shard: group of %s failed (redelivered after ack_wait)", p)
-                    await asyncio.sleep(1.0)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -321,12 +323,13 @@ class Shard:
         return batch
 
     async def _group(self, p: str, owned: _Owned, msgs: list[Any]) -> None:
+        lag = self.lag.setdefault(p, _Lag())
+        lag.seen_s = max(lag.seen_s, time.time() - min(m.metadata.timestamp.timestamp()
+                                                        for m in msgs))  # fmt: skip
+        lag.seen_pending = max(lag.seen_pending, len(msgs) + msgs[-1].metadata.num_pending)
         good: list[Batch] = []
         refused: list[Any] = []
         for m in msgs:
-            if m.metadata.sequence.stream <= owned.base:
-                self.counters.skipped += 1
-                continue
             self.c.metrics.received(len(m.data))
             try:
                 good.append(self._checked(p, m))
@@ -364,8 +367,8 @@ class Shard:
         try:
             owned.mark_rev = await _retrying(
                 lambda: self._marks.update(f"mark.{p}", doc, last=owned.mark_rev),
-                fatal=(KeyWrongLastSequenceError,),
-            )
+                attempts=10, fatal=(KeyWrongLastSequenceError,),
+            )  # fmt: skip
             return True
         except KeyWrongLastSequenceError:
             log.warning("shard %d: %s was taken over; reconciling", self.cfg.index, p)
@@ -416,15 +419,17 @@ class Shard:
         for p in list(self.owned):
             info = await self._js.consumer_info(STREAM, f"p-{p}")
             lag = self.lag.setdefault(p, _Lag())
-            lag.pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-            lag.oldest_s = 0.0
-            if lag.pending:
+            now_pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+            lag.pending, lag.oldest_s = max(now_pending, lag.seen_pending), lag.seen_s
+            lag.seen_pending, lag.seen_s = 0, 0.0
+            if now_pending:
                 floor = info.ack_floor.stream_seq if info.ack_floor else 0
                 try:
                     msg = await self._js.get_msg(STREAM, seq=floor + 1, next=True,
                                                  subject=subject(p))  # fmt: skip
                     if msg.time is not None:
-                        lag.oldest_s = max(0.0, time.time() - msg.time.timestamp())
+                        age = time.time() - msg.time.timestamp()
+                        lag.oldest_s = max(lag.oldest_s, age)
                 except NotFoundError:
                     pass
         for p in set(self.lag) - set(self.owned):
@@ -501,11 +506,6 @@ class ShardMetrics(PromCollector):
         yield CounterMetricFamily("fleetlens_shard_reconciled_batches", "Batches deleted "
                                   "from this file: the partition's new owner stored them",
                                   value=s.counters.reconciled)  # fmt: skip
-        yield CounterMetricFamily(
-            "fleetlens_shard_skipped_messages",
-            "Redelivered messages at or below the mark taken over",
-            value=s.counters.skipped,
-        )
 
 
 def _me(index: int) -> bytes:
