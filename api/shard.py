@@ -417,7 +417,10 @@ class Shard:
         from nats.js.errors import NotFoundError
 
         for p in list(self.owned):
-            info = await self._js.consumer_info(STREAM, f"p-{p}")
+            try:
+                info = await self._js.consumer_info(STREAM, f"p-{p}")
+            except NotFoundError:
+                continue  # its consumer is being made
             lag = self.lag.setdefault(p, _Lag())
             now_pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
             lag.pending, lag.oldest_s = max(now_pending, lag.seen_pending), lag.seen_s

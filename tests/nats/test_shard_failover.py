@@ -86,13 +86,13 @@ def test_a_paused_shard_drains_its_backlog_and_shows_its_lag(
     shard = start_shard(tmp_path, cluster.url, 0, 1)
     pub = Publisher(cluster.url)
     try:
-        ids = [publish(pub, h, 1000)[0] for h in HOSTS]
+        ids = [publish(pub, h, 100)[0] for h in HOSTS]
         c = shard.client()
         stored = lambda: _metric(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
         wait_for(lambda: sum_stored(c.metrics_text()) == len(ids), 30, "stored")
         shard.proc.send_signal(signal.SIGSTOP)
         try:
-            for k in range(1001, 1011):
+            for k in range(101, 111):
                 ids += [publish(pub, h, k)[0] for h in HOSTS]
                 time.sleep(1.0)
             time.sleep(10)
