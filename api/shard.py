@@ -184,7 +184,7 @@ class Shard:
         tick = self.cfg.lease_ttl_s / 3
         while True:
             try:
-                await asyncio.wait_for(self._tick(), 2 * self.cfg.lease_ttl_s)
+                await self._tick()
             except Exception:
                 log.exception("shard: lease round failed (retried)")
             if self.export is not None:
@@ -193,40 +193,46 @@ class Shard:
 
     # ---- leases ------------------------------------------------------------------------------
     async def _tick(self) -> None:
-        from nats.js.errors import KeyWrongLastSequenceError
-
+        """One lease round: partitions handled concurrently (each is a few KV round trips;
+        one after the other they outlasted the lease on a loaded box)."""
         me, k = self.cfg.index, self.cfg.shards
         await self._leases.put(f"alive.{me}", b"1")
         alive = {i for i in range(k) if await self._get(self._leases, f"alive.{i}") is not None}
-        for p in self.partitions.all():
-            pref = preferred_shard(p, k)
-            owned = self.owned.get(p)
-            if owned is not None and owned.task is not None and owned.task.done():
-                await self._release(p)  # its consumer stopped: lease it again
-                owned = None
-            elif owned is not None and owned.stopping:
-                continue  # its consumer finishes its group first
-            if owned is not None:
-                if pref != me and pref in alive:
-                    owned.stopping = True  # released once its group is done (above)
-                    continue
-                try:
-                    owned.lease_rev = await self._leases.update(f"lease.{p}", _me(me),
-                                                                last=owned.lease_rev)  # fmt: skip
-                except KeyWrongLastSequenceError:
-                    held = await self._get(self._leases, f"lease.{p}")
-                    if held is not None and held.value == _me(me):  # an update that timed out
-                        owned.lease_rev = held.revision  # but was applied
-                        continue
-                    log.warning("shard %d: lease of %s lost", me, p)
-                    owned.stopping = True
-            elif pref == me or pref not in alive:
-                try:
-                    rev = await self._leases.create(f"lease.{p}", _me(me))
-                except KeyWrongLastSequenceError:
-                    continue  # held by another shard
-                await self._acquire(p, rev)
+        await asyncio.gather(*(self._lease(p, alive) for p in self.partitions.all()))
         await self._measure_lag()
+
+    async def _lease(self, p: str, alive: set[int]) -> None:
+        """Refresh, release or take the lease of ``p``."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        me = self.cfg.index
+        pref = preferred_shard(p, self.cfg.shards)
+        owned = self.owned.get(p)
+        if owned is not None and owned.task is not None and owned.task.done():
+            await self._release(p)  # its consumer stopped: lease it again
+            owned = None
+        elif owned is not None and owned.stopping:
+            return  # its consumer finishes its group first
+        if owned is not None:
+            if pref != me and pref in alive:
+                owned.stopping = True  # released once its group is done (above)
+                return
+            try:
+                owned.lease_rev = await self._leases.update(f"lease.{p}", _me(me),
+                                                            last=owned.lease_rev)  # fmt: skip
+            except KeyWrongLastSequenceError:
+                held = await self._get(self._leases, f"lease.{p}")
+                if held is not None and held.value == _me(me):  # an update that timed out
+                    owned.lease_rev = held.revision  # but was applied
+                    return
+                log.warning("shard %d: lease of %s lost", me, p)
+                owned.stopping = True
+        elif pref == me or pref not in alive:
+            try:
+                rev = await self._leases.create(f"lease.{p}", _me(me))
+            except KeyWrongLastSequenceError:
+                return  # held by another shard
+            await self._acquire(p, rev)
 
     async def _acquire(self, p: str, lease_rev: int) -> None:
         from nats.js.errors import KeyWrongLastSequenceError
@@ -414,29 +420,29 @@ class Shard:
 
     # ---- lag ---------------------------------------------------------------------------------
     async def _measure_lag(self) -> None:
-        from nats.js.errors import NotFoundError
-
-        for p in list(self.owned):
-            try:
-                info = await self._js.consumer_info(STREAM, f"p-{p}")
-            except NotFoundError:
-                continue  # its consumer is being made
-            lag = self.lag.setdefault(p, _Lag())
-            now_pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-            lag.pending, lag.oldest_s = max(now_pending, lag.seen_pending), lag.seen_s
-            lag.seen_pending, lag.seen_s = 0, 0.0
-            if now_pending:
-                floor = info.ack_floor.stream_seq if info.ack_floor else 0
-                try:
-                    msg = await self._js.get_msg(STREAM, seq=floor + 1, next=True,
-                                                 subject=subject(p))  # fmt: skip
-                    if msg.time is not None:
-                        age = time.time() - msg.time.timestamp()
-                        lag.oldest_s = max(lag.oldest_s, age)
-                except NotFoundError:
-                    pass
+        await asyncio.gather(*(self._measure(p) for p in list(self.owned)))
         for p in set(self.lag) - set(self.owned):
             del self.lag[p]  # another shard's now
+
+    async def _measure(self, p: str) -> None:
+        """Pending messages of ``p`` and the age of the oldest unacknowledged one."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            info = await self._js.consumer_info(STREAM, f"p-{p}")
+        except NotFoundError:
+            return  # its consumer is being made
+        lag = self.lag.setdefault(p, _Lag())
+        now_pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+        lag.pending, lag.oldest_s = max(now_pending, lag.seen_pending), lag.seen_s
+        lag.seen_pending, lag.seen_s = 0, 0.0
+        if not now_pending:
+            return
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        with contextlib.suppress(NotFoundError):
+            msg = await self._js.get_msg(STREAM, seq=floor + 1, next=True, subject=subject(p))
+            if msg.time is not None:
+                lag.oldest_s = max(lag.oldest_s, time.time() - msg.time.timestamp())
 
     @staticmethod
     async def _get(kv: Any, key: str) -> Any:
