@@ -334,20 +334,22 @@ class Shard:
                                                         for m in msgs))  # fmt: skip
         lag.seen_pending = max(lag.seen_pending, len(msgs) + msgs[-1].metadata.num_pending)
         good: list[Batch] = []
-        refused: list[Any] = []
+        refused: list[tuple[Any, BatchError]] = []
         for m in msgs:
             self.c.metrics.received(len(m.data))
             try:
                 good.append(self._checked(p, m))
             except BatchError as e:
-                self.c.metrics.reject(e.reason)
-                refused.append(m)
-                log.warning("shard: refused a message on %s: %s", p, e)
+                refused.append((m, e))
         stored = [await f for f in [asyncio.wrap_future(await self._submit(b)) for b in good]]
         if not await self._advance(p, owned, max(m.metadata.sequence.stream for m in msgs)):
             return
+        for _m, e in refused:  # counted once terminated: a group retried counts them once
+            self.c.metrics.reject(e.reason)
+            log.warning("shard: refused a message on %s: %s", p, e)
+        terminate = {id(m) for m, _ in refused}
         for m in msgs:
-            await (m.term() if m in refused else m.ack())
+            await (m.term() if id(m) in terminate else m.ack())
         await self._nc.flush()
         new = [b for b, s in zip(good, stored, strict=True) if s]
         self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)

@@ -1,28 +1,22 @@
 """One collector shard on a real 3-node JetStream cluster: publish -> stored -> /v1/flows,
 Parquet minutes, a retried batch id stored once, hostile messages refused and the partition
-flowing on, a nats-server killed mid-stream without loss; ``fleetlens sim --nats`` and the
-agent's uploader with ``nats`` as the publishers."""
+flowing on, a nats-server killed mid-stream without loss."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
 from fleetlens.fixtures.nats import NatsCluster
-from fleetlens.probe.upload import Uploader
 from nats_helpers import (
     EPOCH_NS,
     HOSTS,
     PARTS,
     SENT,
-    SPEC,
     pending,
     publish,
     start_shard,
@@ -100,29 +94,3 @@ def test_publish_store_flows_parquet_hostile_and_a_node_kill(
     assert sorted(stored_ids([shard.db])) == sorted(ids)
     rows = duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/parquet/*/*.parquet')")
     assert rows.fetchall()[0][0] == len(ids) * (len(HOSTS) - 1)
-
-
-def test_sim_and_the_agents_uploader_publish_to_the_shards(
-    cluster: NatsCluster, tmp_path: Path
-) -> None:
-    shard = start_shard(tmp_path, cluster.url, 0, 1)
-    try:
-        cmd = [sys.executable, "-m", "fleetlens.cli", "sim", "--topology", SPEC, "--seconds",
-               "3", "--fast", "--nats", cluster.url, "--peers", "4"]  # fmt: skip
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        sent = int(re.findall(r"window \d+: (\d+) batches", out.stderr)[-1])
-        up = Uploader("http://127.0.0.1:9", "h03", None, tmp_path / "spill", nats=cluster.url,
-                      partition=PARTS.of("h03"))  # fmt: skip
-        up.start()
-        for k in range(200, 203):
-            up.submit(windows("h03", k))
-        assert up.flush(30)
-        up.close()
-        assert up.stats.uploaded_batches == 3
-        c = shard.client()
-        stored = lambda: _metric(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
-        wait_for(lambda: stored() == sent + 3, 60, "stored")
-    finally:
-        shard.stop()
-    assert len(stored_ids([shard.db])) == sent + 3
