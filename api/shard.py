@@ -344,9 +344,9 @@ class Shard:
         stored = [await f for f in [asyncio.wrap_future(await self._submit(b)) for b in good]]
         if not await self._advance(p, owned, max(m.metadata.sequence.stream for m in msgs)):
             return
-        for _m, e in refused:  # counted once terminated: a group retried counts them once
-            self.c.metrics.reject(e.reason)
-            log.warning("shard: refused a message on %s: %s", p, e)
+        for _m, why in refused:  # counted once terminated: a group retried counts them once
+            self.c.metrics.reject(why.reason)
+            log.warning("shard: refused a message on %s: %s", p, why)
         terminate = {id(m) for m, _ in refused}
         for m in msgs:
             await (m.term() if id(m) in terminate else m.ack())
