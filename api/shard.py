@@ -173,8 +173,7 @@ class Shard:
         await self._reconcile_all()
 
     async def close(self) -> None:
-        for p in list(self.owned):
-            await self._release(p)
+        await asyncio.gather(*(self._release(p) for p in list(self.owned)))
         if self.export is not None:
             await asyncio.to_thread(self.export.export, time.time_ns(), True)
         with contextlib.suppress(Exception):
