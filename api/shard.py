@@ -89,7 +89,7 @@ class ShardConfig:
     index: int
     shards: int
     replicas: int = 3
-    lease_ttl_s: float = 6.0
+    lease_ttl_s: float = 10.0
     fetch: int = 64  # messages per group; also the consumer's unacknowledged bound
 
     @property
@@ -196,9 +196,21 @@ class Shard:
         one after the other they outlasted the lease on a loaded box)."""
         me, k = self.cfg.index, self.cfg.shards
         await self._leases.put(f"alive.{me}", b"1")
-        alive = {i for i in range(k) if await self._get(self._leases, f"alive.{i}") is not None}
-        await asyncio.gather(*(self._lease(p, alive) for p in self.partitions.all()))
+        alive = {i for i in range(k) if await self._alive(i)}
+        done = await asyncio.gather(*(self._lease(p, alive) for p in self.partitions.all()),
+                                    return_exceptions=True)  # fmt: skip
+        for p, e in zip(self.partitions.all(), done, strict=True):
+            if isinstance(e, Exception):  # the others' leases were still refreshed
+                log.warning("shard %d: lease of %s not refreshed: %r", me, p, e)
         await self._measure_lag()
+
+    async def _alive(self, i: int) -> bool:
+        """Shard ``i`` refreshed its key within a lease; when the bucket does not answer it is
+        taken for alive (its partitions are not taken over on a guess)."""
+        try:
+            return await self._get(self._leases, f"alive.{i}") is not None
+        except Exception:
+            return True
 
     async def _lease(self, p: str, alive: set[int]) -> None:
         """Refresh, release or take the lease of ``p``."""
@@ -224,6 +236,10 @@ class Shard:
                 if held is not None and held.value == _me(me):  # an update that timed out
                     owned.lease_rev = held.revision  # but was applied
                     return
+                if held is None:  # expired (a slow round) and nobody took it: take it back;
+                    with contextlib.suppress(KeyWrongLastSequenceError):  # the mark's
+                        owned.lease_rev = await self._leases.create(f"lease.{p}", _me(me))
+                        return  # compare-and-set still fences a shard that took it meanwhile
                 log.warning("shard %d: lease of %s lost", me, p)
                 owned.stopping = True
         elif pref == me or pref not in alive:
