@@ -74,6 +74,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetlens.api.shard")
 
 LEASES, MARKS = "FLEETLENS_LEASES", "FLEETLENS_MARKS"
+STALL_FETCHES = 5  # empty fetches (1 s each) before a consumer is asked why
 
 
 class CommitSink(Protocol):
@@ -181,6 +182,22 @@ class Shard:
 
     async def run(self) -> None:
         tick = self.cfg.lease_ttl_s / 3
+        beat = asyncio.create_task(self._heartbeat(tick))
+        try:
+            await self._rounds(tick)
+        finally:
+            beat.cancel()
+
+    async def _heartbeat(self, every_s: float) -> None:
+        """``alive.<I>``, on its own: a slow lease round must not make this shard look dead."""
+        while True:
+            try:
+                await self._leases.put(f"alive.{self.cfg.index}", b"1")
+            except Exception as e:
+                log.warning("shard %d: heartbeat failed: %r", self.cfg.index, e)
+            await asyncio.sleep(every_s)
+
+    async def _rounds(self, tick: float) -> None:
         while True:
             try:
                 await self._tick()
@@ -195,8 +212,7 @@ class Shard:
         """One lease round: partitions handled concurrently (each is a few KV round trips;
         one after the other they outlasted the lease on a loaded box)."""
         me, k = self.cfg.index, self.cfg.shards
-        await self._leases.put(f"alive.{me}", b"1")
-        alive = {i for i in range(k) if await self._alive(i)}
+        alive = {i for i in range(k) if i == me or await self._alive(i)}
         done = await asyncio.gather(*(self._lease(p, alive) for p in self.partitions.all()),
                                     return_exceptions=True)  # fmt: skip
         for p, e in zip(self.partitions.all(), done, strict=True):
@@ -313,11 +329,16 @@ class Shard:
         sub = await _retrying(
             lambda: self._js.pull_subscribe(subj, durable=durable, stream=STREAM, config=cfg)
         )
+        idle = 0
         try:
             while not owned.stopping:
                 try:
                     msgs = await sub.fetch(self.cfg.fetch, timeout=1.0)
                 except (TimeoutError, nats.errors.TimeoutError):
+                    idle += 1
+                    if idle % STALL_FETCHES == 0 and await self._stalled(durable):
+                        raise RuntimeError(f"consumer {durable} delivers nothing while "
+                                           "messages wait: made again") from None  # fmt: skip
                     continue  # nothing new on the partition
                 except nats.js.errors.ServiceUnavailableError:
                     await asyncio.sleep(0.5)  # the consumer's leader moving (a node down)
@@ -325,10 +346,17 @@ class Shard:
                 if msgs:
                     # A group that fails ends this ownership: leased again from the mark, its
                     # messages come back in order.
+                    idle = 0
                     await self._group(p, owned, msgs)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _stalled(self, durable: str) -> bool:
+        """Messages wait but none came: a consumer made while its peers were electing (a
+        server down) was seen to deliver nothing, ever."""
+        info = await self._js.consumer_info(STREAM, durable)
+        return bool(info.num_pending)
 
     def _checked(self, p: str, m: Any) -> Batch:
         """Every check of HTTP ingest, and the host must send on its own partition."""

@@ -61,7 +61,9 @@ def test_kill9_of_a_shard_stores_every_batch_exactly_once(
     shards = [start_shard(tmp_path, cluster.url, i, 2) for i in range(2)]
     feed = Feed(cluster.url, first=0)
     try:
-        time.sleep(3)
+        c1 = shards[1].client()
+        wait_for(lambda: sum_stored(c1.metrics_text()) > 0, 30, "shard 1 storing")
+        time.sleep(1)
         port = int(shards[1].url.rsplit(":", 1)[1])
         shards[1].stop(signal.SIGKILL)  # mid-stream: its group in flight is never acknowledged
         time.sleep(10)
@@ -69,6 +71,8 @@ def test_kill9_of_a_shard_stores_every_batch_exactly_once(
         time.sleep(3)
         ids = feed.stop()
         wait_for(lambda: pending(cluster.url) == 0, 60, "drained")
+        took = _metric(shards[0].client().metrics_text(), "fleetlens_shard_takeovers_total")
+        assert took >= 1  # shard 0 took shard 1's partitions over while it was down
     finally:
         feed.stop()
         for s in shards:
