@@ -107,6 +107,7 @@ class _Owned:
     mark_rev: int = 0
     stopping: bool = False
     task: asyncio.Task[None] | None = None
+    beat: float = field(default_factory=time.monotonic)  # its consumer's last loop
 
 
 @dataclass
@@ -235,6 +236,15 @@ class Shard:
         me = self.cfg.index
         pref = preferred_shard(p, self.cfg.shards)
         owned = self.owned.get(p)
+        if (
+            owned is not None
+            and owned.task is not None
+            and not owned.task.done()
+            and time.monotonic() - owned.beat > 2 * self.cfg.ack_wait_s
+        ):
+            # A client call that never returns (seen after a server's kill -9): start over.
+            log.warning("shard %d: consumer of %s hung; made again", me, p)
+            owned.task.cancel()
         if owned is not None and owned.task is not None and owned.task.done():
             await self._release(p)  # its consumer stopped: lease it again
             owned = None
@@ -332,6 +342,7 @@ class Shard:
         idle = 0
         try:
             while not owned.stopping:
+                owned.beat = time.monotonic()
                 try:
                     msgs = await sub.fetch(self.cfg.fetch, timeout=1.0)
                 except (TimeoutError, nats.errors.TimeoutError):
