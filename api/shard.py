@@ -396,6 +396,8 @@ class Shard:
             except BatchError as e:
                 refused.append((m, e))
         stored = [await f for f in [asyncio.wrap_future(await self._submit(b)) for b in good]]
+        new = [b for b, s in zip(good, stored, strict=True) if s]
+        self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)  # committed
         if not await self._advance(p, owned, max(m.metadata.sequence.stream for m in msgs)):
             return
         for _m, why in refused:  # counted once terminated: a group retried counts them once
@@ -405,8 +407,6 @@ class Shard:
         for m in msgs:
             await (m.term() if id(m) in terminate else m.ack())
         await self._nc.flush()
-        new = [b for b, s in zip(good, stored, strict=True) if s]
-        self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)
         for sink in self.sinks:
             try:
                 sink.committed(p, new)
@@ -433,6 +433,10 @@ class Shard:
             )  # fmt: skip
             return True
         except KeyWrongLastSequenceError:
+            now = await self._get(self._marks, f"mark.{p}")
+            if now is not None and now.value == doc:  # an update that timed out was applied
+                owned.mark_rev = now.revision
+                return True
             log.warning("shard %d: %s was taken over; reconciling", self.cfg.index, p)
             owned.stopping = True
             await self._reconcile(p)
