@@ -1,0 +1,88 @@
+"""The 3-node JetStream fixture: the cluster forms, an R3 stream survives a node's kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fleetlens.fixtures.nats import NatsCluster
+
+nats = pytest.importorskip("nats")
+from nats.js.api import StreamConfig  # noqa: E402
+
+
+async def _publish(url: str, subject: str, n: int, start: int) -> None:
+    nc = await nats.connect(url.split(","))
+    js = nc.jetstream()
+    for i in range(start, start + n):
+        for _ in range(100):  # a stream electing its leader (after creation, after the kill)
+            try:
+                await js.publish(subject, str(i).encode(), headers={"Nats-Msg-Id": f"m{i}"})
+                break
+            except (nats.js.errors.NoStreamResponseError, nats.errors.TimeoutError):
+                await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"m{i} never stored")
+    await nc.close()
+
+
+async def _ping(url: str) -> None:
+    nc = await nats.connect(url.split(","))
+    await nc.publish("x", b"1")
+    await nc.flush()
+    await nc.close()
+
+
+async def _read_all(url: str, stream: str) -> list[bytes]:
+    nc = await nats.connect(url.split(","))
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    out = [(await js.get_msg(stream, seq)).data or b"" for seq in
+           range(info.state.first_seq, info.state.last_seq + 1)]  # fmt: skip
+    await nc.close()
+    return out
+
+
+def test_r3_stream_survives_a_node_kill(tmp_path: Path) -> None:
+    with NatsCluster(tmp_path) as nc:
+        assert len(nc.urls) == 3 and all(p is not None for p in nc.procs)
+
+        async def setup() -> None:
+            c = await nats.connect(nc.urls)
+            await c.jetstream().add_stream(StreamConfig(name="T", subjects=["t.>"], num_replicas=3))
+            await c.close()
+
+        asyncio.run(setup())
+        asyncio.run(_publish(nc.url, "t.a", 50, 0))
+        nc.kill(0)  # whichever node led the stream, a quorum of 2 remains
+        asyncio.run(_publish(nc.url, "t.a", 50, 50))
+        asyncio.run(_publish(nc.url, "t.a", 10, 90))  # retries of ids already stored: dropped
+        nc.start(0)
+        nc.wait_ready([0])
+        got = asyncio.run(_read_all(nc.url, "T"))
+        assert [int(b) for b in got] == list(range(100))
+    assert all(p is None for p in nc.procs)
+
+
+def _shell(*args: str) -> str:
+    cmd = [sys.executable, "-m", "fleetlens.fixtures.nats", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_shell_up_and_down(tmp_path: Path) -> None:
+    url = _shell("up", str(tmp_path)).strip()
+    pids = json.loads((tmp_path / "cluster.json").read_text())["pids"]
+    try:
+        assert len(url.split(",")) == 3
+        asyncio.run(_ping(url))
+    finally:
+        _shell("down", str(tmp_path))
+    assert not (tmp_path / "cluster.json").exists()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
