@@ -93,6 +93,8 @@ def main(argv: list[str]) -> int:
 
     keep_freed_memory()  # per-window arrays reused, not faulted in again (fleetlens/heap.py)
 
+    if settings.nats:
+        return _shard(settings, host, int(port), a.log_level)
     collector = Collector(settings)
     if not settings.ingest_workers:
         app = create_app(collector)
@@ -104,4 +106,37 @@ def main(argv: list[str]) -> int:
 
     workers = Workers(settings.ingest_workers, tcp_listener(host.strip("[]"), int(port)), argv)
     serve(create_app(collector, attached=workers.attached(collector)), workers, a.log_level)
+    return 0
+
+
+def _shard(settings: Settings, host: str, port: int, log_level: str) -> int:
+    """A collector shard (``api/shard.py``): its batches from NATS, no loops of its own (the
+    fleet tier runs clock sync and triangulation), its read API and /metrics over HTTP."""
+    from dataclasses import replace
+
+    import uvicorn
+    from fleetlens.api.app import create_app
+    from fleetlens.api.service import Collector
+    from fleetlens.api.shard import Shard, ShardConfig
+    from fleetlens.api.shardexport import MinuteExport
+
+    from fleetlens.stream import parse_shard, server_urls
+
+    try:
+        index, shards = parse_shard(settings.shard or "0/1")
+        servers = server_urls(settings.nats or "")
+    except ValueError as e:
+        print(f"fleetlens collector: {e}", file=sys.stderr)
+        return 2
+    if settings.ingest_workers:
+        print("fleetlens collector: --nats takes no --ingest-workers", file=sys.stderr)
+        return 2
+    collector = Collector(replace(settings, ingest_only=True))
+    export = None
+    if settings.parquet_dir:
+        export = MinuteExport(collector.store, Path(settings.parquet_dir), index)
+    cfg = ShardConfig(servers, index, shards, settings.stream_replicas, settings.lease_ttl_s)
+    shard = Shard(collector, cfg, export)
+    app = create_app(collector, attached=shard.attached())
+    uvicorn.run(app, host=host.strip("[]"), port=port, log_level=log_level, access_log=False)
     return 0

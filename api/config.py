@@ -103,6 +103,17 @@ class Settings:
     plan_seed: int = 0
     # Loss rate above which a flow counts as lossy for the fallback triangulation.
     lossy_flow_threshold: float = 0.05
+    # A collector shard (api/shard.py): batches from NATS JetStream instead of HTTP ingest.
+    nats: str | None = flag(None, "--nats", "NATS servers URL[,URL...]: run as a shard "
+                            "consuming the partitions it owns (api/README.md, Shards)")  # fmt: skip
+    shard: str | None = flag(None, "--shard", "with --nats: I/K, this shard's index of K "
+                             "(default 0/1)")  # fmt: skip
+    parquet_dir: str | None = flag(None, "--parquet-dir", "with --nats: write closed minutes "
+                                   "as DIR/minute=<ISO>/shard=<I>.parquet")  # fmt: skip
+    stream_replicas: int = flag(3, "--stream-replicas", "with --nats: replicas of the stream "
+                                "and KV buckets when this shard creates them")  # fmt: skip
+    lease_ttl_s: float = flag(6.0, "--lease-ttl-seconds", "with --nats: a dead shard's "
+                              "partitions are taken over after this long")  # fmt: skip
     duckdb_threads: int | None = flag(
         None, "--duckdb-threads", "DuckDB worker threads (default: all cores)"
     )

@@ -1,0 +1,537 @@
+"""A collector shard: the partitions it owns, consumed from NATS JetStream (issue 27).
+
+``fleetlens collector --nats URL[,URL...] --shard I/K --db PATH`` is a collector (same writer,
+store, checks, read API and ``/metrics``) whose batches come from the stream
+``FLEETLENS_WINDOWS`` (``fleetlens/stream.py``) instead of ``POST /v1/ingest``.
+
+**Ownership.** Every partition has a preferred shard (a stable hash, ``preferred_shard``). A
+shard holds a partition by a lease, the key ``lease.<partition>`` of the KV bucket
+``FLEETLENS_LEASES`` whose entries expire after ``--lease-ttl-seconds`` unless refreshed (every
+third of it). A shard leases its preferred partitions, and any partition whose preferred shard
+is not alive (its ``alive.<I>`` key expired); it releases such a partition once that shard is
+alive again. One durable pull consumer per partition (``p-<partition>``, at most ``fetch``
+messages unacknowledged) is shared by whoever owns the partition, so a new owner resumes where
+the stream says the old one stopped.
+
+**Ack after commit.** A fetched group of messages is checked like HTTP ingest (body size,
+encoding, schema, values, known NICs, not from the future, and the sending host must belong to
+the subject's partition: a forged host); a refused message is counted in
+``fleetlens_ingest_rejected_total{reason}`` and terminated (``term``: never redelivered), the
+others go to the writer (its group commit). Once the writer reports the commit, the shard
+advances the partition's **mark** (KV bucket ``FLEETLENS_MARKS``, ``mark.<partition>``: the
+highest stream sequence stored, and by which shard) by compare-and-set on the revision it last
+wrote, then acknowledges the group and hands the new batches to the ``CommitSink``s.
+
+**Nothing stored twice: the guarantee.** Groups of a partition are processed one at a time,
+so a shard's batches that are committed but not covered by its mark are at most its one
+group in flight. A shard taking a partition over first waits until the consumer has nothing
+unacknowledged (the old owner's group comes back after ``ack_wait``), then writes the mark
+with itself as owner (compare-and-set: from then on the old owner's mark update fails, so it
+never acknowledges that group), skips every message at or below the mark it took over (already
+stored) and notes ``handover.<old>.<partition>`` = that mark. The old owner reconciles when it
+restarts, or at once when its mark update fails (a paused shard resuming): it reads the first
+``fetch`` messages of the partition after the handover mark (its group in flight can only be
+those) and deletes from its file every one of them it stored, then re-exports the minutes
+they touched. So: a batch is in exactly one shard's file once the old owner has reconciled;
+until then (an old owner that is down) its file may hold one group per partition it lost that
+another shard stored too. Within a shard, redeliveries are dropped by the batch-id table, and
+retries of a publisher within the stream's duplicate window by JetStream itself. A shard that
+crashes between its takeover mark and its handover note (both within milliseconds) leaves the
+old owner's group unreconciled: the one window of the design where a group may be in two files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fleetlens.api.shardexport import MinuteExport
+from fleetlens.api.store import Store
+from fleetlens.api.writer import Backpressure
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector as PromCollector
+
+from fleetlens.batch import CT_ARROW, Batch, BatchError, decode_batch
+from fleetlens.stream import (
+    CONTENT_TYPE,
+    MSG_ID,
+    STREAM,
+    Partitions,
+    ensure_stream,
+    preferred_shard,
+    subject,
+)  # fmt: skip
+
+if TYPE_CHECKING:
+    from fleetlens.api.service import Collector
+
+log = logging.getLogger("fleetlens.api.shard")
+
+LEASES, MARKS = "FLEETLENS_LEASES", "FLEETLENS_MARKS"
+
+
+class CommitSink(Protocol):
+    """Told of each group of new batches of a partition once committed (the fleet tier's
+    summary publisher plugs in here)."""
+
+    def committed(self, partition: str, batches: Sequence[Batch]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    servers: list[str]
+    index: int
+    shards: int
+    replicas: int = 3
+    lease_ttl_s: float = 6.0
+    fetch: int = 64  # messages per group; also the consumer's unacknowledged bound
+
+    @property
+    def ack_wait_s(self) -> float:
+        """A group unacknowledged this long goes to the next fetch: two leases' time, when
+        its shard has surely lost the partition (a slow commit of its own is deduplicated)."""
+        return 2 * self.lease_ttl_s
+
+
+@dataclass
+class _Owned:
+    lease_rev: int
+    base: int = 0  # the mark taken over: messages at or below it are stored already
+    mark_rev: int = 0
+    stopping: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Lag:
+    pending: int = 0
+    oldest_s: float = 0.0
+
+
+@dataclass
+class ShardCounters:
+    stored: dict[str, int] = field(default_factory=dict)  # new batches committed, by partition
+    skipped: int = 0  # redelivered at or below a mark: stored before
+    reconciled: int = 0  # batches deleted from this file: another shard stored them
+    takeovers: int = 0
+
+
+class Shard:
+    def __init__(
+        self, collector: Collector, cfg: ShardConfig, export: MinuteExport | None,
+        sinks: Sequence[CommitSink] = (),
+    ) -> None:  # fmt: skip
+        self.c, self.cfg, self.export = collector, cfg, export
+        self.sinks = [*([export] if export else []), *sinks]
+        self.partitions = Partitions(collector.topology)
+        self.owned: dict[str, _Owned] = {}
+        self.lag: dict[str, _Lag] = {}
+        self.counters = ShardCounters()
+        self._nc: Any = None
+        self._js: Any = None
+        self._leases: Any = None
+        self._marks: Any = None
+        collector.metrics.add_collector(ShardMetrics(self))
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def attached(self) -> Callable[[], contextlib.AbstractAsyncContextManager[None]]:
+        """The app's ``attached`` hook: consume while the collector serves."""
+
+        @contextlib.asynccontextmanager
+        async def run() -> AsyncIterator[None]:
+            await self.connect()
+            task = asyncio.create_task(self.run())
+            try:
+                yield
+            finally:
+                task.cancel()
+                await self.close()
+
+        return run
+
+    async def connect(self) -> None:
+        import nats
+        from nats.js.api import KeyValueConfig
+
+        self._nc = await nats.connect(self.cfg.servers, max_reconnect_attempts=-1)
+        self._js = self._nc.jetstream(timeout=5)
+        await _retrying(lambda: ensure_stream(self._js, self.cfg.replicas))
+        r = self.cfg.replicas
+        self._leases = await _retrying(lambda: self._js.create_key_value(KeyValueConfig(
+            bucket=LEASES, ttl=self.cfg.lease_ttl_s, replicas=r)))  # fmt: skip
+        self._marks = await _retrying(lambda: self._js.create_key_value(KeyValueConfig(
+            bucket=MARKS, replicas=r)))  # fmt: skip
+        await self._reconcile_all()
+
+    async def close(self) -> None:
+        for p in list(self.owned):
+            await self._release(p)
+        if self.export is not None:
+            await asyncio.to_thread(self.export.export, time.time_ns(), True)
+        with contextlib.suppress(Exception):
+            await self._nc.close()
+
+    async def run(self) -> None:
+        tick = self.cfg.lease_ttl_s / 3
+        while True:
+            try:
+                await self._tick()
+            except Exception:
+                log.exception("shard: lease round failed (retried)")
+            if self.export is not None:
+                await asyncio.to_thread(self.export.export, time.time_ns())
+            await asyncio.sleep(tick)
+
+    # ---- leases ------------------------------------------------------------------------------
+    async def _tick(self) -> None:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        me, k = self.cfg.index, self.cfg.shards
+        await self._leases.put(f"alive.{me}", b"1")
+        alive = {i for i in range(k) if await self._get(self._leases, f"alive.{i}") is not None}
+        for p in self.partitions.all():
+            pref = preferred_shard(p, k)
+            owned = self.owned.get(p)
+            if owned is not None and owned.task is not None and owned.task.done():
+                await self._release(p)  # its consumer stopped: lease it again
+                owned = None
+            elif owned is not None and owned.stopping:
+                continue  # its consumer finishes its group first
+            if owned is not None:
+                if pref != me and pref in alive:
+                    owned.stopping = True  # released once its group is done (above)
+                    continue
+                try:
+                    owned.lease_rev = await self._leases.update(f"lease.{p}", _me(me),
+                                                                last=owned.lease_rev)  # fmt: skip
+                except KeyWrongLastSequenceError:
+                    held = await self._get(self._leases, f"lease.{p}")
+                    if held is not None and held.value == _me(me):  # an update that timed out
+                        owned.lease_rev = held.revision  # but was applied
+                        continue
+                    log.warning("shard %d: lease of %s lost", me, p)
+                    owned.stopping = True
+            elif pref == me or pref not in alive:
+                try:
+                    rev = await self._leases.create(f"lease.{p}", _me(me))
+                except KeyWrongLastSequenceError:
+                    continue  # held by another shard
+                await self._acquire(p, rev)
+        await self._measure_lag()
+
+    async def _acquire(self, p: str, lease_rev: int) -> None:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        await self._reconcile(p)  # our own note from an earlier loss of p comes first
+        got = await self._get(self._marks, f"mark.{p}")
+        seq, prev, rev = (0, None, 0) if got is None else (*_mark(got.value), got.revision)
+        try:
+            owned = _Owned(lease_rev, base=seq)
+            doc = _mark_doc(seq, self.cfg.index)
+            if got is None:
+                owned.mark_rev = await self._marks.create(f"mark.{p}", doc)
+            else:
+                owned.mark_rev = await self._marks.update(f"mark.{p}", doc, last=rev)
+        except KeyWrongLastSequenceError:  # the old owner moved its mark meanwhile: next round
+            await self._leases.delete(f"lease.{p}")
+            return
+        if prev is not None and prev != self.cfg.index:
+            await self._marks.put(f"handover.{prev}.{p}", str(seq).encode())
+            self.counters.takeovers += 1
+            log.warning("shard %d: took %s over from shard %d at mark %d", self.cfg.index, p,
+                        prev, seq)  # fmt: skip
+        owned.task = asyncio.create_task(self._consume(p, owned))
+        self.owned[p] = owned
+        log.info("shard %d: consuming %s from mark %d", self.cfg.index, p, seq)
+
+    async def _release(self, p: str) -> None:
+        owned = self.owned.pop(p, None)
+        if owned is None:
+            return
+        owned.stopping = True
+        if owned.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(owned.task, 60)
+        with contextlib.suppress(Exception):
+            await self._leases.delete(f"lease.{p}")
+
+    # ---- consuming ---------------------------------------------------------------------------
+    async def _consume(self, p: str, owned: _Owned) -> None:
+        try:
+            await self._consume_owned(p, owned)
+        except Exception:
+            log.exception("shard: consumer of %s stopped (leased again)", p)
+
+    async def _consume_owned(self, p: str, owned: _Owned) -> None:
+        import nats
+        import nats.js.errors
+        from nats.js.api import AckPolicy, ConsumerConfig
+
+        durable = f"p-{p}"
+        cfg = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT,
+                             ack_wait=self.cfg.ack_wait_s, max_ack_pending=self.cfg.fetch,
+                             filter_subject=subject(p))  # fmt: skip
+        subj = subject(p)
+        sub = await _retrying(
+            lambda: self._js.pull_subscribe(subj, durable=durable, stream=STREAM, config=cfg)
+        )
+        # The old owner's group in flight comes back (after ack_wait) before anything newer.
+        while not owned.stopping:
+            info = await _retrying(lambda: self._js.consumer_info(STREAM, durable))
+            if not info.num_ack_pending:
+                break
+            await asyncio.sleep(0.5)
+        try:
+            while not owned.stopping:
+                try:
+                    msgs = await sub.fetch(self.cfg.fetch, timeout=1.0)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue  # nothing new on the partition
+                except nats.js.errors.ServiceUnavailableError:
+                    await asyncio.sleep(0.5)  # the consumer's leader moving (a node down)
+                    continue
+                if not msgs:
+                    continue
+                try:
+                    await self._group(p, owned, msgs)
+                except Exception:
+                    log.exception("shard: group of %s failed (redelivered after ack_wait)", p)
+                    await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    def _checked(self, p: str, m: Any) -> Batch:
+        """Every check of HTTP ingest, and the host must send on its own partition."""
+        if len(m.data) > self.c.settings.max_body_bytes:
+            raise BatchError("body", f"larger than {self.c.settings.max_body_bytes}", "too_large")
+        headers = m.headers or {}
+        batch = decode_batch(m.data, headers.get(CONTENT_TYPE, CT_ARROW))
+        if self.partitions.of(batch.host_id) != p:
+            raise BatchError("host_id", f"{batch.host_id} does not send on {p}", "wrong_host")
+        if headers.get(MSG_ID) not in (None, batch.batch_id):
+            raise BatchError("batch_id", "differs from the message id", "invalid")
+        self.c.check_context(batch, time.time_ns())
+        return batch
+
+    async def _group(self, p: str, owned: _Owned, msgs: list[Any]) -> None:
+        good: list[Batch] = []
+        refused: list[Any] = []
+        for m in msgs:
+            if m.metadata.sequence.stream <= owned.base:
+                self.counters.skipped += 1
+                continue
+            self.c.metrics.received(len(m.data))
+            try:
+                good.append(self._checked(p, m))
+            except BatchError as e:
+                self.c.metrics.reject(e.reason)
+                refused.append(m)
+                log.warning("shard: refused a message on %s: %s", p, e)
+        stored = [await f for f in [asyncio.wrap_future(await self._submit(b)) for b in good]]
+        if not await self._advance(p, owned, max(m.metadata.sequence.stream for m in msgs)):
+            return
+        for m in msgs:
+            await (m.term() if m in refused else m.ack())
+        await self._nc.flush()
+        new = [b for b, s in zip(good, stored, strict=True) if s]
+        self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)
+        for sink in self.sinks:
+            try:
+                sink.committed(p, new)
+            except Exception:
+                log.exception("shard: commit sink failed")
+
+    async def _submit(self, b: Batch) -> Any:
+        while True:
+            try:
+                return self.c.submit(b)
+            except Backpressure as e:  # the group waits: the consumer bounds what is fetched
+                self.c.metrics.reject("backpressure")
+                await asyncio.sleep(min(e.retry_after_s, 2.0))
+
+    async def _advance(self, p: str, owned: _Owned, seq: int) -> bool:
+        """The mark past a committed group; False (stop, reconcile) if another shard took p."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        doc = _mark_doc(seq, self.cfg.index)
+        try:
+            owned.mark_rev = await _retrying(
+                lambda: self._marks.update(f"mark.{p}", doc, last=owned.mark_rev),
+                fatal=(KeyWrongLastSequenceError,),
+            )
+            return True
+        except KeyWrongLastSequenceError:
+            log.warning("shard %d: %s was taken over; reconciling", self.cfg.index, p)
+            owned.stopping = True
+            await self._reconcile(p)
+            return False
+
+    # ---- reconciliation ----------------------------------------------------------------------
+    async def _reconcile_all(self) -> None:
+        for p in self.partitions.all():
+            await self._reconcile(p)
+
+    async def _reconcile(self, p: str) -> None:
+        """Delete what another shard stored after taking ``p`` over from this one."""
+        key = f"handover.{self.cfg.index}.{p}"
+        got = await self._get(self._marks, key)
+        if got is None:
+            return
+        batches = await self._after(p, int(got.value), self.cfg.fetch)
+        gone = await asyncio.wrap_future(self.c.writer.submit_call(lambda st: forget(st, batches)))
+        self.counters.reconciled += len(gone)
+        if self.export is not None:
+            self.export.committed(p, gone)  # their minutes are written again
+        await self._marks.delete(key)
+        log.warning("shard %d: reconciled %s: %d batches were stored by its new owner",
+                    self.cfg.index, p, len(gone))  # fmt: skip
+
+    async def _after(self, p: str, seq: int, n: int) -> list[Batch]:
+        """The first ``n`` well-formed batches on ``p`` after stream sequence ``seq``."""
+        from nats.js.errors import NotFoundError
+
+        out: list[Batch] = []
+        for _ in range(n):
+            try:
+                msg = await self._js.get_msg(STREAM, seq=seq + 1, next=True, subject=subject(p))
+            except NotFoundError:
+                break
+            seq = msg.seq
+            ctype = (msg.headers or {}).get(CONTENT_TYPE, CT_ARROW)
+            with contextlib.suppress(BatchError):  # a refused one was never stored
+                out.append(decode_batch(msg.data or b"", ctype))
+        return out
+
+    # ---- lag ---------------------------------------------------------------------------------
+    async def _measure_lag(self) -> None:
+        from nats.js.errors import NotFoundError
+
+        for p in list(self.owned):
+            info = await self._js.consumer_info(STREAM, f"p-{p}")
+            lag = self.lag.setdefault(p, _Lag())
+            lag.pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+            lag.oldest_s = 0.0
+            if lag.pending:
+                floor = info.ack_floor.stream_seq if info.ack_floor else 0
+                try:
+                    msg = await self._js.get_msg(STREAM, seq=floor + 1, next=True,
+                                                 subject=subject(p))  # fmt: skip
+                    if msg.time is not None:
+                        lag.oldest_s = max(0.0, time.time() - msg.time.timestamp())
+                except NotFoundError:
+                    pass
+        for p in set(self.lag) - set(self.owned):
+            del self.lag[p]  # another shard's now
+
+    @staticmethod
+    async def _get(kv: Any, key: str) -> Any:
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            return await kv.get(key)
+        except KeyNotFoundError:
+            return None
+
+
+def forget(st: Store, batches: Iterable[Batch]) -> list[Batch]:
+    """Delete the stored copies of ``batches`` (their windows and ids), in one transaction;
+    the ones this file held. Writer thread only."""
+    con = st.con
+    con.execute("BEGIN TRANSACTION")
+    try:
+        gone = []
+        for b in batches:
+            if not con.execute("DELETE FROM batches WHERE batch_id = ? RETURNING batch_id",
+                               [b.batch_id]).fetchall():  # fmt: skip
+                continue
+            con.register("_gone", b.windows.select(["src_nic", "dst_nic", "sport", "start_ns"]))
+            try:
+                con.execute("DELETE FROM windows w USING _gone g WHERE w.src_nic = g.src_nic AND "
+                            "w.dst_nic = g.dst_nic AND w.sport = g.sport AND "
+                            "w.start_ns = g.start_ns")  # fmt: skip
+            finally:
+                con.unregister("_gone")
+            gone.append(b)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return gone
+
+
+class ShardMetrics(PromCollector):
+    """Per partition: pending messages, age of the oldest unacknowledged one, batches
+    stored; partitions owned, takeovers, reconciled batches."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.s = shard
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        s = self.s
+        pending = GaugeMetricFamily("fleetlens_shard_partition_pending_messages",
+                                    "Messages of an owned partition not yet acknowledged",
+                                    labels=["partition"])  # fmt: skip
+        oldest = GaugeMetricFamily("fleetlens_shard_partition_oldest_unacked_seconds",
+                                   "Age of the oldest unacknowledged message of a partition",
+                                   labels=["partition"])  # fmt: skip
+        for p, lag in sorted(s.lag.items()):
+            pending.add_metric([p], lag.pending)
+            oldest.add_metric([p], lag.oldest_s)
+        stored = CounterMetricFamily(
+            "fleetlens_shard_batches_stored",
+            "New batches committed, by partition",
+            labels=["partition"],
+        )
+        for p, n in sorted(s.counters.stored.items()):
+            stored.add_metric([p], n)
+        yield pending
+        yield oldest
+        yield stored
+        yield GaugeMetricFamily("fleetlens_shard_partitions_owned", "Partitions this shard "
+                                "holds the lease of", value=len(s.owned))  # fmt: skip
+        yield CounterMetricFamily("fleetlens_shard_takeovers", "Partitions taken over from "
+                                  "another shard", value=s.counters.takeovers)  # fmt: skip
+        yield CounterMetricFamily("fleetlens_shard_reconciled_batches", "Batches deleted "
+                                  "from this file: the partition's new owner stored them",
+                                  value=s.counters.reconciled)  # fmt: skip
+        yield CounterMetricFamily(
+            "fleetlens_shard_skipped_messages",
+            "Redelivered messages at or below the mark taken over",
+            value=s.counters.skipped,
+        )
+
+
+def _me(index: int) -> bytes:
+    return str(index).encode()
+
+
+def _mark_doc(seq: int, shard: int) -> bytes:
+    return json.dumps({"seq": seq, "shard": shard}).encode()
+
+
+def _mark(value: bytes) -> tuple[int, int]:
+    doc = json.loads(value)
+    return int(doc["seq"]), int(doc["shard"])
+
+
+async def _retrying(
+    call: Callable[[], Any], attempts: int = 100, fatal: tuple[type[Exception], ...] = ()
+) -> Any:
+    """A JetStream API call while the cluster elects its leaders (start-up, a node down);
+    the ``fatal`` errors are answers, raised at once."""
+    for _ in range(attempts - 1):
+        try:
+            return await call()
+        except fatal:
+            raise
+        except Exception as e:  # no responders / timeouts while leaders are elected
+            log.info("shard: JetStream not ready (%s); retrying", e)
+            await asyncio.sleep(0.2)
+    return await call()

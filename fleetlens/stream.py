@@ -1,0 +1,172 @@
+"""The names of FleetLens on NATS JetStream (issue 27): stream, subjects, partitions.
+
+Agents (and the simulator) publish each window batch to the stream :data:`STREAM` on the
+subject ``fleetlens.windows.<partition>``; collector shards consume the partitions they own.
+
+A sending host's **partition** comes from the inventory's topology:
+
+- host wiring (every NIC of a host on one leaf): the host's leaf, e.g. ``leaf3``;
+- rail wiring (NIC *k* of every host on rail *k*'s leaves): the host is on several leaves, so
+  its partition is its **pod**, the set of leaves its NICs attach to (hosts with the same set
+  share their leaves' uplinks), named ``pod-<its first leaf>`` (the set's leaf of lowest
+  index; two sets with the same first leaf would share a partition: coarser, still correct);
+- a host not in the inventory: ``x<NN>``, one of :data:`UNKNOWN_BUCKETS` stable hashes of its
+  id, so its batches still stay in order on one subject.
+
+The batch id is the message id (``Nats-Msg-Id``): JetStream's duplicate window drops a retry
+of a batch it stored, as the collector's batch-id table does over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from fleetlens.topology import TIER_LEAF, Topology
+
+T = TypeVar("T")
+
+STREAM = "FLEETLENS_WINDOWS"
+SUBJECT_PREFIX = "fleetlens.windows"
+SUBJECTS = f"{SUBJECT_PREFIX}.>"
+MSG_ID = "Nats-Msg-Id"
+CONTENT_TYPE = "Content-Type"  # header: the batch encoding, as HTTP ingest's (batch.py)
+UNKNOWN_BUCKETS = 16
+# How long JetStream remembers message ids: a retry within it is dropped (the agents' spool
+# retries for longer only across an outage; the collector's batch-id table still dedupes).
+DUPLICATE_WINDOW_S = 600.0
+
+
+def subject(partition: str) -> str:
+    return f"{SUBJECT_PREFIX}.{partition}"
+
+
+def partition_of_subject(subj: str) -> str:
+    return subj.removeprefix(SUBJECT_PREFIX + ".")
+
+
+def stable_hash(text: str) -> int:
+    """The same integer in every process (Python's ``hash`` of a str is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def unknown_partition(host: str) -> str:
+    return f"x{stable_hash(host) % UNKNOWN_BUCKETS:02d}"
+
+
+class Partitions:
+    """Every host's partition under one inventory (None: every host hashed)."""
+
+    def __init__(self, topology: Topology | None) -> None:
+        self.by_host: dict[str, str] = {}
+        if topology is not None:
+            order = {s.id: i for i, s in enumerate(topology.switches_of_tier(TIER_LEAF))}
+            for host, nics in topology.nics_by_host.items():
+                leaves = sorted({n.leaf for n in nics}, key=order.__getitem__)
+                self.by_host[host] = leaves[0] if len(leaves) == 1 else f"pod-{leaves[0]}"
+
+    def of(self, host: str) -> str:
+        return self.by_host.get(host) or unknown_partition(host)
+
+    def all(self) -> list[str]:
+        """Every partition a shard may own: the inventory's, then the hashed buckets."""
+        known = sorted(set(self.by_host.values()))
+        return known + [f"x{i:02d}" for i in range(UNKNOWN_BUCKETS)]
+
+
+def preferred_shard(partition: str, shards: int) -> int:
+    """The shard that owns ``partition`` when every shard is alive (I of ``--shard I/K``)."""
+    return stable_hash(partition) % shards
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """``I/K`` (shard I of K, from 0) to (I, K); ValueError naming what is wrong."""
+    i, sep, k = spec.partition("/")
+    if not sep or not i.isdigit() or not k.isdigit() or not 0 <= int(i) < int(k):
+        raise ValueError(f"--shard wants I/K with 0 <= I < K, got {spec!r}")
+    return int(i), int(k)
+
+
+def server_urls(spec: str | Sequence[str]) -> list[str]:
+    """``URL[,URL...]`` to the list of servers a client may connect to."""
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    urls = [u.strip() for u in parts if u.strip()]
+    if not urls:
+        raise ValueError("--nats wants URL[,URL...]")
+    return urls
+
+
+class PublishError(Exception):
+    """The stream did not confirm a batch (no server, no stream leader, timeout): retry it
+    with the same batch id."""
+
+
+class Publisher:
+    """Publishes batches to :data:`STREAM` from ordinary threads (agents' uploader, the
+    simulator's posting pool): one NATS connection on an event loop of its own thread, which
+    reconnects across the servers by itself. Needs ``nats-py`` (the ``nats`` extra)."""
+
+    def __init__(self, servers: str | Sequence[str], replicas: int = 3, timeout_s: float = 5.0):
+        self.servers = server_urls(servers)
+        self.replicas = replicas
+        self.timeout_s = timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="nats", daemon=True)
+        self._thread.start()
+        self._nc: Any = None
+        self._js: Any = None
+        self._ready = False  # the stream exists (checked once per publisher)
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    async def _connect(self) -> None:
+        import nats
+
+        if self._nc is None:
+            self._nc = await nats.connect(
+                self.servers, max_reconnect_attempts=-1, connect_timeout=self.timeout_s,
+                allow_reconnect=True,
+            )  # fmt: skip
+            self._js = self._nc.jetstream(timeout=self.timeout_s)
+        if not self._ready:
+            await ensure_stream(self._js, self.replicas)
+            self._ready = True
+
+    async def _publish(self, subj: str, batch_id: str, body: bytes, ctype: str) -> bool:
+        await self._connect()
+        ack = await self._js.publish(subj, body, headers={MSG_ID: batch_id, CONTENT_TYPE: ctype})
+        return not ack.duplicate
+
+    def publish(self, partition: str, batch_id: str, body: bytes, ctype: str) -> bool:
+        """Store one batch in the stream: True if new, False for a retry JetStream dropped.
+        Raises :class:`PublishError` when the stream did not confirm it (retry, same id)."""
+        try:
+            coro = self._publish(subject(partition), batch_id, body, ctype)
+            return self._run(coro, self.timeout_s * 3)
+        except Exception as e:
+            raise PublishError(f"{type(e).__name__}: {e}") from e
+
+    def close(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):  # a connection that is already gone
+                self._run(self._nc.close(), self.timeout_s)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+
+async def ensure_stream(js: Any, replicas: int) -> None:
+    """Create :data:`STREAM` if missing (``replicas`` copies; existing streams are kept)."""
+    from nats.js.api import StreamConfig
+    from nats.js.errors import NotFoundError
+
+    try:
+        await js.stream_info(STREAM)
+    except NotFoundError:
+        cfg = StreamConfig(name=STREAM, subjects=[SUBJECTS], num_replicas=replicas,
+                           duplicate_window=DUPLICATE_WINDOW_S)  # fmt: skip
+        await js.add_stream(cfg)
