@@ -22,8 +22,11 @@ rounds see what a collector fed the same windows sees. ``--shards K`` is what
 ``fleetlens_fleet_shards_reporting`` (shards with a summary in the last 10 s) is compared with.
 
 Shards publish through :class:`SummaryPublisher`, the ``CommitSink`` a shard calls after each
-commit: it returns once JetStream stored every summary, so a shard that acknowledges its
-windows after that call loses no summary when it dies.
+commit: it summarizes and publishes on a thread of its own, in commit order, each summary
+retried until stored. A shard that dies between a commit and its summaries' publication
+loses them (the shard acknowledged the windows already, and a redelivered batch is a
+duplicate it does not hand on): the fleet tier then judges that window without those hosts
+once its waits are over.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -56,6 +59,9 @@ DURABLE = "fleet"
 MSG_ID = "Nats-Msg-Id"
 SHARD_HEADER = "Fleetlens-Shard"  # I/K of the shard that published a summary
 DUPLICATE_WINDOW_S = 600.0
+# A summary matters for the loops' waits, seconds; kept an hour (a fleet tier restarted
+# within it catches up from its durable consumer), then dropped.
+MAX_AGE_S = 3600.0
 # Summary rows kept beyond the look-back and the longest settling wait (fleetstore.py).
 KEEP_SPARE_NS = 10_000_000_000
 REPORTING_S = 10.0  # a shard with a summary this recent is reporting
@@ -121,9 +127,25 @@ async def ensure_stream(js: Any, replicas: int) -> None:
     except NotFoundError:
         cfg = StreamConfig(
             name=STREAM, subjects=[f"{SUBJECT_PREFIX}.>"], num_replicas=replicas,
-            duplicate_window=DUPLICATE_WINDOW_S,
+            duplicate_window=DUPLICATE_WINDOW_S, max_age=MAX_AGE_S,
         )  # fmt: skip
         await js.add_stream(cfg)
+
+
+async def publish(
+    js: Any, subj: str, body: bytes, headers: dict[str, str], timeout_s: float
+) -> None:
+    """Publish until JetStream stored it (same message id: a stored retry is dropped). A stream
+    just created, or a cluster electing a leader, answers nothing for a moment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await js.publish(subj, body, headers=headers)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 class _LoopThread:
@@ -227,37 +249,65 @@ class SummaryConsumer:
         await msg.ack()
 
 
+def _log_failure(fut: Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("fleet: summaries not published: %s", fut.exception())
+
+
 class SummaryPublisher:
     """A shard's ``CommitSink``: after each commit, its batches' summaries to JetStream
-    (subject ``fleetlens.summaries.<partition>``, message id the batch id), waited for."""
+    (subject ``fleetlens.summaries.<partition>``, message id the batch id), each retried until
+    stored; off the shard's event loop, in commit order."""
 
     def __init__(self, urls: str, shard: str = "", replicas: int = 3, timeout_s: float = 30.0):
-        import nats
-
-        self.shard, self.timeout_s = shard, timeout_s
+        self.urls, self.shard, self.replicas, self.timeout_s = urls, shard, replicas, timeout_s
         self._runner = _LoopThread("summary-publisher")
-        self._nc = self._runner.run(nats.connect(urls.split(","), max_reconnect_attempts=-1))
-        self._js = self._nc.jetstream()
-        self._runner.run(ensure_stream(self._js, replicas), timeout_s)
+        self._nc: Any = None  # connected at the first commit: a shard starts without NATS
+        self._js: Any = None
+        self._order = asyncio.Lock()
+        self._pending: list[Future[None]] = []
 
     def committed(self, partition: str, batches: Sequence[Batch]) -> None:
-        bodies = [
-            (b.batch_id, summaries.encode(summaries.of_batch(partition, b)))
-            for b in batches
-            if b.rows
-        ]
-        if bodies:
-            self._runner.run(self._publish(partition, bodies), self.timeout_s)
+        """Queued: summarized and published on the publisher's thread, in commit order (the
+        shard calls this on its event loop, which must not wait for NATS)."""
+        new = [b for b in batches if b.rows]
+        if new:
+            fut = asyncio.run_coroutine_threadsafe(self._publish(partition, new), self._runner.loop)
+            fut.add_done_callback(_log_failure)
+            self._pending.append(fut)
+            self._pending = [f for f in self._pending if not f.done()]
 
-    async def _publish(self, partition: str, bodies: list[tuple[str, bytes]]) -> None:
-        subj = subject(partition)
-        send: Callable[[str, bytes], Any] = lambda i, body: self._js.publish(  # noqa: E731
-            subj, body, headers={MSG_ID: i, SHARD_HEADER: self.shard}
-        )
-        await asyncio.gather(*(send(i, body) for i, body in bodies))
+    async def _connect(self) -> None:
+        import nats
+
+        if self._nc is None:
+            self._nc = await nats.connect(self.urls.split(","), max_reconnect_attempts=-1)
+            self._js = self._nc.jetstream()
+            await ensure_stream(self._js, self.replicas)
+
+    async def _publish(self, partition: str, batches: list[Batch]) -> None:
+        async with self._order:  # one group at a time: published in commit order
+            await self._connect()
+            bodies = [(b.batch_id, summaries.encode(summaries.of_batch(partition, b)))
+                      for b in batches]  # fmt: skip
+            await self._send(subject(partition), bodies)
+
+    async def _send(self, subj: str, bodies: list[tuple[str, bytes]]) -> None:
+        await asyncio.gather(*(
+            publish(self._js, subj, body, {MSG_ID: i, SHARD_HEADER: self.shard}, self.timeout_s)
+            for i, body in bodies
+        ))  # fmt: skip
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until every summary queued so far is stored (or failed, logged)."""
+        for f in list(self._pending):
+            with suppress(Exception):
+                f.result(timeout_s)
 
     def close(self) -> None:
+        self.flush()
         try:
-            self._runner.run(self._nc.drain(), 10)
+            if self._nc is not None:
+                self._runner.run(self._nc.drain(), 10)
         finally:
             self._runner.close()
