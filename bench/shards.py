@@ -28,6 +28,8 @@ import argparse
 import itertools
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -35,6 +37,7 @@ from fleetlens.api import summaries
 from fleetlens.api.config import Settings
 from fleetlens.api.fleet import FleetCollector
 from fleetlens.api.service import Collector
+from fleetlens.api.writer import Backpressure
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
 
@@ -62,6 +65,21 @@ def batches_of(window) -> list[Batch]:
         Batch(f"b-{gen}-{hosts[a]}", str(hosts[a]), window.slice(a, b - a))
         for a, b in itertools.pairwise(cuts)
     ]
+
+
+def _all_in(submit: Callable[[bytes], Future[bool]], bodies: list[bytes]) -> list[bool]:
+    """Every body submitted and committed; on a full writer queue, wait for the oldest."""
+    futs: list[Future[bool]] = []
+    done = 0
+    for body in bodies:
+        while True:
+            try:
+                futs.append(submit(body))
+                break
+            except Backpressure:
+                futs[done].result(timeout=600)
+                done += 1
+    return [f.result(timeout=600) for f in futs]
 
 
 def _ingested(c: Collector, body: bytes, now_ns: int) -> Batch:
@@ -94,13 +112,11 @@ def run(hosts: int, n_windows: int, tmp: Path) -> dict[str, float]:
             t_sum = time.process_time() - t0
             raw = [encode_batch(b.host_id, b.windows, b.batch_id)[0] for b in batches]
             t0 = time.process_time()
-            futs = [fleet.take(body, "0/1", end) for body in bodies]
-            assert all(f.result(timeout=600) for f in futs)
+            assert all(_all_in(lambda body, end=end: fleet.take(body, "0/1", end), bodies))
             t1 = time.process_time()
             fleet.run_round(end + 6 * SEC)
             t2 = time.process_time()
-            futs = [one.submit(_ingested(one, body, end)) for body in raw]
-            assert all(f.result(timeout=600) for f in futs)
+            assert all(_all_in(lambda body, end=end: one.submit(_ingested(one, body, end)), raw))
             t3 = time.process_time()
             one.run_round(end + 6 * SEC)
             t4 = time.process_time()
