@@ -142,4 +142,5 @@ def _shard(settings: Settings, host: str, port: int, log_level: str) -> int:
     shard = Shard(collector, cfg, export, [summaries])
     app = create_app(collector, attached=shard.attached())
     uvicorn.run(app, host=host.strip("[]"), port=port, log_level=log_level, access_log=False)
+    summaries.close()  # the summaries of the last commits published
     return 0
