@@ -129,6 +129,8 @@ class FleetStore(Store):
         return self.windows_between(0, 2**63 - 1, without)
 
     def links_on_paths(self, nics: list[str], since_ns: int) -> set[str]:
+        """From the held windows only (a job's impact asks for 5 minutes of paths: every flow
+        reports its current path every window, so the held seconds name them all)."""
         t = self.windows_since(since_ns)
         on = pc.and_(pc.is_in(t["src_nic"], pa.array(nics)), pc.is_in(t["dst_nic"], pa.array(nics)))
         paths = t.filter(on)["path"].combine_chunks()
