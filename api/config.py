@@ -112,7 +112,7 @@ class Settings:
                                    "as DIR/minute=<ISO>/shard=<I>.parquet")  # fmt: skip
     stream_replicas: int = flag(3, "--stream-replicas", "with --nats: replicas of the stream "
                                 "and KV buckets when this shard creates them")  # fmt: skip
-    lease_ttl_s: float = flag(6.0, "--lease-ttl-seconds", "with --nats: a dead shard's "
+    lease_ttl_s: float = flag(10.0, "--lease-ttl-seconds", "with --nats: a dead shard's "
                               "partitions are taken over after this long")  # fmt: skip
     duckdb_threads: int | None = flag(
         None, "--duckdb-threads", "DuckDB worker threads (default: all cores)"

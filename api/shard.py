@@ -74,6 +74,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetlens.api.shard")
 
 LEASES, MARKS = "FLEETLENS_LEASES", "FLEETLENS_MARKS"
+STALL_FETCHES = 5  # empty fetches (1 s each) before a consumer is asked why
 
 
 class CommitSink(Protocol):
@@ -89,7 +90,7 @@ class ShardConfig:
     index: int
     shards: int
     replicas: int = 3
-    lease_ttl_s: float = 6.0
+    lease_ttl_s: float = 10.0
     fetch: int = 64  # messages per group; also the consumer's unacknowledged bound
 
     @property
@@ -102,22 +103,26 @@ class ShardConfig:
 @dataclass
 class _Owned:
     lease_rev: int
-    base: int = 0  # the mark taken over: messages at or below it are stored already
+    base: int = 0  # the mark taken over: its consumer delivers the messages after it
     mark_rev: int = 0
     stopping: bool = False
     task: asyncio.Task[None] | None = None
+    beat: float = field(default_factory=time.monotonic)  # its consumer's last loop
 
 
 @dataclass
 class _Lag:
     pending: int = 0
     oldest_s: float = 0.0
+    # The oldest message a group fetched since the last measure, and what was still behind
+    # it: a backlog drained between two measures still shows for one of them.
+    seen_s: float = 0.0
+    seen_pending: int = 0
 
 
 @dataclass
 class ShardCounters:
     stored: dict[str, int] = field(default_factory=dict)  # new batches committed, by partition
-    skipped: int = 0  # redelivered at or below a mark: stored before
     reconciled: int = 0  # batches deleted from this file: another shard stored them
     takeovers: int = 0
 
@@ -170,8 +175,7 @@ class Shard:
         await self._reconcile_all()
 
     async def close(self) -> None:
-        for p in list(self.owned):
-            await self._release(p)
+        await asyncio.gather(*(self._release(p) for p in list(self.owned)))
         if self.export is not None:
             await asyncio.to_thread(self.export.export, time.time_ns(), True)
         with contextlib.suppress(Exception):
@@ -179,6 +183,22 @@ class Shard:
 
     async def run(self) -> None:
         tick = self.cfg.lease_ttl_s / 3
+        beat = asyncio.create_task(self._heartbeat(tick))
+        try:
+            await self._rounds(tick)
+        finally:
+            beat.cancel()
+
+    async def _heartbeat(self, every_s: float) -> None:
+        """``alive.<I>``, on its own: a slow lease round must not make this shard look dead."""
+        while True:
+            try:
+                await self._leases.put(f"alive.{self.cfg.index}", b"1")
+            except Exception as e:
+                log.warning("shard %d: heartbeat failed: %r", self.cfg.index, e)
+            await asyncio.sleep(every_s)
+
+    async def _rounds(self, tick: float) -> None:
         while True:
             try:
                 await self._tick()
@@ -190,40 +210,70 @@ class Shard:
 
     # ---- leases ------------------------------------------------------------------------------
     async def _tick(self) -> None:
+        """One lease round: partitions handled concurrently (each is a few KV round trips;
+        one after the other they outlasted the lease on a loaded box)."""
+        me, k = self.cfg.index, self.cfg.shards
+        alive = {i for i in range(k) if i == me or await self._alive(i)}
+        done = await asyncio.gather(*(self._lease(p, alive) for p in self.partitions.all()),
+                                    return_exceptions=True)  # fmt: skip
+        for p, e in zip(self.partitions.all(), done, strict=True):
+            if isinstance(e, Exception):  # the others' leases were still refreshed
+                log.warning("shard %d: lease of %s not refreshed: %r", me, p, e)
+        await self._measure_lag()
+
+    async def _alive(self, i: int) -> bool:
+        """Shard ``i`` refreshed its key within a lease; when the bucket does not answer it is
+        taken for alive (its partitions are not taken over on a guess)."""
+        try:
+            return await self._get(self._leases, f"alive.{i}") is not None
+        except Exception:
+            return True
+
+    async def _lease(self, p: str, alive: set[int]) -> None:
+        """Refresh, release or take the lease of ``p``."""
         from nats.js.errors import KeyWrongLastSequenceError
 
-        me, k = self.cfg.index, self.cfg.shards
-        await self._leases.put(f"alive.{me}", b"1")
-        alive = {i for i in range(k) if await self._get(self._leases, f"alive.{i}") is not None}
-        for p in self.partitions.all():
-            pref = preferred_shard(p, k)
-            owned = self.owned.get(p)
-            if owned is not None and owned.task is not None and owned.task.done():
-                await self._release(p)  # its consumer stopped: lease it again
-                owned = None
-            elif owned is not None and owned.stopping:
-                continue  # its consumer finishes its group first
-            if owned is not None:
-                if pref != me and pref in alive:
-                    owned.stopping = True  # released once its group is done (above)
-                    continue
-                try:
-                    owned.lease_rev = await self._leases.update(f"lease.{p}", _me(me),
-                                                                last=owned.lease_rev)  # fmt: skip
-                except KeyWrongLastSequenceError:
-                    held = await self._get(self._leases, f"lease.{p}")
-                    if held is not None and held.value == _me(me):  # an update that timed out
-                        owned.lease_rev = held.revision  # but was applied
-                        continue
-                    log.warning("shard %d: lease of %s lost", me, p)
-                    owned.stopping = True
-            elif pref == me or pref not in alive:
-                try:
-                    rev = await self._leases.create(f"lease.{p}", _me(me))
-                except KeyWrongLastSequenceError:
-                    continue  # held by another shard
-                await self._acquire(p, rev)
-        await self._measure_lag()
+        me = self.cfg.index
+        pref = preferred_shard(p, self.cfg.shards)
+        owned = self.owned.get(p)
+        if (
+            owned is not None
+            and owned.task is not None
+            and not owned.task.done()
+            and time.monotonic() - owned.beat > 2 * self.cfg.ack_wait_s
+        ):
+            # A client call that never returns (seen after a server's kill -9): start over.
+            log.warning("shard %d: consumer of %s hung; made again", me, p)
+            owned.task.cancel()
+        if owned is not None and owned.task is not None and owned.task.done():
+            await self._release(p)  # its consumer stopped: lease it again
+            owned = None
+        elif owned is not None and owned.stopping:
+            return  # its consumer finishes its group first
+        if owned is not None:
+            if pref != me and pref in alive:
+                owned.stopping = True  # released once its group is done (above)
+                return
+            try:
+                owned.lease_rev = await self._leases.update(f"lease.{p}", _me(me),
+                                                            last=owned.lease_rev)  # fmt: skip
+            except KeyWrongLastSequenceError:
+                held = await self._get(self._leases, f"lease.{p}")
+                if held is not None and held.value == _me(me):  # an update that timed out
+                    owned.lease_rev = held.revision  # but was applied
+                    return
+                if held is None:  # expired (a slow round) and nobody took it: take it back;
+                    with contextlib.suppress(KeyWrongLastSequenceError):  # the mark's
+                        owned.lease_rev = await self._leases.create(f"lease.{p}", _me(me))
+                        return  # compare-and-set still fences a shard that took it meanwhile
+                log.warning("shard %d: lease of %s lost", me, p)
+                owned.stopping = True
+        elif pref == me or pref not in alive:
+            try:
+                rev = await self._leases.create(f"lease.{p}", _me(me))
+            except KeyWrongLastSequenceError:
+                return  # held by another shard
+            await self._acquire(p, rev)
 
     async def _acquire(self, p: str, lease_rev: int) -> None:
         from nats.js.errors import KeyWrongLastSequenceError
@@ -256,8 +306,10 @@ class Shard:
             return
         owned.stopping = True
         if owned.task is not None:
+            # A group still waiting for the cluster is cut short: unacknowledged, redelivered.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(owned.task, 60)
+                await asyncio.wait_for(owned.task, self.cfg.lease_ttl_s)
+        log.info("shard %d: released %s", self.cfg.index, p)
         with contextlib.suppress(Exception):
             await self._leases.delete(f"lease.{p}")
 
@@ -271,41 +323,51 @@ class Shard:
     async def _consume_owned(self, p: str, owned: _Owned) -> None:
         import nats
         import nats.js.errors
-        from nats.js.api import AckPolicy, ConsumerConfig
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+        # A consumer of its own from the mark on: what an earlier owner fetched and never
+        # acknowledged is not waited for (ack_wait) nor delivered out of order.
         durable = f"p-{p}"
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await _retrying(lambda: self._js.delete_consumer(STREAM, durable),
+                            fatal=(nats.js.errors.NotFoundError,))  # fmt: skip
+        subj = subject(p)
         cfg = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT,
                              ack_wait=self.cfg.ack_wait_s, max_ack_pending=self.cfg.fetch,
-                             filter_subject=subject(p))  # fmt: skip
-        subj = subject(p)
+                             filter_subject=subj, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                             opt_start_seq=owned.base + 1)  # fmt: skip
         sub = await _retrying(
             lambda: self._js.pull_subscribe(subj, durable=durable, stream=STREAM, config=cfg)
         )
-        # The old owner's group in flight comes back (after ack_wait) before anything newer.
-        while not owned.stopping:
-            info = await _retrying(lambda: self._js.consumer_info(STREAM, durable))
-            if not info.num_ack_pending:
-                break
-            await asyncio.sleep(0.5)
+        idle = 0
         try:
             while not owned.stopping:
+                owned.beat = time.monotonic()
                 try:
                     msgs = await sub.fetch(self.cfg.fetch, timeout=1.0)
                 except (TimeoutError, nats.errors.TimeoutError):
+                    idle += 1
+                    if idle % STALL_FETCHES == 0 and await self._stalled(durable):
+                        raise RuntimeError(f"consumer {durable} delivers nothing while "
+                                           "messages wait: made again") from None  # fmt: skip
                     continue  # nothing new on the partition
                 except nats.js.errors.ServiceUnavailableError:
                     await asyncio.sleep(0.5)  # the consumer's leader moving (a node down)
                     continue
-                if not msgs:
-                    continue
-                try:
+                if msgs:
+                    # A group that fails ends this ownership: leased again from the mark, its
+                    # messages come back in order.
+                    idle = 0
                     await self._group(p, owned, msgs)
-                except Exception:
-                    log.exception("shard: group of %s failed (redelivered after ack_wait)", p)
-                    await asyncio.sleep(1.0)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _stalled(self, durable: str) -> bool:
+        """Messages wait but none came: a consumer made while its peers were electing (a
+        server down) was seen to deliver nothing, ever."""
+        info = await self._js.consumer_info(STREAM, durable)
+        return bool(info.num_pending)
 
     def _checked(self, p: str, m: Any) -> Batch:
         """Every check of HTTP ingest, and the host must send on its own partition."""
@@ -321,27 +383,30 @@ class Shard:
         return batch
 
     async def _group(self, p: str, owned: _Owned, msgs: list[Any]) -> None:
+        lag = self.lag.setdefault(p, _Lag())
+        lag.seen_s = max(lag.seen_s, time.time() - min(m.metadata.timestamp.timestamp()
+                                                        for m in msgs))  # fmt: skip
+        lag.seen_pending = max(lag.seen_pending, len(msgs) + msgs[-1].metadata.num_pending)
         good: list[Batch] = []
-        refused: list[Any] = []
+        refused: list[tuple[Any, BatchError]] = []
         for m in msgs:
-            if m.metadata.sequence.stream <= owned.base:
-                self.counters.skipped += 1
-                continue
             self.c.metrics.received(len(m.data))
             try:
                 good.append(self._checked(p, m))
             except BatchError as e:
-                self.c.metrics.reject(e.reason)
-                refused.append(m)
-                log.warning("shard: refused a message on %s: %s", p, e)
+                refused.append((m, e))
         stored = [await f for f in [asyncio.wrap_future(await self._submit(b)) for b in good]]
+        new = [b for b, s in zip(good, stored, strict=True) if s]
+        self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)  # committed
         if not await self._advance(p, owned, max(m.metadata.sequence.stream for m in msgs)):
             return
+        for _m, why in refused:  # counted once terminated: a group retried counts them once
+            self.c.metrics.reject(why.reason)
+            log.warning("shard: refused a message on %s: %s", p, why)
+        terminate = {id(m) for m, _ in refused}
         for m in msgs:
-            await (m.term() if m in refused else m.ack())
+            await (m.term() if id(m) in terminate else m.ack())
         await self._nc.flush()
-        new = [b for b, s in zip(good, stored, strict=True) if s]
-        self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)
         for sink in self.sinks:
             try:
                 sink.committed(p, new)
@@ -364,10 +429,14 @@ class Shard:
         try:
             owned.mark_rev = await _retrying(
                 lambda: self._marks.update(f"mark.{p}", doc, last=owned.mark_rev),
-                fatal=(KeyWrongLastSequenceError,),
-            )
+                attempts=10, fatal=(KeyWrongLastSequenceError,),
+            )  # fmt: skip
             return True
         except KeyWrongLastSequenceError:
+            now = await self._get(self._marks, f"mark.{p}")
+            if now is not None and now.value == doc:  # an update that timed out was applied
+                owned.mark_rev = now.revision
+                return True
             log.warning("shard %d: %s was taken over; reconciling", self.cfg.index, p)
             owned.stopping = True
             await self._reconcile(p)
@@ -411,24 +480,29 @@ class Shard:
 
     # ---- lag ---------------------------------------------------------------------------------
     async def _measure_lag(self) -> None:
-        from nats.js.errors import NotFoundError
-
-        for p in list(self.owned):
-            info = await self._js.consumer_info(STREAM, f"p-{p}")
-            lag = self.lag.setdefault(p, _Lag())
-            lag.pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-            lag.oldest_s = 0.0
-            if lag.pending:
-                floor = info.ack_floor.stream_seq if info.ack_floor else 0
-                try:
-                    msg = await self._js.get_msg(STREAM, seq=floor + 1, next=True,
-                                                 subject=subject(p))  # fmt: skip
-                    if msg.time is not None:
-                        lag.oldest_s = max(0.0, time.time() - msg.time.timestamp())
-                except NotFoundError:
-                    pass
+        await asyncio.gather(*(self._measure(p) for p in list(self.owned)))
         for p in set(self.lag) - set(self.owned):
             del self.lag[p]  # another shard's now
+
+    async def _measure(self, p: str) -> None:
+        """Pending messages of ``p`` and the age of the oldest unacknowledged one."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            info = await self._js.consumer_info(STREAM, f"p-{p}")
+        except NotFoundError:
+            return  # its consumer is being made
+        lag = self.lag.setdefault(p, _Lag())
+        now_pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+        lag.pending, lag.oldest_s = max(now_pending, lag.seen_pending), lag.seen_s
+        lag.seen_pending, lag.seen_s = 0, 0.0
+        if not now_pending:
+            return
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        with contextlib.suppress(NotFoundError):
+            msg = await self._js.get_msg(STREAM, seq=floor + 1, next=True, subject=subject(p))
+            if msg.time is not None:
+                lag.oldest_s = max(lag.oldest_s, time.time() - msg.time.timestamp())
 
     @staticmethod
     async def _get(kv: Any, key: str) -> Any:
@@ -501,11 +575,6 @@ class ShardMetrics(PromCollector):
         yield CounterMetricFamily("fleetlens_shard_reconciled_batches", "Batches deleted "
                                   "from this file: the partition's new owner stored them",
                                   value=s.counters.reconciled)  # fmt: skip
-        yield CounterMetricFamily(
-            "fleetlens_shard_skipped_messages",
-            "Redelivered messages at or below the mark taken over",
-            value=s.counters.skipped,
-        )
 
 
 def _me(index: int) -> bytes:

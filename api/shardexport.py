@@ -44,7 +44,7 @@ class MinuteExport:
         self.touch(s // MINUTE_NS * MINUTE_NS for s in store.window_starts())
 
     def committed(self, partition: str, batches: Sequence[Batch]) -> None:
-        minutes = []
+        minutes: list[int] = []
         for b in batches:
             if b.rows:
                 lo, hi = pc.min_max(b.windows["start_ns"]).values()

@@ -35,7 +35,7 @@ SUBJECT_PREFIX = "fleetlens.windows"
 SUBJECTS = f"{SUBJECT_PREFIX}.>"
 MSG_ID = "Nats-Msg-Id"
 CONTENT_TYPE = "Content-Type"  # header: the batch encoding, as HTTP ingest's (batch.py)
-UNKNOWN_BUCKETS = 16
+UNKNOWN_BUCKETS = 4
 # How long JetStream remembers message ids: a retry within it is dropped (the agents' spool
 # retries for longer only across an outage; the collector's batch-id table still dedupes).
 DUPLICATE_WINDOW_S = 600.0
@@ -100,7 +100,7 @@ def server_urls(spec: str | Sequence[str]) -> list[str]:
     return urls
 
 
-class PublishError(Exception):
+class PublishError(RuntimeError):
     """The stream did not confirm a batch (no server, no stream leader, timeout): retry it
     with the same batch id."""
 

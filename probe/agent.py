@@ -74,6 +74,8 @@ class AgentConfig:
     mem_batches: int = 120
     spill_max_bytes: int = 256 << 20
     duration_s: float | None = None
+    nats: str | None = None  # NATS servers: batches to JetStream (probe/upload.py), not HTTP
+    nats_partition: str = ""  # this host's partition (fleetlens/stream.py)
 
 
 @dataclass
@@ -210,6 +212,7 @@ class Agent:
             uploader = Uploader(
                 self.cfg.collector, self.cfg.host_id, self.cfg.token, state / "spill",
                 self.cfg.mem_batches, self.cfg.spill_max_bytes,
+                nats=self.cfg.nats, partition=self.cfg.nats_partition,
             )  # fmt: skip
             uploader.start()
             self.uploader = uploader

@@ -74,8 +74,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--path-refresh", type=float, default=30.0, help="seconds between path discoveries (0: off)"
     )
+    p.add_argument(
+        "--nats", help="NATS servers URL[,URL...]: publish batches to JetStream instead of "
+        "POST /v1/ingest (registration, plan, clocks, decisions stay with --collector)",
+    )  # fmt: skip
+    p.add_argument(
+        "--nats-partition", help="with --nats: this host's partition (default: from "
+        "--inventory, else a hash of the host id)",
+    )  # fmt: skip
+    p.add_argument("--inventory", help="with --nats: the fleet inventory (file or spec)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def _partition(a: argparse.Namespace) -> str:
+    """The subject partition this host publishes on (fleetlens/stream.py)."""
+    if not a.nats:
+        return ""
+    if a.nats_partition:
+        return str(a.nats_partition)
+    from fleetlens.stream import Partitions
+    from fleetlens.topology import Topology
+
+    return Partitions(Topology.load(a.inventory) if a.inventory else None).of(a.host_id)
 
 
 def main(argv: list[str]) -> int:
@@ -95,7 +116,7 @@ def main(argv: list[str]) -> int:
         clock_offset_ns=a.clock_offset_ns, clock_drift_ppb=a.clock_drift_ppb,
         clock_epoch_ns=a.clock_epoch_ns,
         purity_ns=a.purity_ns, primer=a.primer, duration_s=a.duration, mem_batches=a.mem_batches,
-        path_refresh_s=a.path_refresh,
+        path_refresh_s=a.path_refresh, nats=a.nats, nats_partition=_partition(a),
     )  # fmt: skip
     agent = Agent(cfg)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())

@@ -5,6 +5,13 @@ by the collector. Batches wait in memory up to ``mem_batches``; past that the ol
 files in ``spill_dir`` (which also keeps them across an agent restart); past ``spill_max_bytes``
 the oldest spilled batch is dropped, logged and counted — the only way a window is ever lost.
 Sending is strictly oldest first, with exponential backoff, honouring ``Retry-After`` on 429.
+
+With ``nats`` (``fleetlens agent --nats URL[,URL...]``) a batch is published to the JetStream
+stream instead (``fleetlens/stream.py``: the host's partition's subject, the batch id as the
+message id, the same Arrow body): the same queue, spill, order and backoff; a publish the
+stream did not confirm is retried with the same id, which JetStream's duplicate window drops
+if the first one was stored after all. The collector shards check the batch; a refused one is
+counted there, not here.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import pyarrow as pa
 
 from fleetlens.batch import CT_ARROW, encode_batch
 from fleetlens.client import CollectorClient, CollectorError
+from fleetlens.stream import Publisher, PublishError
 
 log = logging.getLogger("fleetlens.agent.upload")
 
@@ -62,8 +70,12 @@ class Uploader:
         mem_batches: int = 120,
         spill_max_bytes: int = 256 << 20,
         timeout_s: float = 5.0,
+        nats: str | None = None,
+        partition: str = "",
     ) -> None:
         self.host_id = host_id
+        self.partition = partition
+        self._publisher = Publisher(nats, timeout_s=timeout_s) if nats else None
         self.spill_dir = spill_dir
         self.mem_batches = mem_batches
         self.spill_max_bytes = spill_max_bytes
@@ -154,6 +166,8 @@ class Uploader:
     def _send(self, p: Pending) -> float | None:
         """Send one batch; None when it is done with (stored or refused), else seconds to wait."""
         body = p.payload()
+        if self._publisher is not None:
+            return self._publish(p, body, self._publisher)
         try:
             r = self._client.ingest(body, CT_ARROW)
         except CollectorError as e:
@@ -162,18 +176,34 @@ class Uploader:
         if r.status_code == 429 or r.status_code >= 500:
             return float(r.headers.get("retry-after", "0") or 0)
         if r.status_code == 200:
-            if not self.stats.uploaded_batches:  # a start-up stage (the lab test times it)
-                log.info("first batch stored by the collector (%d windows)", p.windows)
-            self.stats.uploaded_batches += 1
-            self.stats.uploaded_windows += p.windows
+            self._stored(p, "the collector")
         else:  # 4xx: a retry cannot fix it; say why and move on
             self.stats.rejected_batches += 1
             log.error("collector refused batch %s: %s %s", p.batch_id, r.status_code, r.text[:300])
+        self._dequeue(p)
+        return None
+
+    def _publish(self, p: Pending, body: bytes, publisher: Publisher) -> float | None:
+        try:
+            publisher.publish(self.partition, p.batch_id, body, CT_ARROW)
+        except PublishError as e:
+            log.warning("stream unreachable (%s); %d batches waiting", e, len(self._queue))
+            return 0.0
+        self._stored(p, "the stream")
+        self._dequeue(p)
+        return None
+
+    def _stored(self, p: Pending, by: str) -> None:
+        if not self.stats.uploaded_batches:  # a start-up stage (the lab test times it)
+            log.info("first batch stored by %s (%d windows)", by, p.windows)
+        self.stats.uploaded_batches += 1
+        self.stats.uploaded_windows += p.windows
+
+    def _dequeue(self, p: Pending) -> None:
         with self._lock:
             self._queue.popleft()
         if p.path is not None:
             p.path.unlink(missing_ok=True)
-        return None
 
     def close(self, spill_rest: bool = True) -> None:
         """Stop sending; what is still waiting goes to disk for the next run."""
@@ -188,6 +218,8 @@ class Uploader:
                     if p.body is not None:
                         self._spill(p)
         self._client.close()
+        if self._publisher is not None:
+            self._publisher.close()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything queued was sent (True) or the timeout passed (False)."""

@@ -18,6 +18,7 @@ FLAGS = {
     "--queue-batches", "--queue-rows",
     "--loop-interval", "--background-loss", "--retention-interval", "--duckdb-threads",
     "--duckdb-memory-limit", "--log-level", "--ingest-only", "--ingest-workers",
+    "--nats", "--shard", "--parquet-dir", "--stream-replicas", "--lease-ttl-seconds",
 }  # fmt: skip
 
 

@@ -57,7 +57,7 @@ def publish(pub: Publisher, host: str, k: int) -> tuple[str, bool]:
     raise AssertionError(f"{bid} never confirmed")
 
 
-def start_shard(root: Path, url: str, index: int, shards: int, ttl_s: float = 4.0,
+def start_shard(root: Path, url: str, index: int, shards: int, ttl_s: float = 6.0,
                 port: int | None = None) -> CollectorProcess:  # fmt: skip
     d = root / f"shard{index}"
     d.mkdir(exist_ok=True)
