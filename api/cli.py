@@ -116,6 +116,7 @@ def _shard(settings: Settings, host: str, port: int, log_level: str) -> int:
 
     import uvicorn
     from fleetlens.api.app import create_app
+    from fleetlens.api.fleet import SummaryPublisher
     from fleetlens.api.service import Collector
     from fleetlens.api.shard import Shard, ShardConfig
     from fleetlens.api.shardexport import MinuteExport
@@ -136,7 +137,10 @@ def _shard(settings: Settings, host: str, port: int, log_level: str) -> int:
     if settings.parquet_dir:
         export = MinuteExport(collector.store, Path(settings.parquet_dir), index)
     cfg = ShardConfig(servers, index, shards, settings.stream_replicas, settings.lease_ttl_s)
-    shard = Shard(collector, cfg, export)
+    # the fleet tier's input: each committed batch's summary (api/fleet.py)
+    summaries = SummaryPublisher(",".join(servers), f"{index}/{shards}", cfg.replicas)
+    shard = Shard(collector, cfg, export, [summaries])
     app = create_app(collector, attached=shard.attached())
     uvicorn.run(app, host=host.strip("[]"), port=port, log_level=log_level, access_log=False)
+    summaries.close()  # the summaries of the last commits published
     return 0

@@ -79,7 +79,7 @@ class Collector:
         s = self.settings = settings
         self.engines = engines or Engines()
         self.topology = Topology.load(s.inventory) if s.inventory else None
-        self.store = Store(s.db_path, s.duckdb_threads, s.duckdb_memory_limit)
+        self.store = self._open_store()
         # The writer's commit hook and the metrics' verdict-age gauge are the rounds', which
         # need the writer and the metrics: they look the rounds up when called.
         self.writer = Writer(
@@ -109,6 +109,11 @@ class Collector:
             lambda: self.rounds.newest_start_ns,
         )  # fmt: skip
         self._load()
+
+    def _open_store(self) -> Store:
+        """The DuckDB store (the fleet tier's keeps its windows elsewhere: ``fleetstore.py``)."""
+        s = self.settings
+        return Store(s.db_path, s.duckdb_threads, s.duckdb_memory_limit)
 
     def _triangulation_engine(self) -> Triangulate:
         if self.engines.triangulate is not None:

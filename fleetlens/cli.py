@@ -14,6 +14,10 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("fleetlens.probe.cli", "run the probe agent on this host"),
     "collector": ("fleetlens.api.cli", "run the collector (ingest, DuckDB, REST API, /metrics)"),
+    "fleet": (
+        "fleetlens.api.fleetcli",
+        "run the fleet tier over collector shards' summaries (NATS)",
+    ),
     "lab": ("fleetlens.fixtures.lab.cli", "build, fault and tear down the namespace lab fabric"),
     "sim": ("fleetlens.fixtures.sim.cli", "simulate a fleet-scale fabric with ground truth"),
     "demo": ("fleetlens.demo.cli", "the whole story end to end on the lab fabric (or --sim)"),

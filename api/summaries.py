@@ -1,0 +1,181 @@
+"""The per-window summary a collector shard publishes to the fleet tier, and its merging.
+
+A summary is a ``WINDOW_SCHEMA`` table holding what the two engines read of the windows, and
+nothing else:
+
+- **Clock sync** reads, per window generation, each directed NIC pair's lower hull of the
+  ``(t, owd_raw)`` points of all its flows (``fleetlens.sync``: ``HullPool.window_hulls``
+  reduces the flows' hulls to that before any fit). A summary carries that pair hull once, on
+  the pair's first row (its ``pure`` is the pair's total, the other rows' hulls are empty and
+  their ``pure`` 0, so the solve drops them as having no pure pair). The hull of a union is
+  the hull of the parts' hulls, so summarizing a union of summaries (:func:`merge`) gives the
+  hulls of the union of the raw windows: merging shards is exact.
+- **Triangulation** keeps per-flow state (``fleetlens.triangulate.Triangulator``: per-flow
+  delay baselines, decayed per-flow loss counts, remembered paths, NIC sending rates counted
+  in flow rows, flow labels as evidence), so per-link sums of the clean flows would change its
+  answers: a summary keeps every flow row, narrowed to the columns it reads
+  (:data:`TRIANGULATION_COLUMNS`). The OWD statistics other than the minimum (the shards'
+  OWD histograms) are null.
+
+``ts_source`` stays on every row: the solve reads the window's kinds of stamps from all rows.
+
+What is not exact: the solve's reference time (``HuygensSync._prior``: the median of every
+hull point's time, not only the pair hulls') and the soft-margin fits of overlapping edges
+(which count every hull point of the edge's flows). The first moves the drift tracker's
+reference and the models drift apart slowly (256 simulated hosts: 1.4 ns after 5 windows,
+7.9 ns after 10); taking it from the pair hulls (their median, or the midrange, which the
+hulls keep exactly) made the models equal to 0.001 ns, but moved sync's step-reconvergence
+test (``tests/sync/test_sync_faults.py``) by a window: left to sync. Triangulation is exact.
+
+On the wire (NATS, ``fleet*.py``) a summary is an Arrow IPC stream with its id, partition and
+host in the schema metadata (:func:`encode`, :func:`decode`): one summary per committed batch
+(one host's window), whose id is the batch's, so a shard that commits a batch again after a
+restart republishes the same id and the duplicate is dropped (by JetStream, and by the fleet
+tier's store of batch ids).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from fleetlens.sync.config import SyncConfig
+from fleetlens.sync.pooling import HullPool
+from fleetlens.sync.purity import hull_points
+
+from fleetlens.batch import CT_ARROW, META_BATCH_ID, META_HOST_ID, Batch, BatchError, decode_batch
+from fleetlens.records import HULLS, WINDOW_SCHEMA
+
+# What triangulation reads of a flow row (triangulate/paths.py, api/clockgate.py, settling.py).
+TRIANGULATION_COLUMNS = (
+    "src_nic", "dst_nic", "sport", "start_ns", "duration_ns", "sent", "received",
+    "owd_min_ns", "path", "acks_lost",
+)  # fmt: skip
+# What clock sync reads besides (purity.py, solver._ts_kind); the hulls once per pair.
+CLOCK_COLUMNS = ("pure", "ts_source", *HULLS)
+DROPPED = tuple(n for n in WINDOW_SCHEMA.names if n not in TRIANGULATION_COLUMNS + CLOCK_COLUMNS)
+META_PARTITION = b"fleetlens.partition"
+# NIC ids, paths and their link ids repeat row after row: zstd buffers (Arrow's IPC readers,
+# the fleet tier's ``decode``, decompress them) made a summary several times smaller.
+_ZSTD = pa.ipc.IpcWriteOptions(compression="zstd")
+_PARTITION_RE = re.compile(r"[A-Za-z0-9._\-]{1,64}")  # a NATS subject token
+
+
+def summarize(windows: pa.Table) -> pa.Table:
+    """The summary of windows (``WINDOW_SCHEMA`` rows of any generations, raw or summaries)."""
+    rows = windows.select(WINDOW_SCHEMA.names).cast(WINDOW_SCHEMA)
+    if not rows.num_rows:
+        return rows
+    starts = pc.unique(rows["start_ns"]).to_pylist()
+    parts = [
+        _one_generation(rows if len(starts) == 1 else rows.filter(pc.equal(rows["start_ns"], s)))
+        for s in starts
+    ]
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def merge(parts: list[pa.Table]) -> pa.Table:
+    """Summaries (of disjoint batches, e.g. from several shards) merged into one."""
+    return summarize(pa.concat_tables([p.select(WINDOW_SCHEMA.names) for p in parts]))
+
+
+def _one_generation(rows: pa.Table) -> pa.Table:
+    """One window generation's rows: each directed pair's hull on its first row."""
+    pts = hull_points(rows)
+    red = HullPool(SyncConfig()).window_hulls(pts)  # the solve's own reduction
+    n = max(len(pts.nics), 1)
+    code = red.src * n + red.dst
+    order = np.argsort(code, kind="stable")  # a pair's points together, still in t order
+    code, t, y = code[order], red.t_raw[order], red.owd_raw[order]
+    pairs, first, sizes = np.unique(code, return_index=True, return_counts=True)
+    row_code = _row_codes(rows, pts.nics, n)
+    # Each pair's carrier: its first row (rows of a pair the solve drops carry nothing).
+    seen, carrier = np.unique(row_code, return_index=True)
+    on = seen >= 0
+    seen, carrier = seen[on], carrier[on]
+    pair_of = np.searchsorted(pairs, seen)
+    has = (pair_of < pairs.size) & (pairs[np.minimum(pair_of, pairs.size - 1)] == seen)
+    carrier, pair_of = carrier[has], pair_of[has]
+    size = np.zeros(rows.num_rows, np.int64)
+    size[carrier] = sizes[pair_of]
+    by_row = np.argsort(carrier)
+    take = _ranges(first[pair_of[by_row]], sizes[pair_of[by_row]])
+    offsets = pa.array(np.r_[0, np.cumsum(size)].astype(np.int32))
+    pure = pc.fill_null(rows["pure"], 0).to_numpy().astype(np.int64)
+    kept = row_code >= 0
+    pair_pure = np.bincount(np.searchsorted(seen, row_code[kept]), pure[kept], seen.size)
+    new_pure = np.zeros(rows.num_rows, np.int64)
+    new_pure[carrier] = pair_pure[np.searchsorted(seen, row_code[carrier])]
+    out = rows
+    for name in DROPPED:
+        out = _set(out, name, pa.nulls(rows.num_rows, WINDOW_SCHEMA.field(name).type))
+    out = _set(out, "pure", pa.array(new_pure, pa.int32()))
+    out = _set(out, "hull_t_ns", pa.ListArray.from_arrays(offsets, pa.array(t[take])))
+    return _set(out, "hull_owd_ns", pa.ListArray.from_arrays(offsets, pa.array(y[take])))
+
+
+def _row_codes(rows: pa.Table, nics: list[str], n: int) -> np.ndarray:
+    """Per row, its directed pair's code ``src·n + dst`` in the solve's NIC numbering (-1: a
+    NIC the solve dropped)."""
+    value_set = pa.array(nics, pa.string())
+    src = pc.fill_null(pc.index_in(rows["src_nic"], value_set=value_set), -1).to_numpy()
+    dst = pc.fill_null(pc.index_in(rows["dst_nic"], value_set=value_set), -1).to_numpy()
+    src, dst = src.astype(np.int64), dst.astype(np.int64)
+    return np.where((src >= 0) & (dst >= 0), src * n + dst, -1)
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges ``[s, s + k)`` (vectorized)."""
+    total = int(sizes.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    base = np.repeat(starts - np.r_[0, np.cumsum(sizes)[:-1]], sizes)
+    return base + np.arange(total)
+
+
+def _set(table: pa.Table, name: str, col: pa.Array) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), WINDOW_SCHEMA.field(name), col)
+
+
+# ---- the wire ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Summary:
+    """One committed batch's summary: its id is the batch's."""
+
+    summary_id: str
+    partition: str
+    host_id: str
+    windows: pa.Table  # the summary rows (WINDOW_SCHEMA)
+
+    def batch(self) -> Batch:
+        """As the fleet tier's writer stores it (batch id: the summary's)."""
+        return Batch(self.summary_id, self.host_id, self.windows)
+
+
+def of_batch(partition: str, batch: Batch) -> Summary:
+    return Summary(batch.batch_id, partition, batch.host_id, summarize(batch.windows))
+
+
+def encode(s: Summary) -> bytes:
+    meta = {META_BATCH_ID: s.summary_id.encode(), META_HOST_ID: s.host_id.encode(),
+            META_PARTITION: s.partition.encode()}  # fmt: skip
+    table = s.windows.replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=_ZSTD) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode(body: bytes) -> Summary:
+    """A summary off the wire, checked as an ingest body is (ids, types, counts, hull
+    lengths; ``fleetlens.batch.decode_batch``); raises ``BatchError``. The checks that need
+    the fleet tier's state (every row from the summary's host, known NICs) are its own."""
+    batch = decode_batch(body, CT_ARROW)
+    meta = pa.ipc.open_stream(body).schema.metadata or {}  # the schema message alone
+    partition = meta.get(META_PARTITION, b"").decode("utf-8", "replace")
+    if not _PARTITION_RE.fullmatch(partition):
+        raise BatchError("partition", f"missing or malformed ({partition!r})")
+    return Summary(batch.batch_id, partition, batch.host_id, batch.windows)
