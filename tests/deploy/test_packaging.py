@@ -64,7 +64,8 @@ def test_each_image_installs_only_its_role_extras() -> None:
     for role, extras in wanted.items():
         (copy,) = [ln for ln in stages[role] if ln.startswith("COPY --from=")]
         source = copy.split()[1].removeprefix("--from=")
-        installs = [m.group(1) for ln in stages[source] if (m := re.search(r"\.whl\)\[([\w,]+)\]", ln))]
+        wheel_extras = (re.search(r"\.whl\)\[([\w,]+)\]", ln) for ln in stages[source])
+        installs = [m.group(1) for m in wheel_extras if m]
         assert installs and all(set(i.split(",")) == extras for i in installs), (role, installs)
         assert all("bin/pip install" not in ln for ln in stages[role]), role
 

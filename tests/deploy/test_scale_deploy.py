@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,22 @@ def _accepted(args: list[str]) -> None:
     from fleetlens.api import fleetcli
     from fleetlens.fixtures.sim import cli as sim_cli
 
-    command, rest = args[0], [re.sub(r"\$\(\w+\)", "0", a) for a in args[1:]]
-    if command == "collector":
-        collector_cli.settings_from_args(rest)
-    elif command == "fleet":
-        _, others = fleetcli._fleet_parser().parse_known_args(rest)
-        collector_cli.settings_from_args(others)
-    elif command == "sim":
-        sim_cli._parser().parse_args(rest)
-    else:
-        pytest.fail(f"no parser known for {command!r}")
+    command = args[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        # Kubernetes' $(VAR) as a value; the token files as one that exists here.
+        token = Path(tmp) / "token"
+        token.write_text("a-token\n")
+        rest = [re.sub(r"\$\(\w+\)", "0", a) for a in args[1:]]
+        rest = [re.sub(r"^(--\w+-token-file=).*", rf"\g<1>{token}", a) for a in rest]
+        if command == "collector":
+            collector_cli.settings_from_args(rest)
+        elif command == "fleet":
+            _, others = fleetcli._fleet_parser().parse_known_args(rest)
+            collector_cli.settings_from_args(others)
+        elif command == "sim":
+            sim_cli._parser().parse_args(rest)
+        else:
+            pytest.fail(f"no parser known for {command!r}")
 
 
 def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, str]]:
