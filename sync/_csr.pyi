@@ -4,13 +4,12 @@ def group_offsets(group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]: .
 def hull_groups(
     off: np.ndarray, order: np.ndarray, t: np.ndarray, y: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
-def bisect_edges(
+def slope_edges(
     off: np.ndarray,
     t: np.ndarray,
     y: np.ndarray,
     b_prior: np.ndarray,
     bracket: np.ndarray,
-    bisections: int,
     out: np.ndarray,
     span: np.ndarray,
 ) -> None: ...

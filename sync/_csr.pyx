@@ -6,14 +6,15 @@ The numpy forms padded every group to the widest one ((groups, width) matrices: 
 window has ~130 k directed NIC pairs of up to a few hundred points) and sorted millions of
 points to group them; that was most of a collector round. Same arithmetic and tie rules as the
 padded forms (first index among equal values, hulls as :func:`fleetlens.hull.lower_hull_rows`:
-collinear points dropped, equal ``t`` keeps the lowest ``y``), so results are bit-identical.
+collinear points dropped, equal ``t`` keeps the lowest ``y``), so results are bit-identical;
+the edge fits' slope is the exact optimum (:func:`slope_edges`).
 """
 
 import numpy as np
 
 from libc.math cimport INFINITY
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc, qsort, realloc
 
 
 cdef struct Pt:
@@ -171,60 +172,119 @@ def hull_groups(
     return size_a, ht_a[:w], hy_a[:w]
 
 
-def bisect_edges(
+cdef struct Fp:
+    double t
+    double y
+
+
+cdef int _fp_cmp(const void *a, const void *b) noexcept nogil:
+    cdef const Fp *p = <const Fp *>a
+    cdef const Fp *q = <const Fp *>b
+    if p.t != q.t:
+        return -1 if p.t < q.t else 1
+    if p.y != q.y:
+        return -1 if p.y < q.y else 1
+    return 0
+
+
+cdef Py_ssize_t _float_hull(
+    const double[::1] t, const double[::1] y, Py_ssize_t k0, Py_ssize_t k1, double sign,
+    Fp *buf, Fp *hull
+) noexcept nogil:
+    """Lower hull of the points ``(t, sign·y)`` ``k0..k1`` (any order) into ``hull``, by t;
+    returns its size. Equal t keeps the lowest; collinear points are dropped."""
+    cdef Py_ssize_t k, m = k1 - k0, h = 0
+    cdef bint ordered = True
+    cdef double cross
+    for k in range(m):
+        buf[k].t = t[k0 + k]
+        buf[k].y = sign * y[k0 + k]
+        if k and (buf[k].t < buf[k - 1].t or (buf[k].t == buf[k - 1].t and buf[k].y < buf[k - 1].y)):
+            ordered = False
+    if not ordered:
+        qsort(buf, m, sizeof(Fp), _fp_cmp)
+    for k in range(m):
+        while h >= 2:
+            cross = (hull[h - 1].t - hull[h - 2].t) * (buf[k].y - hull[h - 2].y) - (
+                hull[h - 1].y - hull[h - 2].y) * (buf[k].t - hull[h - 2].t)
+            if cross > 0:
+                break
+            h -= 1
+        if h > 0 and hull[h - 1].t == buf[k].t:
+            continue  # same t, larger y: never on the lower hull
+        hull[h] = buf[k]
+        h += 1
+    return h
+
+
+cdef double _walk(const Fp *up, Py_ssize_t nu, const Fp *low, Py_ssize_t nl) noexcept nogil:
+    """The max-margin slope between the upper set's lower hull ``up`` and the lower set's
+    upper hull, given as the lower hull of its negated points ``low`` (both by t): the
+    largest slope ``b`` at which ``t_low*(b) − t_up*(b)``, the margin's supergradient, is
+    still positive (−inf if never, +inf if always). Both active points move only at hull
+    edge slopes, so the chains are walked once in order of those slopes."""
+    cdef Py_ssize_t j = 0, k = nl - 1
+    cdef double b = -INFINITY, su, sl
+    while low[k].t > up[j].t:
+        su = (up[j + 1].y - up[j].y) / (up[j + 1].t - up[j].t) if j + 1 < nu else INFINITY
+        # the upper hull's edge slope, k - 1 -> k (negated back)
+        sl = -(low[k].y - low[k - 1].y) / (low[k].t - low[k - 1].t) if k > 0 else INFINITY
+        if su <= sl:
+            b = su
+            j += 1
+        else:
+            b = sl
+            k -= 1
+        if b == INFINITY:
+            break
+    return b
+
+
+def slope_edges(
     const int64_t[::1] off,
     const double[::1] t,
     const double[::1] y,
     const double[::1] b_prior,
     const double[::1] bracket,
-    int bisections,
     double[::1] out,
     double[::1] span,
 ) -> None:
     """Edge ``i``'s upper points are CSR row ``2i``, its lower points row ``2i + 1``:
-    ``out[i]`` the slope of its max-margin line within ``b_prior ± bracket`` (the bracket's
-    middle where a side is empty), ``span[i]`` how far apart in t its points are (0: none)."""
-    cdef Py_ssize_t edges = b_prior.shape[0], i, k, iu, il, u0, u1, l1
-    cdef int it
-    cdef double lo, hi, b, v, best, tmin, tmax
-    with nogil:
-        for i in range(edges):
-            u0, u1, l1 = off[2 * i], off[2 * i + 1], off[2 * i + 2]
-            if l1 > u0:
-                tmin = t[u0]
-                tmax = t[u0]
-                for k in range(u0 + 1, l1):
-                    tmin = min(tmin, t[k])
-                    tmax = max(tmax, t[k])
-                span[i] = tmax - tmin
-            else:
-                span[i] = 0.0
-            lo = b_prior[i] - bracket[i]
-            hi = b_prior[i] + bracket[i]
-            if u1 == u0 or l1 == u1:
-                out[i] = 0.5 * (lo + hi)  # unusable: the caller keeps the prior
-                continue
-            for it in range(bisections):
-                b = 0.5 * (lo + hi)
-                iu = u0
-                best = y[u0] - b * t[u0]
-                for k in range(u0 + 1, u1):
-                    v = y[k] - b * t[k]
-                    if v < best:
-                        best = v
-                        iu = k
-                il = u1
-                best = y[u1] - b * t[u1]
-                for k in range(u1 + 1, l1):
-                    v = y[k] - b * t[k]
-                    if v > best:
-                        best = v
-                        il = k
-                if t[il] > t[iu]:  # supergradient > 0: the optimum is at larger b
-                    lo = b
+    ``out[i]`` the slope of its max-margin line clamped to ``b_prior ± bracket`` (the
+    bracket's middle where a side is empty), ``span[i]`` how far apart in t its points are
+    (0: none). Exact: the optimum of the concave margin is a hull edge's slope, found by one
+    walk along both hulls (:func:`_walk`)."""
+    cdef Py_ssize_t edges = b_prior.shape[0], i, k, u0, u1, l1, width = 1, nu, nl
+    cdef double lo, hi, b, tmin, tmax
+    for i in range(2 * edges):
+        width = max(width, off[i + 1] - off[i])
+    cdef Fp *mem = <Fp *>malloc(3 * width * sizeof(Fp))
+    if mem == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(edges):
+                u0, u1, l1 = off[2 * i], off[2 * i + 1], off[2 * i + 2]
+                if l1 > u0:
+                    tmin = t[u0]
+                    tmax = t[u0]
+                    for k in range(u0 + 1, l1):
+                        tmin = min(tmin, t[k])
+                        tmax = max(tmax, t[k])
+                    span[i] = tmax - tmin
                 else:
-                    hi = b
-            out[i] = 0.5 * (lo + hi)
+                    span[i] = 0.0
+                lo = b_prior[i] - bracket[i]
+                hi = b_prior[i] + bracket[i]
+                if u1 == u0 or l1 == u1:
+                    out[i] = 0.5 * (lo + hi)  # unusable: the caller keeps the prior
+                    continue
+                nu = _float_hull(t, y, u0, u1, 1.0, mem, mem + width)
+                nl = _float_hull(t, y, u1, l1, -1.0, mem, mem + 2 * width)
+                b = _walk(mem + width, nu, mem + 2 * width, nl)
+                out[i] = min(max(b, lo), hi)
+    finally:
+        free(mem)
 
 
 def floors(

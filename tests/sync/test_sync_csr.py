@@ -99,3 +99,46 @@ def test_fits_over_each_directions_hull_equal_the_fits_over_every_point() -> Non
     assert np.allclose(hull.margin, full.margin, rtol=0, atol=1e-6)
     assert np.array_equal(hull.span, full.span)
     assert (hull.n_up <= full.n_up).all() and (hull.n_up < full.n_up).any()
+
+
+def _bisected_slope(t: np.ndarray, y: np.ndarray, upper: np.ndarray, lo: float, hi: float) -> float:
+    """The max-margin slope by bisection on the margin's supergradient (the walk's
+    predecessor): 64 halvings of the bracket."""
+    for _ in range(64):
+        b = 0.5 * (lo + hi)
+        v = y - b * t
+        t_up = t[upper][np.argmin(v[upper])]
+        t_low = t[~upper][np.argmax(v[~upper])]
+        lo, hi = (b, hi) if t_low > t_up else (lo, b)
+    return 0.5 * (lo + hi)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_slope_walk_finds_the_bisections_optimum(ties: bool) -> None:
+    rng = np.random.default_rng(4)
+    n, m = 60, 8000
+    edge = rng.integers(0, n, m).astype(np.int64)
+    upper = rng.random(m) < 0.5
+    t = rng.integers(-500_000_000, 500_000_000, m).astype(np.float64)
+    if ties:  # equal times and collinear points
+        t = np.floor(t / 1e8) * 1e8
+    a, b = rng.normal(0, 1e4, n), rng.normal(0, 5e-5, n)
+    delay = np.rint(1500 + rng.exponential(300, m))
+    y = np.rint(a[edge] + b[edge] * t) + np.where(upper, delay, -delay)
+    # some edges' optimum outside a narrow bracket: clamped there, the prior kept
+    b_prior = b + rng.normal(0, 1e-7, n) * np.where(np.arange(n) % 5 == 0, 100.0, 1.0)
+    bracket = np.full(n, 2e-6)
+    fits = fit_edges(edge, upper, t, y, n, b_prior, bracket)
+    for e in range(n):
+        on = edge == e
+        want = _bisected_slope(t[on], y[on], upper[on], b_prior[e] - 2e-6, b_prior[e] + 2e-6)
+        if abs(want - b_prior[e]) > 0.999 * 2e-6:  # at the bracket's edge: prior kept (or
+            # the soft fit's where the line at the prior overlaps the points)
+            assert not fits.slope_ok[e] and (fits.soft[e] or fits.b[e] == b_prior[e])
+            continue
+        assert fits.slope_ok[e]
+        assert abs(fits.b[e] - want) <= 1e-16
+        v = y[on] - fits.b[e] * t[on]
+        margin = 0.5 * (v[upper[on]].min() - v[~upper[on]].max())
+        assert fits.margin[e] == margin
+    assert (~fits.slope_ok).sum() >= n // 10
