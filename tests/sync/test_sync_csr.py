@@ -1,13 +1,16 @@
 """The sync's grouped (CSR) kernels against their references: the per-group hulls equal
 :func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
-points, and the edge fits over each direction's hull the fits over all its points."""
+points, the edge fits over each direction's hull the fits over all its points, the slope walk
+the bisection's optimum, and the network solve's refilled Laplacian scipy's summed one."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from fleetlens.sync._csr import group_offsets, hull_groups, pair_hulls, union_hulls
 from fleetlens.sync.edgefit import fit_edges
+from fleetlens.sync.network import ActiveSets
 
 from fleetlens.hull import lower_hull_rows
 from fleetlens.summary import pad_rows
@@ -142,3 +145,24 @@ def test_slope_walk_finds_the_bisections_optimum(ties: bool) -> None:
         margin = 0.5 * (v[upper[on]].min() - v[~upper[on]].max())
         assert fits.margin[e] == margin
     assert (~fits.slope_ok).sum() >= n // 10
+
+
+def test_laplacian_pattern_refilled_equals_the_summed_coo() -> None:
+    rng = np.random.default_rng(5)
+    n, e = 50, 900  # several NIC-pair edges per host pair: duplicate entries to sum
+    lo = rng.integers(0, n - 1, e)
+    hi = np.minimum(lo + rng.integers(1, 6, e), n - 1)
+    sets = ActiveSets(n, lo, hi, min_edges=3)
+    for _ in range(3):
+        w = np.where(rng.random(e) < 0.2, 0.0, rng.random(e))
+        active, solved = sets(w)
+        pat = sets.pattern(w)
+        idx = np.cumsum(solved) - 1
+        i, j, wz = idx[lo[active]], idx[hi[active]], w[active]
+        m = int(solved.sum())
+        want = sp.coo_matrix(
+            (np.r_[wz, wz, -wz, -wz], (np.r_[i, j, i, j], np.r_[i, j, j, i])), (m, m)
+        ).toarray()
+        assert np.allclose(pat.matrix(w).toarray(), want, rtol=1e-15, atol=0)
+        assert sets.pattern(w) is pat  # built once per set of weighted edges
+        assert pat.matrix(w * 2).toarray() == pytest.approx(2 * want, rel=1e-15, abs=0)
