@@ -22,3 +22,15 @@ def pair_hulls(
 def union_hulls(
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], cur: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
+def flatten_points(
+    keep: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    t_off: np.ndarray,
+    t_val: np.ndarray,
+    t_ok: np.ndarray,
+    y_off: np.ndarray,
+    y_val: np.ndarray,
+    y_ok: np.ndarray,
+    total: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...

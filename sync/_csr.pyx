@@ -472,3 +472,45 @@ cdef Py_ssize_t _union(
             os[k] = cur[s]
             od[k] = cur[d]
         w += h
+
+
+def flatten_points(
+    const unsigned char[::1] keep,
+    const int64_t[::1] src,
+    const int64_t[::1] dst,
+    const int64_t[::1] t_off,
+    const int64_t[::1] t_val,
+    const unsigned char[::1] t_ok,
+    const int64_t[::1] y_off,
+    const int64_t[::1] y_val,
+    const unsigned char[::1] y_ok,
+    Py_ssize_t total,
+):
+    """The points of the kept rows in one pass: row ``r``'s are ``t_val[t_off[r]:t_off[r +
+    1]]`` and ``y_val[y_off[r]:...]`` (the same count where kept), each point with its row's
+    ``src``/``dst``; ``total`` the kept rows' points. A point null in ``t_ok`` or ``y_ok``
+    (empty: none null) is left out. Returns ``(src, dst, t, y, nulls)``."""
+    cdef Py_ssize_t rows = keep.shape[0], r, k, w = 0, nulls = 0, dy
+    cdef bint t_all = t_ok.shape[0] == 0, y_all = y_ok.shape[0] == 0
+    out_s = np.empty(total, np.int64)
+    out_d = np.empty(total, np.int64)
+    out_t = np.empty(total, np.int64)
+    out_y = np.empty(total, np.int64)
+    cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
+    with nogil:
+        for r in range(rows):
+            if not keep[r]:
+                continue
+            dy = y_off[r] - t_off[r]
+            for k in range(t_off[r], t_off[r + 1]):
+                if not ((t_all or t_ok[k]) and (y_all or y_ok[k + dy])):
+                    nulls += 1
+                    continue
+                os[w] = src[r]
+                od[w] = dst[r]
+                ot[w] = t_val[k]
+                oy[w] = y_val[k + dy]
+                w += 1
+    if w < total:
+        return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy(), nulls
+    return out_s, out_d, out_t, out_y, nulls

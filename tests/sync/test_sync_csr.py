@@ -1,16 +1,21 @@
 """The sync's grouped (CSR) kernels against their references: the per-group hulls equal
 :func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
 points, the edge fits over each direction's hull the fits over all its points, the slope walk
-the bisection's optimum, and the network solve's refilled Laplacian scipy's summed one."""
+the bisection's optimum, the network solve's refilled Laplacian scipy's summed one, and the
+one-pass flattening of a window's rows their points row by row."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import pyarrow as pa
 import pytest
 import scipy.sparse as sp
 from fleetlens.sync._csr import group_offsets, hull_groups, pair_hulls, union_hulls
 from fleetlens.sync.edgefit import fit_edges
 from fleetlens.sync.network import ActiveSets
+from fleetlens.sync.purity import hull_points
 
 from fleetlens.hull import lower_hull_rows
 from fleetlens.summary import pad_rows
@@ -166,3 +171,60 @@ def test_laplacian_pattern_refilled_equals_the_summed_coo() -> None:
         assert np.allclose(pat.matrix(w).toarray(), want, rtol=1e-15, atol=0)
         assert sets.pattern(w) is pat  # built once per set of weighted edges
         assert pat.matrix(w * 2).toarray() == pytest.approx(2 * want, rel=1e-15, abs=0)
+
+
+def _rows_table(rng: np.random.Generator, n: int) -> pa.Table:
+    """Window rows of every kind hull_points drops, with null points and lists."""
+    nics = [f"h{h}/eth{i}" for h in range(6) for i in range(2)] + ["bogus", None]
+    cols: dict[str, list] = {k: [] for k in ("src_nic", "dst_nic", "pure", "hull_t_ns",
+                                             "hull_owd_ns")}  # fmt: skip
+    for _ in range(n):
+        m = int(rng.integers(0, 5))
+        t = [int(v) if rng.random() > 0.05 else None for v in rng.integers(0, 10**9, m)]
+        y = [int(v) if rng.random() > 0.05 else None for v in rng.integers(1000, 9000, m)]
+        if rng.random() < 0.1:  # a length mismatch
+            y = [*y, 7]
+        cols["src_nic"].append(nics[int(rng.integers(0, len(nics)))])
+        cols["dst_nic"].append(nics[int(rng.integers(0, len(nics) - 2))])
+        cols["pure"].append(int(rng.integers(0, 4)) if rng.random() > 0.05 else None)
+        cols["hull_t_ns"].append(t if rng.random() > 0.05 else None)
+        cols["hull_owd_ns"].append(y if rng.random() > 0.05 else None)
+    return pa.table({k: pa.array(v, pa.list_(pa.int64()) if k.startswith("hull") else None)
+                     for k, v in cols.items()})  # fmt: skip
+
+
+def _flattened_by_rows(table: pa.Table) -> tuple[list[tuple], int]:
+    """The kept rows' points as (src, dst, t, y) and the null points, row by row."""
+    out, nulls = [], 0
+    for r in table.to_pylist():
+        t, y, s, d = r["hull_t_ns"], r["hull_owd_ns"], r["src_nic"], r["dst_nic"]
+        if not r["pure"] or t is None or y is None or len(t) != len(y) or not t:
+            continue
+        if s in (None, "bogus") or d in (None, "bogus") or s.split("/")[0] == d.split("/")[0]:
+            continue
+        for a, b in zip(t, y, strict=True):
+            if a is None or b is None:
+                nulls += 1
+            else:
+                out.append((s, d, a, b))
+    return out, nulls
+
+
+def test_one_pass_flattening_equals_the_rows_points() -> None:
+    rng = np.random.default_rng(6)
+    for _ in range(10):
+        table = _rows_table(rng, int(rng.integers(1, 300)))
+        # in chunks, the hull columns chunked apart from the others, then a slice
+        cut = [0, *sorted(int(c) for c in rng.integers(0, table.num_rows, 3)), table.num_rows]
+        parts = [table.slice(a, b - a) for a, b in itertools.pairwise(cut)]
+        table = pa.concat_tables(parts)
+        t_col = pa.chunked_array([table["hull_t_ns"].combine_chunks()])
+        table = table.set_column(table.schema.get_field_index("hull_t_ns"), "hull_t_ns", t_col)
+        start = int(rng.integers(0, table.num_rows))
+        table = table.slice(start, table.num_rows - start)
+        pts = hull_points(table)
+        want, nulls = _flattened_by_rows(table)
+        cols = zip(pts.src, pts.dst, pts.t_raw, pts.owd_raw, strict=True)
+        got = [(pts.nics[s], pts.nics[d], int(t), int(y)) for s, d, t, y in cols]
+        assert got == want
+        assert pts.dropped.get("null_hull_point", 0) == nulls
