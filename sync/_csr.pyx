@@ -13,7 +13,7 @@ the edge fits' slope is the exact optimum (:func:`slope_edges`).
 import numpy as np
 
 from libc.math cimport INFINITY
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort, realloc
 
 
@@ -514,3 +514,101 @@ def flatten_points(
     if w < total:
         return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy(), nulls
     return out_s, out_d, out_t, out_y, nulls
+
+
+cdef int _i64_cmp(const void *a, const void *b) noexcept nogil:
+    cdef int64_t p = (<const int64_t *>a)[0], q = (<const int64_t *>b)[0]
+    return (p > q) - (p < q)
+
+
+cdef inline Py_ssize_t _bucket(int64_t v, int64_t lo, int bits, Py_ssize_t nb) noexcept nogil:
+    """Bucket 1..nb of ``v`` over buckets of 2**bits from ``lo``; 0 below, nb + 1 above."""
+    if v < lo:
+        return 0
+    return min(<Py_ssize_t>((<uint64_t>v - <uint64_t>lo) >> bits) + 1, nb + 1)
+
+
+cdef double _bucket_median(
+    const int64_t[::1] t, const int64_t[::1] host, const int64_t[::1] shift, int64_t lo,
+    int64_t hi, int64_t *counts, Py_ssize_t nb, bint *found
+) noexcept nogil:
+    """The median of ``t − shift[host]`` (as numpy's) if it lies within [lo, hi]: counted
+    into buckets there, then the middle buckets' values sorted; ``found`` False if not."""
+    cdef Py_ssize_t n = t.shape[0], k, b, b1 = -1, b2 = -1, m = 0, below = 0, cum = 0
+    cdef Py_ssize_t k1 = (n - 1) // 2, k2 = n // 2
+    cdef int bits = 0
+    cdef int64_t v
+    cdef int64_t *buf
+    cdef double out
+    while (<uint64_t>hi - <uint64_t>lo) >> bits >= <uint64_t>nb:
+        bits += 1
+    for b in range(nb + 2):
+        counts[b] = 0
+    for k in range(n):
+        counts[_bucket(t[k] - shift[host[k]], lo, bits, nb)] += 1
+    for b in range(nb + 2):
+        if b1 < 0 and cum + counts[b] > k1:
+            b1, below = b, cum
+        if cum + counts[b] > k2:
+            b2 = b
+            break
+        cum += counts[b]
+    found[0] = b1 > 0 and b2 <= nb
+    if not found[0]:
+        return 0.0
+    for b in range(b1, b2 + 1):
+        m += counts[b]
+    buf = <int64_t *>malloc(m * sizeof(int64_t))
+    if buf == NULL:
+        found[0] = False
+        return 0.0
+    m = 0
+    for k in range(n):
+        v = t[k] - shift[host[k]]
+        b = _bucket(v, lo, bits, nb)
+        if b1 <= b <= b2:
+            buf[m] = v
+            m += 1
+    qsort(buf, m, sizeof(int64_t), _i64_cmp)
+    if k1 == k2:
+        out = <double>buf[k1 - below]
+    else:
+        out = (<double>buf[k1 - below] + <double>buf[k2 - below]) / 2.0
+    free(buf)
+    return out
+
+
+def shifted_median(const int64_t[::1] t, const int64_t[::1] host, const int64_t[::1] shift):
+    """``np.median(t - shift[host])`` (the same float: the middle value, or the mean of the
+    two middle ones) without the gathered copy and the partition: the values are counted
+    into 65536 buckets (a power of two wide) over the range of a strided sample, and only
+    the middle buckets' values sorted; over the full range where the median lies outside
+    the sample's (two passes more)."""
+    cdef Py_ssize_t n = t.shape[0], k, nb = 65536, step, attempt
+    cdef int64_t v, lo, hi
+    cdef bint found = False
+    cdef double out = 0.0
+    if n == 0:
+        raise ValueError("median of no values")
+    cdef int64_t *counts = <int64_t *>malloc((nb + 2) * sizeof(int64_t))
+    if counts == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for attempt in range(2):  # a sample's range, else the full range
+                step = max(n // 4096, 1) if attempt == 0 else 1
+                lo = hi = t[0] - shift[host[0]]
+                k = 0
+                while k < n:
+                    v = t[k] - shift[host[k]]
+                    lo = min(lo, v)
+                    hi = max(hi, v)
+                    k += step
+                out = _bucket_median(t, host, shift, lo, hi, counts, nb, &found)
+                if found:
+                    break
+    finally:
+        free(counts)
+    if not found:
+        raise MemoryError()
+    return out

@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
+from ._csr import shifted_median
 from .config import SyncConfig
 from .edgefit import EdgeFits, Points, fit_edges
 from .network import ActiveSets, NetSolution, solve_network
@@ -281,8 +282,9 @@ class HuygensSync:
     def _prior(
         self, hosts: list[str], pts: HullPoints, src_h: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """Offsets/drifts to map times with, at a reference time near the window's middle."""
-        raw_mid = int(np.median(pts.t_raw))
+        """Offsets/drifts to map times with, at a reference time near the window's middle
+        (medians over every point of the window, :func:`shifted_median`)."""
+        raw_mid = int(shifted_median(pts.t_raw, src_h, np.zeros(len(hosts), np.int64)))
         theta = np.zeros(len(hosts))
         drift = np.zeros(len(hosts))
         known = np.zeros(len(hosts), bool)
@@ -295,7 +297,7 @@ class HuygensSync:
             theta, drift = np.where(now, th, theta), np.where(now, dr, drift)
             sd = np.where(now, np.sqrt(np.maximum(np.nan_to_num(var_dr), 0.0)), sd)
             known |= now
-            t_ref = int(np.median(pts.t_raw - np.rint(theta).astype(np.int64)[src_h]))
+            t_ref = int(shifted_median(pts.t_raw, src_h, np.rint(theta).astype(np.int64)))
         self._drift_sd = sd
         return theta, drift, known, t_ref
 

@@ -1,8 +1,9 @@
 """The sync's grouped (CSR) kernels against their references: the per-group hulls equal
 :func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
 points, the edge fits over each direction's hull the fits over all its points, the slope walk
-the bisection's optimum, the network solve's refilled Laplacian scipy's summed one, and the
-one-pass flattening of a window's rows their points row by row."""
+the bisection's optimum, the network solve's refilled Laplacian scipy's summed one, the
+one-pass flattening of a window's rows their points row by row, and the bucketed median
+numpy's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import scipy.sparse as sp
-from fleetlens.sync._csr import group_offsets, hull_groups, pair_hulls, union_hulls
+from fleetlens.sync._csr import (
+    group_offsets,
+    hull_groups,
+    pair_hulls,
+    shifted_median,
+    union_hulls,
+)
 from fleetlens.sync.edgefit import fit_edges
 from fleetlens.sync.network import ActiveSets
 from fleetlens.sync.purity import hull_points
@@ -228,3 +235,21 @@ def test_one_pass_flattening_equals_the_rows_points() -> None:
         got = [(pts.nics[s], pts.nics[d], int(t), int(y)) for s, d, t, y in cols]
         assert got == want
         assert pts.dropped.get("null_hull_point", 0) == nulls
+
+
+def test_shifted_median_is_numpys() -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n, hosts = int(rng.integers(1, 2000)), int(rng.integers(1, 20))
+        base = int(rng.choice([0, 1_700_000_000_000_000_000, -5]))
+        if trial % 3 == 0:  # a window's raw times
+            t = base + rng.integers(0, 10**9, n)
+        elif trial % 3 == 1:  # few distinct values: ties across the middle
+            t = base + rng.integers(0, 5, n)
+        else:  # half the values far out: the median outside a sample's range
+            far = rng.integers(0, 2**60, n)
+            t = base + np.where(rng.random(n) < 0.5, rng.integers(0, 10, n), far)
+        host = rng.integers(0, hosts, n).astype(np.int64)
+        shift = rng.integers(-(10**8), 10**8, hosts).astype(np.int64)
+        t = t.astype(np.int64)
+        assert shifted_median(t, host, shift) == np.median(t - shift[host])
