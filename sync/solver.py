@@ -422,10 +422,15 @@ class _EdgeGeometry:
         self.upper = pts.src < pts.dst  # lo→hi points lie above the line (ids in sorted order)
         lo_nic = np.minimum(pts.src, pts.dst)
         hi_nic = np.maximum(pts.src, pts.dst)
-        keys, self.edge = np.unique(lo_nic * len(pts.nics) + hi_nic, return_inverse=True)
+        key = lo_nic * len(pts.nics) + hi_nic
+        # the points come a directed pair at a time: one key per run of equal ones is sorted
+        new = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
+        keys, inv = np.unique(key[new], return_inverse=True)
+        self.edge = np.repeat(inv, np.diff(np.r_[new, key.size]))
         self.n = keys.size
         lo, hi = keys // len(pts.nics), keys % len(pts.nics)
-        self.nics = [(pts.nics[a], pts.nics[b]) for a, b in zip(lo, hi, strict=True)]
+        nics = pts.nics
+        self.nics = [(nics[a], nics[b]) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
         self.lo, self.hi = nic_h[lo], nic_h[hi]
         self.key_codes = keys  # sorted lo·N + hi codes, N = NICs in this window
         self.codes = nic_numbers[lo] << 32 | nic_numbers[hi]  # the same in every window
