@@ -303,7 +303,6 @@ class HuygensSync:
 
     def _publish(self, rep: SolveReport, win: _Solved) -> list[ClockModel]:
         cfg, off, dft = self.cfg, win.off, win.dft
-        steps = []
         on = off.weight > 0
         deg = np.bincount(win.lo[on], minlength=len(rep.hosts))
         deg += np.bincount(win.hi[on], minlength=len(rep.hosts))
@@ -321,30 +320,28 @@ class HuygensSync:
         np.maximum.at(span, win.hi[on], win.fits.span[on] * 1e-9)
         floor = _host_noise(rep, win, on)
         evidence = cfg.evidence_k * _host_excess(rep, win, on)
-        for i, h in enumerate(rep.hosts):
-            if not off.solved[i]:
-                continue
-            d_ok = bool(dft.solved[i])
-            # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
-            # over a host's edges: its offset is never known better than one edge's scatter.
-            d = float(dft.x[i]) if d_ok else None  # None: slope unknown this window
-            # A window's slope rests on hull points about half the span apart: its error is at
-            # least ~2 offset errors over that, whatever the (maybe single) edge says.
-            s_th = max(float(np.hypot(off.sigma[i], off.scale)), float(floor[i]))
-            short = span[i] < cfg.short_span_s
-            if short or not d_ok:  # e.g. the first, partial window: its few points sit well
-                s_th *= cfg.short_window_k  # above the floors (lab: 2-3x the stated σ)
-            # The slope rests on points about half the span apart.
-            base = max(span[i] / 2, cfg.slope_base_s) if not short else max(span[i] / 2, 0.05)
-            s_d = max(float(dft.sigma[i]), 2.0 * s_th / base) if d_ok else cfg.drift_unknown_ppb
-            if self.tracker.update(
-                h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, bool(trusted[i]),
-                float(evidence[i]),
-            ):  # fmt: skip
-                steps.append(h)
-        rep.steps = steps
-        return [self.tracker.model(h, rep.t_ref_ns, bool(off.solved[i])) for i, h in
-                enumerate(rep.hosts)]  # fmt: skip
+        # every solved host's measurement, folded into the tracker at once
+        on_h = off.solved
+        d_ok = dft.solved[on_h]
+        # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
+        # over a host's edges: its offset is never known better than one edge's scatter.
+        s_th = np.maximum(np.hypot(off.sigma[on_h], off.scale), floor[on_h])
+        short = span[on_h] < cfg.short_span_s
+        # e.g. the first, partial window: its few points sit well above the floors (lab: 2-3x
+        # the stated σ)
+        s_th = np.where(short | ~d_ok, s_th * cfg.short_window_k, s_th)
+        # A window's slope rests on hull points about half the span apart: its error is at
+        # least ~2 offset errors over that, whatever the (maybe single) edge says.
+        half = span[on_h] / 2
+        base = np.where(short, np.maximum(half, 0.05), np.maximum(half, cfg.slope_base_s))
+        s_d = np.where(d_ok, np.maximum(dft.sigma[on_h], 2.0 * s_th / base), cfg.drift_unknown_ppb)
+        d = np.where(d_ok, dft.x[on_h], np.nan)  # NaN: slope unknown this window
+        names = [h for h, ok in zip(rep.hosts, on_h.tolist(), strict=True) if ok]
+        stepped = self.tracker.update_many(
+            names, rep.t_ref_ns, off.x[on_h], s_th, d, s_d, trusted[on_h], evidence[on_h]
+        )
+        rep.steps = [h for h, st in zip(names, stepped.tolist(), strict=True) if st]
+        return self.tracker.models(rep.hosts, rep.t_ref_ns, off.solved)
 
     def _coast(self, host: str) -> ClockModel:
         st = self.tracker.states.get(host)
