@@ -65,16 +65,24 @@ def complete_generations(
     """
     if windows.num_rows == 0:
         return []
-    dur = pc.fill_null(windows["duration_ns"], 0).to_numpy().astype(np.int64)
-    start = pc.fill_null(windows["start_ns"], 0).to_numpy().astype(np.int64)
+    dur, start = _ints(windows["duration_ns"]), _ints(windows["start_ns"])
     ok = dur > 0
-    gen = np.where(ok, np.floor_divide(start + dur // 2, np.maximum(dur, 1)), -1)
     if not ok.any():
         return []
+    one = int(dur[ok][0])
+    # agents share one window length: a division by a scalar (numpy's is several times faster)
+    by = one if (dur[ok] == one).all() else np.maximum(dur, 1)
+    gen = np.where(ok, np.floor_divide(start + (dur >> 1), by), -1)
     ids, counts = _counts(gen[ok])
     newest = int(ids[counts >= quorum * counts.max()].max())
     wanted = [newest] if after is None else [int(g) for g in ids if after < g <= newest]
     return [(_rows(windows, gen == g), g) for g in wanted]
+
+
+def _ints(col: pa.ChunkedArray) -> np.ndarray:
+    """An integer column as int64, nulls as 0 (copied only where it must be)."""
+    col = pc.fill_null(col, 0) if col.null_count else col
+    return np.asarray(col.to_numpy(), np.int64)
 
 
 def _counts(gen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
