@@ -315,6 +315,66 @@ def floors(
             g[i] = hi
 
 
+cdef Py_ssize_t _chain_pts(const Pt *buf, Py_ssize_t m, Pt *out) noexcept nogil:
+    """:func:`_chain` into a point buffer."""
+    cdef Py_ssize_t k, h = 0
+    cdef double cross
+    for k in range(m):
+        while h >= 2:
+            cross = <double>(out[h - 1].t - out[h - 2].t) * <double>(buf[k].y - out[h - 2].y) - (
+                <double>(out[h - 1].y - out[h - 2].y) * <double>(buf[k].t - out[h - 2].t))
+            if cross > 0:
+                break
+            h -= 1
+        if h > 0 and out[h - 1].t == buf[k].t:
+            continue  # same t, larger y: never on the lower hull
+        out[h] = buf[k]
+        h += 1
+    return h
+
+
+cdef Py_ssize_t _runs_hull(
+    const int64_t[::1] t,
+    const int64_t[::1] y,
+    Py_ssize_t k0,
+    Py_ssize_t k1,
+    Pt *hull,
+    Pt *tmp,
+    int64_t[::1] ht,
+    int64_t[::1] hy,
+    Py_ssize_t w,
+) noexcept nogil:
+    """The lower hull of points ``k0..k1``, a few runs sorted by (t, y) (a pair's paths),
+    written to ``ht``/``hy`` from ``w`` on; returns its size. Each run is merged into the
+    hull of the runs before it and re-hulled: the points under no earlier hull are the only
+    ones that can be vertices, so this is the hull of all of them (the same vertices as one
+    sort and chain: the cross products of in-window differences are exact in doubles), at a
+    few hull points per merge instead of every point per merge pass."""
+    cdef Py_ssize_t h = 0, k = k0, r0, i, j, m
+    cdef Pt p
+    while k < k1:
+        r0 = k
+        k += 1
+        while k < k1 and (t[k - 1] < t[k] or (t[k - 1] == t[k] and y[k - 1] <= y[k])):
+            k += 1
+        i, j, m = 0, r0, 0
+        while i < h or j < k:
+            if j >= k or (i < h and (hull[i].t < t[j] or (hull[i].t == t[j] and hull[i].y <= y[j]))):
+                tmp[m] = hull[i]
+                i += 1
+            else:
+                p.t = t[j]
+                p.y = y[j]
+                tmp[m] = p
+                j += 1
+            m += 1
+        h = _chain_pts(tmp, m, hull)
+    for i in range(h):
+        ht[w + i] = hull[i].t
+        hy[w + i] = hull[i].y
+    return h
+
+
 def pair_hulls(
     const int64_t[::1] src,
     const int64_t[::1] dst,
@@ -356,7 +416,7 @@ def pair_hulls(
                 end = start + 1
                 while end < n and src[end] == src[start] and dst[end] == dst[start]:
                     end += 1
-                h = _group_hull(mem, width, t, y, t, False, start, end, ot, oy, w)
+                h = _runs_hull(t, y, start, end, mem, mem + width, ot, oy, w)
                 for k in range(w, w + h):
                     os[k] = src[start]
                     od[k] = dst[start]
