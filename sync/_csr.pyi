@@ -4,13 +4,12 @@ def group_offsets(group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]: .
 def hull_groups(
     off: np.ndarray, order: np.ndarray, t: np.ndarray, y: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
-def bisect_edges(
+def slope_edges(
     off: np.ndarray,
     t: np.ndarray,
     y: np.ndarray,
     b_prior: np.ndarray,
     bracket: np.ndarray,
-    bisections: int,
     out: np.ndarray,
     span: np.ndarray,
 ) -> None: ...
@@ -23,3 +22,16 @@ def pair_hulls(
 def union_hulls(
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], cur: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
+def flatten_points(
+    keep: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    t_off: np.ndarray,
+    t_val: np.ndarray,
+    t_ok: np.ndarray,
+    y_off: np.ndarray,
+    y_val: np.ndarray,
+    y_ok: np.ndarray,
+    total: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
+def shifted_median(t: np.ndarray, host: np.ndarray, shift: np.ndarray) -> float: ...

@@ -6,14 +6,15 @@ The numpy forms padded every group to the widest one ((groups, width) matrices: 
 window has ~130 k directed NIC pairs of up to a few hundred points) and sorted millions of
 points to group them; that was most of a collector round. Same arithmetic and tie rules as the
 padded forms (first index among equal values, hulls as :func:`fleetlens.hull.lower_hull_rows`:
-collinear points dropped, equal ``t`` keeps the lowest ``y``), so results are bit-identical.
+collinear points dropped, equal ``t`` keeps the lowest ``y``), so results are bit-identical;
+the edge fits' slope is the exact optimum (:func:`slope_edges`).
 """
 
 import numpy as np
 
 from libc.math cimport INFINITY
-from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport free, malloc, qsort, realloc
 
 
 cdef struct Pt:
@@ -171,60 +172,119 @@ def hull_groups(
     return size_a, ht_a[:w], hy_a[:w]
 
 
-def bisect_edges(
+cdef struct Fp:
+    double t
+    double y
+
+
+cdef int _fp_cmp(const void *a, const void *b) noexcept nogil:
+    cdef const Fp *p = <const Fp *>a
+    cdef const Fp *q = <const Fp *>b
+    if p.t != q.t:
+        return -1 if p.t < q.t else 1
+    if p.y != q.y:
+        return -1 if p.y < q.y else 1
+    return 0
+
+
+cdef Py_ssize_t _float_hull(
+    const double[::1] t, const double[::1] y, Py_ssize_t k0, Py_ssize_t k1, double sign,
+    Fp *buf, Fp *hull
+) noexcept nogil:
+    """Lower hull of the points ``(t, sign·y)`` ``k0..k1`` (any order) into ``hull``, by t;
+    returns its size. Equal t keeps the lowest; collinear points are dropped."""
+    cdef Py_ssize_t k, m = k1 - k0, h = 0
+    cdef bint ordered = True
+    cdef double cross
+    for k in range(m):
+        buf[k].t = t[k0 + k]
+        buf[k].y = sign * y[k0 + k]
+        if k and (buf[k].t < buf[k - 1].t or (buf[k].t == buf[k - 1].t and buf[k].y < buf[k - 1].y)):
+            ordered = False
+    if not ordered:
+        qsort(buf, m, sizeof(Fp), _fp_cmp)
+    for k in range(m):
+        while h >= 2:
+            cross = (hull[h - 1].t - hull[h - 2].t) * (buf[k].y - hull[h - 2].y) - (
+                hull[h - 1].y - hull[h - 2].y) * (buf[k].t - hull[h - 2].t)
+            if cross > 0:
+                break
+            h -= 1
+        if h > 0 and hull[h - 1].t == buf[k].t:
+            continue  # same t, larger y: never on the lower hull
+        hull[h] = buf[k]
+        h += 1
+    return h
+
+
+cdef double _walk(const Fp *up, Py_ssize_t nu, const Fp *low, Py_ssize_t nl) noexcept nogil:
+    """The max-margin slope between the upper set's lower hull ``up`` and the lower set's
+    upper hull, given as the lower hull of its negated points ``low`` (both by t): the
+    largest slope ``b`` at which ``t_low*(b) − t_up*(b)``, the margin's supergradient, is
+    still positive (−inf if never, +inf if always). Both active points move only at hull
+    edge slopes, so the chains are walked once in order of those slopes."""
+    cdef Py_ssize_t j = 0, k = nl - 1
+    cdef double b = -INFINITY, su, sl
+    while low[k].t > up[j].t:
+        su = (up[j + 1].y - up[j].y) / (up[j + 1].t - up[j].t) if j + 1 < nu else INFINITY
+        # the upper hull's edge slope, k - 1 -> k (negated back)
+        sl = -(low[k].y - low[k - 1].y) / (low[k].t - low[k - 1].t) if k > 0 else INFINITY
+        if su <= sl:
+            b = su
+            j += 1
+        else:
+            b = sl
+            k -= 1
+        if b == INFINITY:
+            break
+    return b
+
+
+def slope_edges(
     const int64_t[::1] off,
     const double[::1] t,
     const double[::1] y,
     const double[::1] b_prior,
     const double[::1] bracket,
-    int bisections,
     double[::1] out,
     double[::1] span,
 ) -> None:
     """Edge ``i``'s upper points are CSR row ``2i``, its lower points row ``2i + 1``:
-    ``out[i]`` the slope of its max-margin line within ``b_prior ± bracket`` (the bracket's
-    middle where a side is empty), ``span[i]`` how far apart in t its points are (0: none)."""
-    cdef Py_ssize_t edges = b_prior.shape[0], i, k, iu, il, u0, u1, l1
-    cdef int it
-    cdef double lo, hi, b, v, best, tmin, tmax
-    with nogil:
-        for i in range(edges):
-            u0, u1, l1 = off[2 * i], off[2 * i + 1], off[2 * i + 2]
-            if l1 > u0:
-                tmin = t[u0]
-                tmax = t[u0]
-                for k in range(u0 + 1, l1):
-                    tmin = min(tmin, t[k])
-                    tmax = max(tmax, t[k])
-                span[i] = tmax - tmin
-            else:
-                span[i] = 0.0
-            lo = b_prior[i] - bracket[i]
-            hi = b_prior[i] + bracket[i]
-            if u1 == u0 or l1 == u1:
-                out[i] = 0.5 * (lo + hi)  # unusable: the caller keeps the prior
-                continue
-            for it in range(bisections):
-                b = 0.5 * (lo + hi)
-                iu = u0
-                best = y[u0] - b * t[u0]
-                for k in range(u0 + 1, u1):
-                    v = y[k] - b * t[k]
-                    if v < best:
-                        best = v
-                        iu = k
-                il = u1
-                best = y[u1] - b * t[u1]
-                for k in range(u1 + 1, l1):
-                    v = y[k] - b * t[k]
-                    if v > best:
-                        best = v
-                        il = k
-                if t[il] > t[iu]:  # supergradient > 0: the optimum is at larger b
-                    lo = b
+    ``out[i]`` the slope of its max-margin line clamped to ``b_prior ± bracket`` (the
+    bracket's middle where a side is empty), ``span[i]`` how far apart in t its points are
+    (0: none). Exact: the optimum of the concave margin is a hull edge's slope, found by one
+    walk along both hulls (:func:`_walk`)."""
+    cdef Py_ssize_t edges = b_prior.shape[0], i, k, u0, u1, l1, width = 1, nu, nl
+    cdef double lo, hi, b, tmin, tmax
+    for i in range(2 * edges):
+        width = max(width, off[i + 1] - off[i])
+    cdef Fp *mem = <Fp *>malloc(3 * width * sizeof(Fp))
+    if mem == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(edges):
+                u0, u1, l1 = off[2 * i], off[2 * i + 1], off[2 * i + 2]
+                if l1 > u0:
+                    tmin = t[u0]
+                    tmax = t[u0]
+                    for k in range(u0 + 1, l1):
+                        tmin = min(tmin, t[k])
+                        tmax = max(tmax, t[k])
+                    span[i] = tmax - tmin
                 else:
-                    hi = b
-            out[i] = 0.5 * (lo + hi)
+                    span[i] = 0.0
+                lo = b_prior[i] - bracket[i]
+                hi = b_prior[i] + bracket[i]
+                if u1 == u0 or l1 == u1:
+                    out[i] = 0.5 * (lo + hi)  # unusable: the caller keeps the prior
+                    continue
+                nu = _float_hull(t, y, u0, u1, 1.0, mem, mem + width)
+                nl = _float_hull(t, y, u1, l1, -1.0, mem, mem + 2 * width)
+                b = _walk(mem + width, nu, mem + 2 * width, nl)
+                out[i] = min(max(b, lo), hi)
+    finally:
+        free(mem)
 
 
 def floors(
@@ -253,6 +313,66 @@ def floors(
                     hi = v
             f[i] = lo
             g[i] = hi
+
+
+cdef Py_ssize_t _chain_pts(const Pt *buf, Py_ssize_t m, Pt *out) noexcept nogil:
+    """:func:`_chain` into a point buffer."""
+    cdef Py_ssize_t k, h = 0
+    cdef double cross
+    for k in range(m):
+        while h >= 2:
+            cross = <double>(out[h - 1].t - out[h - 2].t) * <double>(buf[k].y - out[h - 2].y) - (
+                <double>(out[h - 1].y - out[h - 2].y) * <double>(buf[k].t - out[h - 2].t))
+            if cross > 0:
+                break
+            h -= 1
+        if h > 0 and out[h - 1].t == buf[k].t:
+            continue  # same t, larger y: never on the lower hull
+        out[h] = buf[k]
+        h += 1
+    return h
+
+
+cdef Py_ssize_t _runs_hull(
+    const int64_t[::1] t,
+    const int64_t[::1] y,
+    Py_ssize_t k0,
+    Py_ssize_t k1,
+    Pt *hull,
+    Pt *tmp,
+    int64_t[::1] ht,
+    int64_t[::1] hy,
+    Py_ssize_t w,
+) noexcept nogil:
+    """The lower hull of points ``k0..k1``, a few runs sorted by (t, y) (a pair's paths),
+    written to ``ht``/``hy`` from ``w`` on; returns its size. Each run is merged into the
+    hull of the runs before it and re-hulled: the points under no earlier hull are the only
+    ones that can be vertices, so this is the hull of all of them (the same vertices as one
+    sort and chain: the cross products of in-window differences are exact in doubles), at a
+    few hull points per merge instead of every point per merge pass."""
+    cdef Py_ssize_t h = 0, k = k0, r0, i, j, m
+    cdef Pt p
+    while k < k1:
+        r0 = k
+        k += 1
+        while k < k1 and (t[k - 1] < t[k] or (t[k - 1] == t[k] and y[k - 1] <= y[k])):
+            k += 1
+        i, j, m = 0, r0, 0
+        while i < h or j < k:
+            if j >= k or (i < h and (hull[i].t < t[j] or (hull[i].t == t[j] and hull[i].y <= y[j]))):
+                tmp[m] = hull[i]
+                i += 1
+            else:
+                p.t = t[j]
+                p.y = y[j]
+                tmp[m] = p
+                j += 1
+            m += 1
+        h = _chain_pts(tmp, m, hull)
+    for i in range(h):
+        ht[w + i] = hull[i].t
+        hy[w + i] = hull[i].y
+    return h
 
 
 def pair_hulls(
@@ -296,7 +416,7 @@ def pair_hulls(
                 end = start + 1
                 while end < n and src[end] == src[start] and dst[end] == dst[start]:
                     end += 1
-                h = _group_hull(mem, width, t, y, t, False, start, end, ot, oy, w)
+                h = _runs_hull(t, y, start, end, mem, mem + width, ot, oy, w)
                 for k in range(w, w + h):
                     os[k] = src[start]
                     od[k] = dst[start]
@@ -412,3 +532,143 @@ cdef Py_ssize_t _union(
             os[k] = cur[s]
             od[k] = cur[d]
         w += h
+
+
+def flatten_points(
+    const unsigned char[::1] keep,
+    const int64_t[::1] src,
+    const int64_t[::1] dst,
+    const int64_t[::1] t_off,
+    const int64_t[::1] t_val,
+    const unsigned char[::1] t_ok,
+    const int64_t[::1] y_off,
+    const int64_t[::1] y_val,
+    const unsigned char[::1] y_ok,
+    Py_ssize_t total,
+):
+    """The points of the kept rows in one pass: row ``r``'s are ``t_val[t_off[r]:t_off[r +
+    1]]`` and ``y_val[y_off[r]:...]`` (the same count where kept), each point with its row's
+    ``src``/``dst``; ``total`` the kept rows' points. A point null in ``t_ok`` or ``y_ok``
+    (empty: none null) is left out. Returns ``(src, dst, t, y, nulls)``."""
+    cdef Py_ssize_t rows = keep.shape[0], r, k, w = 0, nulls = 0, dy
+    cdef bint t_all = t_ok.shape[0] == 0, y_all = y_ok.shape[0] == 0
+    out_s = np.empty(total, np.int64)
+    out_d = np.empty(total, np.int64)
+    out_t = np.empty(total, np.int64)
+    out_y = np.empty(total, np.int64)
+    cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
+    with nogil:
+        for r in range(rows):
+            if not keep[r]:
+                continue
+            dy = y_off[r] - t_off[r]
+            for k in range(t_off[r], t_off[r + 1]):
+                if not ((t_all or t_ok[k]) and (y_all or y_ok[k + dy])):
+                    nulls += 1
+                    continue
+                os[w] = src[r]
+                od[w] = dst[r]
+                ot[w] = t_val[k]
+                oy[w] = y_val[k + dy]
+                w += 1
+    if w < total:
+        return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy(), nulls
+    return out_s, out_d, out_t, out_y, nulls
+
+
+cdef int _i64_cmp(const void *a, const void *b) noexcept nogil:
+    cdef int64_t p = (<const int64_t *>a)[0], q = (<const int64_t *>b)[0]
+    return (p > q) - (p < q)
+
+
+cdef inline Py_ssize_t _bucket(int64_t v, int64_t lo, int bits, Py_ssize_t nb) noexcept nogil:
+    """Bucket 1..nb of ``v`` over buckets of 2**bits from ``lo``; 0 below, nb + 1 above."""
+    if v < lo:
+        return 0
+    return min(<Py_ssize_t>((<uint64_t>v - <uint64_t>lo) >> bits) + 1, nb + 1)
+
+
+cdef double _bucket_median(
+    const int64_t[::1] t, const int64_t[::1] host, const int64_t[::1] shift, int64_t lo,
+    int64_t hi, int64_t *counts, Py_ssize_t nb, bint *found
+) noexcept nogil:
+    """The median of ``t − shift[host]`` (as numpy's) if it lies within [lo, hi]: counted
+    into buckets there, then the middle buckets' values sorted; ``found`` False if not."""
+    cdef Py_ssize_t n = t.shape[0], k, b, b1 = -1, b2 = -1, m = 0, below = 0, cum = 0
+    cdef Py_ssize_t k1 = (n - 1) // 2, k2 = n // 2
+    cdef int bits = 0
+    cdef int64_t v
+    cdef int64_t *buf
+    cdef double out
+    while (<uint64_t>hi - <uint64_t>lo) >> bits >= <uint64_t>nb:
+        bits += 1
+    for b in range(nb + 2):
+        counts[b] = 0
+    for k in range(n):
+        counts[_bucket(t[k] - shift[host[k]], lo, bits, nb)] += 1
+    for b in range(nb + 2):
+        if b1 < 0 and cum + counts[b] > k1:
+            b1, below = b, cum
+        if cum + counts[b] > k2:
+            b2 = b
+            break
+        cum += counts[b]
+    found[0] = b1 > 0 and b2 <= nb
+    if not found[0]:
+        return 0.0
+    for b in range(b1, b2 + 1):
+        m += counts[b]
+    buf = <int64_t *>malloc(m * sizeof(int64_t))
+    if buf == NULL:
+        found[0] = False
+        return 0.0
+    m = 0
+    for k in range(n):
+        v = t[k] - shift[host[k]]
+        b = _bucket(v, lo, bits, nb)
+        if b1 <= b <= b2:
+            buf[m] = v
+            m += 1
+    qsort(buf, m, sizeof(int64_t), _i64_cmp)
+    if k1 == k2:
+        out = <double>buf[k1 - below]
+    else:
+        out = (<double>buf[k1 - below] + <double>buf[k2 - below]) / 2.0
+    free(buf)
+    return out
+
+
+def shifted_median(const int64_t[::1] t, const int64_t[::1] host, const int64_t[::1] shift):
+    """``np.median(t - shift[host])`` (the same float: the middle value, or the mean of the
+    two middle ones) without the gathered copy and the partition: the values are counted
+    into 65536 buckets (a power of two wide) over the range of a strided sample, and only
+    the middle buckets' values sorted; over the full range where the median lies outside
+    the sample's (two passes more)."""
+    cdef Py_ssize_t n = t.shape[0], k, nb = 65536, step, attempt
+    cdef int64_t v, lo, hi
+    cdef bint found = False
+    cdef double out = 0.0
+    if n == 0:
+        raise ValueError("median of no values")
+    cdef int64_t *counts = <int64_t *>malloc((nb + 2) * sizeof(int64_t))
+    if counts == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for attempt in range(2):  # a sample's range, else the full range
+                step = max(n // 4096, 1) if attempt == 0 else 1
+                lo = hi = t[0] - shift[host[0]]
+                k = 0
+                while k < n:
+                    v = t[k] - shift[host[k]]
+                    lo = min(lo, v)
+                    hi = max(hi, v)
+                    k += step
+                out = _bucket_median(t, host, shift, lo, hi, counts, nb, &found)
+                if found:
+                    break
+    finally:
+        free(counts)
+    if not found:
+        raise MemoryError()
+    return out

@@ -54,7 +54,6 @@ class SyncConfig:
     purity_hardware_ns: int = 40  # PHC stamps jitter by a few ns
     # ---- per-edge fit (edgefit.py) ---------------------------------------------------------
     slope_bracket: float = 1e-3  # ±1000 ppm around the prior: drift differences are ≤ 200 ppm
-    bisections: int = 48  # halvings of the bracket: slope error < 1e-17 (≪ 1 ps per window)
     min_span_ns: float = 2e8  # points spanning less: slope too uncertain (100 ns / 0.2 s)
     soft_nu: float = 0.2  # ν-SVM: at most this fraction of an overlapping edge's points violate
     max_soft_edges: int = 256  # past this many overlapping edges per window the data is garbage

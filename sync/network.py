@@ -46,22 +46,62 @@ from .config import DEFAULT, SyncConfig
 
 
 class ActiveSets:
-    """The kept edges and hosts of one edge geometry, per set of weighted edges (memoized).
+    """The kept edges and hosts of one edge geometry, per set of weighted edges (memoized),
+    and the sparsity pattern of their Laplacian.
 
     Exact: :func:`_active` reads nothing of the weights but which are positive."""
 
     def __init__(self, n: int, lo: np.ndarray, hi: np.ndarray, min_edges: int) -> None:
         self.n, self.lo, self.hi, self.min_edges = n, lo, hi, min_edges
-        self._seen: list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]] = []
+        self._seen: list[tuple[np.ndarray, tuple[np.ndarray, np.ndarray], list[_Pattern]]] = []
 
     def __call__(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._entry(w)[1]
+
+    def pattern(self, w: np.ndarray) -> _Pattern:
+        """The Laplacian pattern of the edges kept of those weighted in ``w``, over the hosts
+        kept with them."""
+        _, (active, solved), memo = self._entry(w)
+        if not memo:
+            memo.append(_Pattern(self.n, self.lo, self.hi, active, solved))
+        return memo[0]
+
+    def _entry(
+        self, w: np.ndarray
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], list[_Pattern]]:
         on = w > 0
-        for mask, sets in self._seen:
-            if np.array_equal(mask, on):
-                return sets
-        sets = _active(self.n, self.lo, self.hi, on, self.min_edges)
-        self._seen.append((on, sets))
-        return sets
+        for entry in self._seen:
+            if np.array_equal(entry[0], on):
+                return entry
+        entry = (on, _active(self.n, self.lo, self.hi, on, self.min_edges), [])
+        self._seen.append(entry)
+        return entry
+
+
+class _Pattern:
+    """The weighted Laplacian's CSR structure over one set of kept edges (``on``) and
+    hosts, built once; a solve's weights only refill its values (each entry the sum of its
+    edges' weights in edge order: scipy's duplicate summation up to rounding)."""
+
+    def __init__(
+        self, n: int, lo: np.ndarray, hi: np.ndarray, on: np.ndarray, solved: np.ndarray
+    ) -> None:
+        idx = np.full(n, -1)
+        self.m = m = int(solved.sum())
+        idx[solved] = np.arange(m)
+        self.on = on
+        self.i, self.j = i, j = idx[lo[on]], idx[hi[on]]
+        code = np.r_[i, j, i, j] * m + np.r_[i, j, j, i]
+        uniq, self.pos = np.unique(code, return_inverse=True)
+        self.indptr = np.searchsorted(uniq, np.arange(m + 1) * m)
+        self.indices = uniq % m
+        self.nnz = uniq.size
+
+    def matrix(self, w: np.ndarray) -> sp.csr_matrix:
+        """The Laplacian with the kept edges' weights ``w[on]``."""
+        wz = w[self.on]
+        data = np.bincount(self.pos, np.concatenate([wz, wz, -wz, -wz]), self.nnz)
+        return sp.csr_matrix((data, self.indices, self.indptr), (self.m, self.m))
 
 
 @dataclass
@@ -101,7 +141,7 @@ def solve_network(
         active, solved = sets(w)
         if not solved.any():
             break
-        x = _solve(n, lo, hi, z, np.where(active, w, 0.0), x, solved, cfg)
+        x = _solve(sets.pattern(w), z, w, x, solved, cfg)
         x = _anchor(x, prior, has_prior, solved, reference, cfg.trim)
         r = z - (x[hi] - x[lo])
         live = active & (w0 > 0)
@@ -118,10 +158,10 @@ def solve_network(
     # The last round changed the weights: solve once more so x, weights and residuals agree
     # (a host re-admitted in the last round would otherwise keep a stale value).
     active, solved = sets(w)
-    w = np.where(active, w, 0.0)
     if solved.any():
-        x = _solve(n, lo, hi, z, w, x, solved, cfg)
+        x = _solve(sets.pattern(w), z, w, x, solved, cfg)
         x = _anchor(x, prior, has_prior, solved, reference, cfg.trim)
+    w = np.where(active, w, 0.0)
     r = z - (np.nan_to_num(x)[hi] - np.nan_to_num(x)[lo])
     sigma = _sigma(n, lo, hi, r, w, s)
     x = np.where(solved, x, np.nan)
@@ -152,28 +192,17 @@ def _active(
 
 
 def _solve(
-    n: int,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    z: np.ndarray,
-    w: np.ndarray,
-    x0: np.ndarray,
-    solved: np.ndarray,
-    cfg: SyncConfig,
+    pat: _Pattern, z: np.ndarray, w: np.ndarray, x0: np.ndarray, solved: np.ndarray, cfg: SyncConfig
 ) -> np.ndarray:
-    idx = np.full(n, -1)
-    idx[solved] = np.arange(int(solved.sum()))
-    m = int(solved.sum())
-    on = w > 0
-    i, j, wz = idx[lo[on]], idx[hi[on]], w[on]
-    lap = sp.coo_matrix(
-        (np.concatenate([wz, wz, -wz, -wz]), (np.r_[i, j, i, j], np.r_[i, j, j, i])), (m, m)
-    ).tocsr()
+    """``x0`` refined on the solved hosts by CG on the Laplacian of ``pat``'s edges (their
+    weights in ``w``; the other edges' are not read)."""
+    m, i, j, wz = pat.m, pat.i, pat.j, w[pat.on]
+    lap = pat.matrix(w)
     diag = lap.diagonal()
     precond = sp.diags(1.0 / np.where(diag > 0, diag, 1.0))
     x = x0[solved].astype(np.float64).copy()
     for _ in range(cfg.refine):
-        r = z[on] - (x[j] - x[i])
+        r = z[pat.on] - (x[j] - x[i])
         rhs = np.bincount(j, wz * r, minlength=m) - np.bincount(i, wz * r, minlength=m)
         rhs -= rhs.mean()  # exactly consistent (sums to 0 on the component), despite rounding
         scale = float(np.abs(rhs).max())

@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ._csr import flatten_points
+
 
 def pure_mask(
     tx0: np.ndarray, tx1: np.ndarray, rx0: np.ndarray, rx1: np.ndarray, threshold: int
@@ -63,16 +65,24 @@ def complete_generations(
     """
     if windows.num_rows == 0:
         return []
-    dur = pc.fill_null(windows["duration_ns"], 0).to_numpy().astype(np.int64)
-    start = pc.fill_null(windows["start_ns"], 0).to_numpy().astype(np.int64)
+    dur, start = _ints(windows["duration_ns"]), _ints(windows["start_ns"])
     ok = dur > 0
-    gen = np.where(ok, np.floor_divide(start + dur // 2, np.maximum(dur, 1)), -1)
     if not ok.any():
         return []
+    one = int(dur[ok][0])
+    # agents share one window length: a division by a scalar (numpy's is several times faster)
+    by = one if (dur[ok] == one).all() else np.maximum(dur, 1)
+    gen = np.where(ok, np.floor_divide(start + (dur >> 1), by), -1)
     ids, counts = _counts(gen[ok])
     newest = int(ids[counts >= quorum * counts.max()].max())
     wanted = [newest] if after is None else [int(g) for g in ids if after < g <= newest]
     return [(_rows(windows, gen == g), g) for g in wanted]
+
+
+def _ints(col: pa.ChunkedArray) -> np.ndarray:
+    """An integer column as int64, nulls as 0 (copied only where it must be)."""
+    col = pc.fill_null(col, 0) if col.null_count else col
+    return np.asarray(col.to_numpy(), np.int64)
 
 
 def _counts(gen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +108,8 @@ def _rows(windows: pa.Table, mask: np.ndarray) -> pa.Table:
 def hull_points(windows: pa.Table) -> HullPoints:
     """Flatten the hulls of the rows worth using; count what was dropped and why (each row
     for the first reason that applies, in the order below). The rows are tested in place and
-    only the kept rows' points are taken out of the flattened lists: no copy of the table."""
+    the kept rows' points copied out of the list buffers in one pass (:func:`flatten_points`),
+    null points left out."""
     dropped: dict[str, int] = {}
     keep = _count(None, _bool(pc.greater(windows["pure"], 0)), "no_pure_pair", dropped)
     n_t = pc.fill_null(pc.list_value_length(windows["hull_t_ns"]), -1).to_numpy()
@@ -122,26 +133,13 @@ def hull_points(windows: pa.Table) -> HullPoints:
     host_of = np.array([*(number[h] for h in hosts), -1], np.int64)  # [-1]: invalid id
     ok = (src >= 0) & (dst >= 0) & (host_of[src] != host_of[dst])
     keep = _count(keep, ok, "bad_nic_or_self_probe", dropped)
-    ft, fy = pc.list_flatten(windows["hull_t_ns"]), pc.list_flatten(windows["hull_owd_ns"])
-    at: slice | np.ndarray  # the kept rows' points in ``ft`` and in ``fy``
-    at_y: slice | np.ndarray
-    if keep.all():  # the usual window: every row's points as they come
-        at = at_y = slice(None)
-        src_p, dst_p = np.repeat(src, n_t), np.repeat(dst, n_t)
-    else:
-        row = pc.list_parent_indices(windows["hull_t_ns"]).to_numpy()
-        at = np.flatnonzero(keep[row])
-        row = row[at]
-        # ... and in ``fy``, whose rows of other lengths (dropped) shift the positions
-        at_y = at + (np.cumsum(np.maximum(n_y, 0)) - np.cumsum(np.maximum(n_t, 0)))[row] if (
-            n_t != n_y).any() else at  # fmt: skip
-        src_p, dst_p = src[row], dst[row]
-    ht, hy = _values(ft)[at], _values(fy)[at_y]
-    if ft.null_count or fy.null_count:
-        good = _valid(ft)[at] & _valid(fy)[at_y]
-        if not good.all():
-            dropped["null_hull_point"] = int((~good).sum())
-        src_p, dst_p, ht, hy = src_p[good], dst_p[good], ht[good], hy[good]
+    total = int(n_t[keep].sum())
+    src_p, dst_p, ht, hy, nulls = flatten_points(
+        np.ascontiguousarray(keep).view(np.uint8), src, dst,
+        *_list_parts(windows["hull_t_ns"]), *_list_parts(windows["hull_owd_ns"]), total,
+    )  # fmt: skip
+    if nulls:
+        dropped["null_hull_point"] = nulls
     return HullPoints(names, hosts, src_p, dst_p, ht, hy, dropped)
 
 
@@ -149,12 +147,18 @@ def _bool(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(x, False).to_numpy(zero_copy_only=False), bool)
 
 
-def _valid(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(pc.is_valid(x).to_numpy(zero_copy_only=False), bool)
-
-
-def _values(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(pc.fill_null(x, 0).to_numpy(zero_copy_only=False), np.int64)
+def _list_parts(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A list<int64> column as its rows' absolute offsets into its values, the values (null
+    slots hold anything) and their validity (empty: no nulls)."""
+    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    off = np.asarray(arr.offsets.to_numpy(), np.int64)
+    vals = arr.values
+    if vals.type != pa.int64():
+        vals = vals.cast(pa.int64())
+    data, n = vals.buffers()[1], vals.offset + len(vals)
+    v = np.frombuffer(data, np.int64, n)[vals.offset :] if n else np.zeros(0, np.int64)
+    ok = np.asarray(vals.is_valid(), np.uint8) if vals.null_count else np.zeros(0, np.uint8)
+    return off, v, ok
 
 
 def _count(

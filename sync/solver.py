@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
+from ._csr import shifted_median
 from .config import SyncConfig
 from .edgefit import EdgeFits, Points, fit_edges
 from .network import ActiveSets, NetSolution, solve_network
@@ -281,8 +282,9 @@ class HuygensSync:
     def _prior(
         self, hosts: list[str], pts: HullPoints, src_h: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """Offsets/drifts to map times with, at a reference time near the window's middle."""
-        raw_mid = int(np.median(pts.t_raw))
+        """Offsets/drifts to map times with, at a reference time near the window's middle
+        (medians over every point of the window, :func:`shifted_median`)."""
+        raw_mid = int(shifted_median(pts.t_raw, src_h, np.zeros(len(hosts), np.int64)))
         theta = np.zeros(len(hosts))
         drift = np.zeros(len(hosts))
         known = np.zeros(len(hosts), bool)
@@ -295,13 +297,12 @@ class HuygensSync:
             theta, drift = np.where(now, th, theta), np.where(now, dr, drift)
             sd = np.where(now, np.sqrt(np.maximum(np.nan_to_num(var_dr), 0.0)), sd)
             known |= now
-            t_ref = int(np.median(pts.t_raw - np.rint(theta).astype(np.int64)[src_h]))
+            t_ref = int(shifted_median(pts.t_raw, src_h, np.rint(theta).astype(np.int64)))
         self._drift_sd = sd
         return theta, drift, known, t_ref
 
     def _publish(self, rep: SolveReport, win: _Solved) -> list[ClockModel]:
         cfg, off, dft = self.cfg, win.off, win.dft
-        steps = []
         on = off.weight > 0
         deg = np.bincount(win.lo[on], minlength=len(rep.hosts))
         deg += np.bincount(win.hi[on], minlength=len(rep.hosts))
@@ -319,30 +320,28 @@ class HuygensSync:
         np.maximum.at(span, win.hi[on], win.fits.span[on] * 1e-9)
         floor = _host_noise(rep, win, on)
         evidence = cfg.evidence_k * _host_excess(rep, win, on)
-        for i, h in enumerate(rep.hosts):
-            if not off.solved[i]:
-                continue
-            d_ok = bool(dft.solved[i])
-            # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
-            # over a host's edges: its offset is never known better than one edge's scatter.
-            d = float(dft.x[i]) if d_ok else None  # None: slope unknown this window
-            # A window's slope rests on hull points about half the span apart: its error is at
-            # least ~2 offset errors over that, whatever the (maybe single) edge says.
-            s_th = max(float(np.hypot(off.sigma[i], off.scale)), float(floor[i]))
-            short = span[i] < cfg.short_span_s
-            if short or not d_ok:  # e.g. the first, partial window: its few points sit well
-                s_th *= cfg.short_window_k  # above the floors (lab: 2-3x the stated σ)
-            # The slope rests on points about half the span apart.
-            base = max(span[i] / 2, cfg.slope_base_s) if not short else max(span[i] / 2, 0.05)
-            s_d = max(float(dft.sigma[i]), 2.0 * s_th / base) if d_ok else cfg.drift_unknown_ppb
-            if self.tracker.update(
-                h, rep.t_ref_ns, float(off.x[i]), s_th, d, s_d, bool(trusted[i]),
-                float(evidence[i]),
-            ):  # fmt: skip
-                steps.append(h)
-        rep.steps = steps
-        return [self.tracker.model(h, rep.t_ref_ns, bool(off.solved[i])) for i, h in
-                enumerate(rep.hosts)]  # fmt: skip
+        # every solved host's measurement, folded into the tracker at once
+        on_h = off.solved
+        d_ok = dft.solved[on_h]
+        # Errors shared by all edges of a leaf pair (path asymmetries) do not average out
+        # over a host's edges: its offset is never known better than one edge's scatter.
+        s_th = np.maximum(np.hypot(off.sigma[on_h], off.scale), floor[on_h])
+        short = span[on_h] < cfg.short_span_s
+        # e.g. the first, partial window: its few points sit well above the floors (lab: 2-3x
+        # the stated σ)
+        s_th = np.where(short | ~d_ok, s_th * cfg.short_window_k, s_th)
+        # A window's slope rests on hull points about half the span apart: its error is at
+        # least ~2 offset errors over that, whatever the (maybe single) edge says.
+        half = span[on_h] / 2
+        base = np.where(short, np.maximum(half, 0.05), np.maximum(half, cfg.slope_base_s))
+        s_d = np.where(d_ok, np.maximum(dft.sigma[on_h], 2.0 * s_th / base), cfg.drift_unknown_ppb)
+        d = np.where(d_ok, dft.x[on_h], np.nan)  # NaN: slope unknown this window
+        names = [h for h, ok in zip(rep.hosts, on_h.tolist(), strict=True) if ok]
+        stepped = self.tracker.update_many(
+            names, rep.t_ref_ns, off.x[on_h], s_th, d, s_d, trusted[on_h], evidence[on_h]
+        )
+        rep.steps = [h for h, st in zip(names, stepped.tolist(), strict=True) if st]
+        return self.tracker.models(rep.hosts, rep.t_ref_ns, off.solved)
 
     def _coast(self, host: str) -> ClockModel:
         st = self.tracker.states.get(host)
@@ -420,10 +419,15 @@ class _EdgeGeometry:
         self.upper = pts.src < pts.dst  # lo→hi points lie above the line (ids in sorted order)
         lo_nic = np.minimum(pts.src, pts.dst)
         hi_nic = np.maximum(pts.src, pts.dst)
-        keys, self.edge = np.unique(lo_nic * len(pts.nics) + hi_nic, return_inverse=True)
+        key = lo_nic * len(pts.nics) + hi_nic
+        # the points come a directed pair at a time: one key per run of equal ones is sorted
+        new = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
+        keys, inv = np.unique(key[new], return_inverse=True)
+        self.edge = np.repeat(inv, np.diff(np.r_[new, key.size]))
         self.n = keys.size
         lo, hi = keys // len(pts.nics), keys % len(pts.nics)
-        self.nics = [(pts.nics[a], pts.nics[b]) for a, b in zip(lo, hi, strict=True)]
+        nics = pts.nics
+        self.nics = [(nics[a], nics[b]) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
         self.lo, self.hi = nic_h[lo], nic_h[hi]
         self.key_codes = keys  # sorted lo·N + hi codes, N = NICs in this window
         self.codes = nic_numbers[lo] << 32 | nic_numbers[hi]  # the same in every window

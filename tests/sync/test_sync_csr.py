@@ -1,13 +1,28 @@
 """The sync's grouped (CSR) kernels against their references: the per-group hulls equal
 :func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
-points, and the edge fits over each direction's hull the fits over all its points."""
+points, the edge fits over each direction's hull the fits over all its points, the slope walk
+the bisection's optimum, the network solve's refilled Laplacian scipy's summed one, the
+one-pass flattening of a window's rows their points row by row, and the bucketed median
+numpy's."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import pyarrow as pa
 import pytest
-from fleetlens.sync._csr import group_offsets, hull_groups, pair_hulls, union_hulls
+import scipy.sparse as sp
+from fleetlens.sync._csr import (
+    group_offsets,
+    hull_groups,
+    pair_hulls,
+    shifted_median,
+    union_hulls,
+)
 from fleetlens.sync.edgefit import fit_edges
+from fleetlens.sync.network import ActiveSets
+from fleetlens.sync.purity import hull_points
 
 from fleetlens.hull import lower_hull_rows
 from fleetlens.summary import pad_rows
@@ -99,3 +114,142 @@ def test_fits_over_each_directions_hull_equal_the_fits_over_every_point() -> Non
     assert np.allclose(hull.margin, full.margin, rtol=0, atol=1e-6)
     assert np.array_equal(hull.span, full.span)
     assert (hull.n_up <= full.n_up).all() and (hull.n_up < full.n_up).any()
+
+
+def _bisected_slope(t: np.ndarray, y: np.ndarray, upper: np.ndarray, lo: float, hi: float) -> float:
+    """The max-margin slope by bisection on the margin's supergradient (the walk's
+    predecessor): 64 halvings of the bracket."""
+    for _ in range(64):
+        b = 0.5 * (lo + hi)
+        v = y - b * t
+        t_up = t[upper][np.argmin(v[upper])]
+        t_low = t[~upper][np.argmax(v[~upper])]
+        lo, hi = (b, hi) if t_low > t_up else (lo, b)
+    return 0.5 * (lo + hi)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_slope_walk_finds_the_bisections_optimum(ties: bool) -> None:
+    rng = np.random.default_rng(4)
+    n, m = 60, 8000
+    edge = rng.integers(0, n, m).astype(np.int64)
+    upper = rng.random(m) < 0.5
+    t = rng.integers(-500_000_000, 500_000_000, m).astype(np.float64)
+    if ties:  # equal times and collinear points
+        t = np.floor(t / 1e8) * 1e8
+    a, b = rng.normal(0, 1e4, n), rng.normal(0, 5e-5, n)
+    delay = np.rint(1500 + rng.exponential(300, m))
+    y = np.rint(a[edge] + b[edge] * t) + np.where(upper, delay, -delay)
+    # some edges' optimum outside a narrow bracket: clamped there, the prior kept
+    b_prior = b + rng.normal(0, 1e-7, n) * np.where(np.arange(n) % 5 == 0, 100.0, 1.0)
+    bracket = np.full(n, 2e-6)
+    fits = fit_edges(edge, upper, t, y, n, b_prior, bracket)
+    for e in range(n):
+        on = edge == e
+        want = _bisected_slope(t[on], y[on], upper[on], b_prior[e] - 2e-6, b_prior[e] + 2e-6)
+        if abs(want - b_prior[e]) > 0.999 * 2e-6:  # at the bracket's edge: prior kept (or
+            # the soft fit's where the line at the prior overlaps the points)
+            assert not fits.slope_ok[e] and (fits.soft[e] or fits.b[e] == b_prior[e])
+            continue
+        assert fits.slope_ok[e]
+        assert abs(fits.b[e] - want) <= 1e-16
+        v = y[on] - fits.b[e] * t[on]
+        margin = 0.5 * (v[upper[on]].min() - v[~upper[on]].max())
+        assert fits.margin[e] == margin
+    assert (~fits.slope_ok).sum() >= n // 10
+
+
+def test_laplacian_pattern_refilled_equals_the_summed_coo() -> None:
+    rng = np.random.default_rng(5)
+    n, e = 50, 900  # several NIC-pair edges per host pair: duplicate entries to sum
+    lo = rng.integers(0, n - 1, e)
+    hi = np.minimum(lo + rng.integers(1, 6, e), n - 1)
+    sets = ActiveSets(n, lo, hi, min_edges=3)
+    for _ in range(3):
+        w = np.where(rng.random(e) < 0.2, 0.0, rng.random(e))
+        active, solved = sets(w)
+        pat = sets.pattern(w)
+        idx = np.cumsum(solved) - 1
+        i, j, wz = idx[lo[active]], idx[hi[active]], w[active]
+        m = int(solved.sum())
+        want = sp.coo_matrix(
+            (np.r_[wz, wz, -wz, -wz], (np.r_[i, j, i, j], np.r_[i, j, j, i])), (m, m)
+        ).toarray()
+        assert np.allclose(pat.matrix(w).toarray(), want, rtol=1e-15, atol=0)
+        assert sets.pattern(w) is pat  # built once per set of weighted edges
+        assert pat.matrix(w * 2).toarray() == pytest.approx(2 * want, rel=1e-15, abs=0)
+
+
+def _rows_table(rng: np.random.Generator, n: int) -> pa.Table:
+    """Window rows of every kind hull_points drops, with null points and lists."""
+    nics = [f"h{h}/eth{i}" for h in range(6) for i in range(2)] + ["bogus", None]
+    cols: dict[str, list] = {k: [] for k in ("src_nic", "dst_nic", "pure", "hull_t_ns",
+                                             "hull_owd_ns")}  # fmt: skip
+    for _ in range(n):
+        m = int(rng.integers(0, 5))
+        t = [int(v) if rng.random() > 0.05 else None for v in rng.integers(0, 10**9, m)]
+        y = [int(v) if rng.random() > 0.05 else None for v in rng.integers(1000, 9000, m)]
+        if rng.random() < 0.1:  # a length mismatch
+            y = [*y, 7]
+        cols["src_nic"].append(nics[int(rng.integers(0, len(nics)))])
+        cols["dst_nic"].append(nics[int(rng.integers(0, len(nics) - 2))])
+        cols["pure"].append(int(rng.integers(0, 4)) if rng.random() > 0.05 else None)
+        cols["hull_t_ns"].append(t if rng.random() > 0.05 else None)
+        cols["hull_owd_ns"].append(y if rng.random() > 0.05 else None)
+    return pa.table({k: pa.array(v, pa.list_(pa.int64()) if k.startswith("hull") else None)
+                     for k, v in cols.items()})  # fmt: skip
+
+
+def _flattened_by_rows(table: pa.Table) -> tuple[list[tuple], int]:
+    """The kept rows' points as (src, dst, t, y) and the null points, row by row."""
+    out, nulls = [], 0
+    for r in table.to_pylist():
+        t, y, s, d = r["hull_t_ns"], r["hull_owd_ns"], r["src_nic"], r["dst_nic"]
+        if not r["pure"] or t is None or y is None or len(t) != len(y) or not t:
+            continue
+        if s in (None, "bogus") or d in (None, "bogus") or s.split("/")[0] == d.split("/")[0]:
+            continue
+        for a, b in zip(t, y, strict=True):
+            if a is None or b is None:
+                nulls += 1
+            else:
+                out.append((s, d, a, b))
+    return out, nulls
+
+
+def test_one_pass_flattening_equals_the_rows_points() -> None:
+    rng = np.random.default_rng(6)
+    for _ in range(10):
+        table = _rows_table(rng, int(rng.integers(1, 300)))
+        # in chunks, the hull columns chunked apart from the others, then a slice
+        cut = [0, *sorted(int(c) for c in rng.integers(0, table.num_rows, 3)), table.num_rows]
+        parts = [table.slice(a, b - a) for a, b in itertools.pairwise(cut)]
+        table = pa.concat_tables(parts)
+        t_col = pa.chunked_array([table["hull_t_ns"].combine_chunks()])
+        table = table.set_column(table.schema.get_field_index("hull_t_ns"), "hull_t_ns", t_col)
+        start = int(rng.integers(0, table.num_rows))
+        table = table.slice(start, table.num_rows - start)
+        pts = hull_points(table)
+        want, nulls = _flattened_by_rows(table)
+        cols = zip(pts.src, pts.dst, pts.t_raw, pts.owd_raw, strict=True)
+        got = [(pts.nics[s], pts.nics[d], int(t), int(y)) for s, d, t, y in cols]
+        assert got == want
+        assert pts.dropped.get("null_hull_point", 0) == nulls
+
+
+def test_shifted_median_is_numpys() -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n, hosts = int(rng.integers(1, 2000)), int(rng.integers(1, 20))
+        base = int(rng.choice([0, 1_700_000_000_000_000_000, -5]))
+        if trial % 3 == 0:  # a window's raw times
+            t = base + rng.integers(0, 10**9, n)
+        elif trial % 3 == 1:  # few distinct values: ties across the middle
+            t = base + rng.integers(0, 5, n)
+        else:  # half the values far out: the median outside a sample's range
+            far = rng.integers(0, 2**60, n)
+            t = base + np.where(rng.random(n) < 0.5, rng.integers(0, 10, n), far)
+        host = rng.integers(0, hosts, n).astype(np.int64)
+        shift = rng.integers(-(10**8), 10**8, hosts).astype(np.int64)
+        t = t.astype(np.int64)
+        assert shifted_median(t, host, shift) == np.median(t - shift[host])

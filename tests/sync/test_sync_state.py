@@ -1,5 +1,6 @@
 """The sync's carried state at scale: bounded in memory over many rounds, and the pooled fits
-from the per-window reduced hulls equal a re-pooling of every stored window's raw points."""
+from the per-window reduced hulls equal a re-pooling of every stored window's raw points; the
+Cython re-implementations give the models of the numpy forms they replaced."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from collections import deque
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
-from fleetlens.sync import HuygensSync, SyncConfig
+from fleetlens.sync import HuygensSync, SyncConfig, purity, solver
 from fleetlens.sync.pooling import HullPool, Pooled
 from fleetlens.sync.purity import HullPoints
 
@@ -130,3 +132,32 @@ def _shifted(t: pa.Table, shift: int) -> pa.Table:
             moved = pa.array(col.to_numpy() + shift)
         t = t.set_column(t.schema.get_field_index(name), name, moved)
     return t
+
+
+def _flatten_by_numpy(
+    keep: np.ndarray, src: np.ndarray, dst: np.ndarray, t_off: np.ndarray, t_val: np.ndarray,
+    t_ok: np.ndarray, y_off: np.ndarray, y_val: np.ndarray, y_ok: np.ndarray, total: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
+    """:func:`fleetlens.sync._csr.flatten_points` by numpy gathers (as hull_points had it)."""
+    rows = np.flatnonzero(keep)
+    n = t_off[rows + 1] - t_off[rows]
+    row = np.repeat(rows, n)
+    k = np.repeat(t_off[rows], n) + np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+    ky = k + (y_off - t_off)[row]
+    good = np.ones(total, bool)
+    good &= t_ok[k].astype(bool) if t_ok.size else True
+    good &= y_ok[ky].astype(bool) if y_ok.size else True
+    return src[row][good], dst[row][good], t_val[k][good], y_val[ky][good], int((~good).sum())
+
+
+def test_kernels_give_the_models_of_their_numpy_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-pass flattening and the bucketed median are re-implementations: the models
+    are bit-identical to those of the numpy forms they replaced."""
+    topo = from_spec(FLEET)
+    windows = _windows(topo, 12, seed=4)
+    got, _ = _drive(HuygensSync(), windows, topo)
+    monkeypatch.setattr(solver, "shifted_median", lambda t, h, s: np.median(t - s[h]))
+    monkeypatch.setattr(purity, "flatten_points", _flatten_by_numpy)
+    want, _ = _drive(HuygensSync(), windows, topo)
+    assert got == want
+    assert all(m.synced for m in got[-1].values())

@@ -8,7 +8,7 @@ import pytest
 from fleetlens.sync import HuygensSync, SyncConfig, solve_clocks
 from fleetlens.sync.edgefit import fit_edges, soft_margin
 from fleetlens.sync.network import ActiveSets, solve_network
-from fleetlens.sync.purity import hull_points, pure_mask
+from fleetlens.sync.purity import complete_generations, hull_points, pure_mask
 from scipy.optimize import linprog
 
 from fleetlens.records import WINDOW_SCHEMA, ClockModel, Window, lower_hull, windows_to_table
@@ -428,3 +428,22 @@ def test_shared_active_sets_change_no_network_answer() -> None:
                 np.testing.assert_array_equal(a, b)
     assert off.outlier[[0, 3, 4]].all() and not off.solved[n - 4 :].any()
     assert sets(w0) is sets(2 * w0)  # memoized on which weights are positive
+
+
+def test_generations_of_one_window_length_and_of_several() -> None:
+    rng = np.random.default_rng(9)
+    dur = np.full(400, 10**9)
+    start = rng.integers(0, 5, 400) * 10**9 + rng.integers(-(5 * 10**7), 5 * 10**7, 400)
+    for lengths in ("one", "several"):
+        if lengths == "several":  # a few rows of another length, none and a bad one
+            dur[:20] = 2 * 10**9
+            dur[20] = 0
+        null = np.arange(400) == 21
+        t = pa.table({"start_ns": pa.array(start, pa.int64()),
+                      "duration_ns": pa.array(dur, pa.int64(), mask=null)})  # fmt: skip
+        ok = (dur > 0) & ~null
+        gen = np.where(ok, (start + dur // 2) // np.maximum(dur, 1), -1)
+        got = complete_generations(t, after=-1, quorum=0.0)
+        assert [g for _, g in got] == sorted(set(gen[ok].tolist()))
+        for rows, g in got:
+            assert rows.num_rows == int((gen == g).sum())
