@@ -256,8 +256,9 @@ def _log_failure(fut: Future[None]) -> None:
 
 class SummaryPublisher:
     """A shard's ``CommitSink``: after each commit, its batches' summaries to JetStream
-    (subject ``fleetlens.summaries.<partition>``, message id the batch id), each retried until
-    stored; off the shard's event loop, in commit order."""
+    (subject ``fleetlens.summaries.<partition>``, message id the batch id, so a redelivered
+    group's are dropped), each retried until stored; off the shard's event loop, in commit
+    order. The shard acknowledges a group only once its summaries are stored."""
 
     def __init__(self, urls: str, shard: str = "", replicas: int = 3, timeout_s: float = 30.0):
         self.urls, self.shard, self.replicas, self.timeout_s = urls, shard, replicas, timeout_s
@@ -267,15 +268,17 @@ class SummaryPublisher:
         self._order = asyncio.Lock()
         self._pending: list[Future[None]] = []
 
-    def committed(self, partition: str, batches: Sequence[Batch]) -> None:
+    def committed(self, partition: str, batches: Sequence[Batch]) -> Future[None] | None:
         """Queued: summarized and published on the publisher's thread, in commit order (the
-        shard calls this on its event loop, which must not wait for NATS)."""
+        shard calls this on its event loop, which must not block on NATS); done when stored."""
         new = [b for b in batches if b.rows]
-        if new:
-            fut = asyncio.run_coroutine_threadsafe(self._publish(partition, new), self._runner.loop)
-            fut.add_done_callback(_log_failure)
-            self._pending.append(fut)
-            self._pending = [f for f in self._pending if not f.done()]
+        if not new:
+            return None
+        fut = asyncio.run_coroutine_threadsafe(self._publish(partition, new), self._runner.loop)
+        fut.add_done_callback(_log_failure)
+        self._pending.append(fut)
+        self._pending = [f for f in self._pending if not f.done()]
+        return fut
 
     async def _connect(self) -> None:
         import nats

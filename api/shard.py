@@ -48,6 +48,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -78,10 +79,14 @@ STALL_FETCHES = 5  # empty fetches (1 s each) before a consumer is asked why
 
 
 class CommitSink(Protocol):
-    """Told of each group of new batches of a partition once committed (the fleet tier's
-    summary publisher plugs in here)."""
+    """Told of each group of a partition's batches once committed, before the group is
+    acknowledged (the fleet tier's summary publisher plugs in here). A redelivered group is
+    told again, its batches already stored included: what a sink sends must be idempotent
+    (the summaries' message id is the batch id). The future it may return is awaited before
+    the acknowledgement, so a shard that dies first leaves the group to be redelivered and
+    told again; a failed one ends the ownership like a failed commit."""
 
-    def committed(self, partition: str, batches: Sequence[Batch]) -> None: ...
+    def committed(self, partition: str, batches: Sequence[Batch]) -> Future[None] | None: ...
 
 
 @dataclass(frozen=True)
@@ -398,6 +403,7 @@ class Shard:
         stored = [await f for f in [asyncio.wrap_future(await self._submit(b)) for b in good]]
         new = [b for b, s in zip(good, stored, strict=True) if s]
         self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)  # committed
+        await self._tell(p, good)
         if not await self._advance(p, owned, max(m.metadata.sequence.stream for m in msgs)):
             return
         for _m, why in refused:  # counted once terminated: a group retried counts them once
@@ -407,11 +413,13 @@ class Shard:
         for m in msgs:
             await (m.term() if id(m) in terminate else m.ack())
         await self._nc.flush()
+
+    async def _tell(self, p: str, batches: list[Batch]) -> None:
+        """Every sink told of a committed group and done with it (raises: the group fails)."""
         for sink in self.sinks:
-            try:
-                sink.committed(p, new)
-            except Exception:
-                log.exception("shard: commit sink failed")
+            done = sink.committed(p, batches)
+            if done is not None:
+                await asyncio.wrap_future(done)
 
     async def _submit(self, b: Batch) -> Any:
         while True:
