@@ -54,7 +54,7 @@ class Writer:
         store: Store,
         max_batches: int = 256,
         max_rows: int = 4_000_000,
-        on_commit: Callable[[Batch, bool, float], None] | None = None,
+        on_commit: Callable[[list[tuple[Batch, bool]], float], None] | None = None,
         group_rows: int = 500_000,
     ) -> None:
         self.store = store
@@ -195,13 +195,15 @@ class Writer:
         self.rows_written += rows
         if dt > 0 and rows:
             self.rows_per_s_ewma = 0.8 * self.rows_per_s_ewma + 0.2 * rows / dt
+        # The hook sees the whole group at once: its metrics, look-back and arrivals cost a
+        # fixed ~0.5 ms of GIL time per call, paid once per commit, not once per batch.
+        if self._on_commit:
+            try:
+                self._on_commit([(it.batch, s) for it, s in zip(group, flags, strict=True)], dt)
+            except Exception:  # metrics must never fail an acknowledged write
+                log.exception("writer: on_commit hook failed")
         for it, stored in zip(group, flags, strict=True):
             self._untrack(it)
-            if self._on_commit:
-                try:
-                    self._on_commit(it.batch, stored, dt)
-                except Exception:  # metrics must never fail an acknowledged write
-                    log.exception("writer: on_commit hook failed")
             _resolve(it.future, stored)
 
 
