@@ -49,20 +49,25 @@ class WindowArrivals:
             self._registered[host] = now_ns
             self._first_sent.pop(host, None)
 
-    def stored(self, host: str, starts: list[int], duration_ns: int, now_ns: int) -> bool:
-        """Note a stored batch; True when it completed a generation newer than any before."""
+    def stored(self, sent: list[tuple[str, list[int], int]], now_ns: int) -> bool:
+        """Note a commit group's stored batches (host, window starts and duration of each, in
+        commit order); True when they completed a generation newer than any before. It is
+        checked once per group for each generation the group reached: a check walks the
+        fleet's hosts, too much to do per batch at 1,024 batches a second."""
         with self._lock:
-            self._first_sent.setdefault(host, min(starts))
-            for s in starts:
-                self._senders.setdefault(s, set()).add(host)
-                self._duration[s] = duration_ns
-                self._first_at.setdefault(s, now_ns)
+            for host, starts, duration_ns in sent:
+                self._first_sent.setdefault(host, min(starts))
+                for s in starts:
+                    self._senders.setdefault(s, set()).add(host)
+                    self._duration[s] = duration_ns
+                    self._first_at.setdefault(s, now_ns)
             for old in sorted(self._senders)[:-KEEP_GENERATIONS]:
                 del self._senders[old], self._duration[old], self._first_at[old]
-            newest = max(starts)
-            if newest > self._signalled and self._complete(newest, now_ns):
-                self._signalled = newest
-                return True
+            # Newest first: one batch of the next generation must not hide a completed one.
+            for g in sorted({max(starts) for _, starts, _ in sent}, reverse=True):
+                if g > self._signalled and self._complete(g, now_ns):
+                    self._signalled = g
+                    return True
             return False
 
     def solve_upto(self, now_ns: int, newest_start: int | None) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from fleetlens.api.clockgate import ClockGate
@@ -49,13 +50,17 @@ class RecentWindows:
 
     def add(self, windows: pa.Table) -> None:
         """A committed batch's rows (``WINDOW_SCHEMA``); called on the writer thread."""
-        starts = pc.unique(windows["start_ns"]).to_pylist()
-        rows = windows.select(WINDOW_SCHEMA.names).cast(WINDOW_SCHEMA)
+        self.add_all([windows])
+
+    def add_all(self, tables: list[pa.Table]) -> None:
+        """A commit group's batches, each as its rows: a batch nearly always holds one
+        generation and is kept whole (filtering the group's table by generation would copy
+        its list columns)."""
+        parts = [(s, part) for t in tables for s, part in _generations(t)]
         with self._lock:
-            for s in starts:
+            for s, part in parts:
                 if self._upto is not None and s <= self._upto:
                     continue
-                part = rows if len(starts) == 1 else rows.filter(pc.equal(rows["start_ns"], s))
                 self._rows.setdefault(s, []).append(part)
             if self._rows:
                 old = [s for s in self._rows if s < max(self._rows) - self._keep_ns]
@@ -82,6 +87,21 @@ class RecentWindows:
     def at(self, start_ns: int, without: tuple[str, ...] = ()) -> pa.Table | None:
         """The generation starting at ``start_ns`` (as ``Store.window_at``), or None."""
         return self.between(start_ns, start_ns, without)
+
+
+def _generations(windows: pa.Table) -> list[tuple[int, pa.Table]]:
+    """A batch's rows per window generation (start), as ``WINDOW_SCHEMA``."""
+    if not windows.num_rows:
+        return []
+    # Batches are decoded to WINDOW_SCHEMA exactly: a cast would only cost a copy's time.
+    if not windows.schema.equals(WINDOW_SCHEMA):
+        windows = windows.select(WINDOW_SCHEMA.names).cast(WINDOW_SCHEMA)
+    start = windows["start_ns"].to_numpy()
+    lo, hi = int(start.min()), int(start.max())
+    if lo == hi:
+        return [(lo, windows)]
+    starts = np.unique(start).tolist()
+    return [(s, windows.filter(pc.equal(windows["start_ns"], s))) for s in starts]
 
 
 class TriangulationFeed:

@@ -169,6 +169,10 @@ class Metrics:
             "fleetlens_writer_commit_seconds", "Time to write and commit one batch", registry=r,
             buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0),
         )  # fmt: skip
+        self.commit_group = Histogram(
+            "fleetlens_writer_commit_group_batches", "Batches committed in one transaction",
+            registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+        )  # fmt: skip
         Gauge("fleetlens_writer_queue_depth", "Items waiting for the writer", registry=r
               ).set_function(queue_depth)  # fmt: skip
         Gauge("fleetlens_writer_queue_rows", "Window rows waiting for the writer", registry=r

@@ -25,6 +25,15 @@ from fleetlens.batch import Batch
 log = logging.getLogger("fleetlens.api.writer")
 
 
+# A commit's fixed cost dwarfs its rows': one agent batch (~910 rows) alone took 9.5 ms of
+# CPU to insert and commit, 3.1 ms in groups of 4 and 1.3 ms in groups of 64. So a group
+# waits for batches arriving less than GROUP_GAP_S apart, up to GROUP_WAIT_S after its first
+# one was queued: a lone client's ack waits one gap at most; 1,024 agents a second make
+# groups of tens of batches for at most 50 ms of added ack latency.
+GROUP_WAIT_S = 0.05
+GROUP_GAP_S = 0.005
+
+
 class Backpressure(Exception):
     def __init__(self, retry_after_s: float) -> None:
         super().__init__(f"writer queue full, retry after {retry_after_s:.0f} s")
@@ -54,8 +63,10 @@ class Writer:
         store: Store,
         max_batches: int = 256,
         max_rows: int = 4_000_000,
-        on_commit: Callable[[Batch, bool, float], None] | None = None,
+        on_commit: Callable[[list[tuple[Batch, bool]], float], None] | None = None,
         group_rows: int = 500_000,
+        group_wait_s: float = GROUP_WAIT_S,
+        group_gap_s: float = GROUP_GAP_S,
     ) -> None:
         self.store = store
         self.max_rows = max_rows
@@ -68,6 +79,7 @@ class Writer:
         self.rows_per_s_ewma = 0.0
         self.errors = 0
         self.group_rows = group_rows
+        self.group_wait_s, self.group_gap_s = group_wait_s, group_gap_s
         self.rows_written = 0
         self.busy_cpu_s = 0.0  # CPU time of the writer thread inside transactions
 
@@ -149,11 +161,13 @@ class Writer:
                 continue
             group = [item]
             rows = item.rows
-            # Group commit: batches already queued go into the same transaction (one WAL
-            # flush for many small agent batches); a call or the stop sentinel ends the group.
+            # Group commit: batches already queued, and those still coming close behind, go
+            # into the same transaction; a call or the stop sentinel ends the group.
+            deadline = item.enqueued + self.group_wait_s
             while rows < self.group_rows:
+                wait = min(self.group_gap_s, deadline - time.monotonic())
                 try:
-                    nxt = self._q.get_nowait()
+                    nxt = self._q.get(timeout=wait) if wait > 0 else self._q.get_nowait()
                 except queue.Empty:
                     break
                 if not isinstance(nxt, _BatchItem):
@@ -195,13 +209,15 @@ class Writer:
         self.rows_written += rows
         if dt > 0 and rows:
             self.rows_per_s_ewma = 0.8 * self.rows_per_s_ewma + 0.2 * rows / dt
+        # The hook sees the whole group at once: its metrics, look-back and arrivals cost a
+        # fixed ~0.5 ms of GIL time per call, paid once per commit, not once per batch.
+        if self._on_commit:
+            try:
+                self._on_commit([(it.batch, s) for it, s in zip(group, flags, strict=True)], dt)
+            except Exception:  # metrics must never fail an acknowledged write
+                log.exception("writer: on_commit hook failed")
         for it, stored in zip(group, flags, strict=True):
             self._untrack(it)
-            if self._on_commit:
-                try:
-                    self._on_commit(it.batch, stored, dt)
-                except Exception:  # metrics must never fail an acknowledged write
-                    log.exception("writer: on_commit hook failed")
             _resolve(it.future, stored)
 
 

@@ -34,8 +34,9 @@ Printed per minute of the replay:
   page), sampled alike;
 - the collector's CPU (cores, every thread of every process it runs, ``/proc/PID/stat``)
   and RSS (now and peak), the wall seconds its clock and triangulation loops ran
-  (``fleetlens_loop_duration_seconds``), and the replayer's own CPU (cores of its client
-  processes: near one core each, it limits).
+  (``fleetlens_loop_duration_seconds``), the mean batches per writer transaction
+  (``fleetlens_writer_commit_group_batches``: a commit's fixed cost is paid per group), and the
+  replayer's own CPU (cores of its client processes: near one core each, it limits).
 
 The baseline in the same command is the same replay into an ingest-only collector
 (``--ingest-only``: no clock solve, no triangulation, no retention) for ``--baseline-minutes``,
@@ -272,7 +273,8 @@ def scrape(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for ln in _get(url + "/metrics").decode().splitlines():
         if ln.startswith(("fleetlens_triangulated_window_age_seconds",
-                          "fleetlens_loop_duration_seconds_sum")):  # fmt: skip
+                          "fleetlens_loop_duration_seconds_sum",
+                          "fleetlens_writer_commit_group_batches_")):  # fmt: skip
             name, value = ln.rsplit(" ", 1)
             out[name.replace('{loop="', ":").rstrip('"}')] = float(value)
     return out
@@ -303,6 +305,7 @@ class Minute:
     peak_mib: float
     loops_s: dict[str, float]
     replayer_cores: float
+    group_batches: float  # batches per writer transaction (mean)
 
 
 @dataclass
@@ -325,7 +328,7 @@ class Watch:
         self.clock.append((now, clock_age_s(self.col.url)))
 
     def minute(self, lo: int, hi: int, cpu_s: float, loops_s: dict[str, float],
-               replayer_s: float) -> Minute:  # fmt: skip
+               replayer_s: float, group: float) -> Minute:  # fmt: skip
         rec = np.concatenate(self.records) if self.records else np.zeros(0, RECORD)
         r, now = self.r, time.time_ns()
         due = r.t0_ns + (np.arange(r.seconds)[:, None] + 1) * SEC + np.array(r.offsets_ns)
@@ -348,7 +351,7 @@ class Watch:
         return Minute(
             float(np.percentile(lag, 50)), float(np.percentile(lag, 99)), float(lag.max()),
             stored, n_due, backlog, _nanpct(v, 50), _nanmax(v), _nanpct(c, 50), _nanmax(c),
-            cpu_s / span, rss, peak, loops_s, replayer_s / span,
+            cpu_s / span, rss, peak, loops_s, replayer_s / span, group,
         )  # fmt: skip
 
 
@@ -368,16 +371,17 @@ def print_minute(i: int, m: Minute, loops: bool) -> None:
           f"{m.lag_max:5.2f} s, batches stored/due {m.stored}/{m.due} (oldest unanswered due "
           f"{m.backlog_s:.1f} s ago); {ages}collector "
           f"{m.cores:.2f} cores, RSS {m.rss_mib:,.0f} MiB (peak {m.peak_mib:,.0f}); "
-          f"loops {loop_s or 'off'}; replayer {m.replayer_cores:.2f} cores",
+          f"loops {loop_s or 'off'}; {m.group_batches:.1f} batches per commit; replayer "
+          f"{m.replayer_cores:.2f} cores",
           flush=True)  # fmt: skip
 
 
 def replay(work: Path, cache: Path, meta: dict, minutes: float, clients: int, loops: bool,
-           sample_s: float, seed: int, ingest_workers: int) -> list[Minute]:  # fmt: skip
+           sample_s: float, seed: int, more_args: list[str]) -> list[Minute]:  # fmt: skip
     """One replay into a fresh collector; the per-minute figures (also printed)."""
     hosts, label = meta["hosts"], "full collector" if loops else "ingest-only collector"
     args = ["--insecure-no-auth", "--public-metrics", *([] if loops else ["--ingest-only"])]
-    args += ["--ingest-workers", str(ingest_workers)] if ingest_workers else []
+    args += more_args
     db = work / ("full.duckdb" if loops else "ingest.duckdb")
     col = start_collector(db, meta["spec"], args, log=db.with_suffix(".log"), timeout_s=120)
     try:
@@ -413,16 +417,19 @@ def _run(col: CollectorProcess, r: Replay, clients: int, loops: bool, sample_s: 
         while lo < end:
             hi = min(lo + 60 * SEC, end)
             cpu0, rep0 = tree_cpu_s(col.pid), sum(_cpu(p) for p in procs)
-            loops0 = scrape(col.url) if loops else {}
+            loops0 = scrape(col.url)
             while time.time_ns() < hi:
                 _drain(out, w.records, min(sample_s, (hi - time.time_ns()) / 1e9))
                 col.check_alive("replaying")
                 w.sample()
-            loops1 = scrape(col.url) if loops else {}
+            loops1 = scrape(col.url)
             loop_s = {k.split(":")[1]: v - loops0.get(k, 0.0) for k, v in loops1.items()
                       if k.startswith("fleetlens_loop_duration")}  # fmt: skip
+            g = "fleetlens_writer_commit_group_batches_"
+            commits = loops1.get(g + "count", 0.0) - loops0.get(g + "count", 0.0)
+            group = (loops1.get(g + "sum", 0.0) - loops0.get(g + "sum", 0.0)) / max(commits, 1)
             m = w.minute(lo, hi, tree_cpu_s(col.pid) - cpu0, loop_s,
-                         sum(_cpu(p) for p in procs) - rep0)  # fmt: skip
+                         sum(_cpu(p) for p in procs) - rep0, group)  # fmt: skip
             minutes.append(m)
             print_minute(len(minutes), m, loops)
             lo = hi
@@ -487,19 +494,22 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, help="default: a temporary directory")
     workers_help = "the collector's --ingest-workers (CPU and RSS: its processes summed)"
     ap.add_argument("--ingest-workers", type=int, default=0, help=workers_help)
+    ap.add_argument("--duckdb-threads", type=int, help="the collector's (default: its own)")
     a = ap.parse_args()
     cache, meta = ensure_cache(a.cache, a.hosts, a.windows, a.seed)
     print(f"machine      : {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; fleet {meta['spec']}, {PEERS} "
           f"peers, {a.clients} client processes")  # fmt: skip
+    more = ["--ingest-workers", str(a.ingest_workers)] if a.ingest_workers else []
+    more += ["--duckdb-threads", str(a.duckdb_threads)] if a.duckdb_threads else []
     with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
         work = Path(tmp)
         base = []
         if a.baseline_minutes > 0:
             base = replay(work, cache, meta, a.baseline_minutes, a.clients, False, a.sample_s,
-                          a.seed, a.ingest_workers)  # fmt: skip
+                          a.seed, more)  # fmt: skip
         full = replay(work, cache, meta, a.minutes, a.clients, True, a.sample_s, a.seed,
-                      a.ingest_workers)  # fmt: skip
+                      more)  # fmt: skip
     cores = float(np.mean([m.cores for m in full[1:] or full]))
     if base:
         b = float(np.mean([m.cores for m in base]))
