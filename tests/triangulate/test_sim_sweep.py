@@ -149,8 +149,31 @@ SCENARIOS = [
     *_lab(small("host", 2, 3), "loss", 100, "down"),
     *_lab(small("host", 2, 3), "loss", 5, "access"),
 ]
-# CI: the two-leaf tie (an uplink and the downlink after it carry the same flows) both ways
-REPRESENTATIVE = set(_lab(small("rail", 2, 2), "loss", 5, "up"))
+# Measured failures of the engine (main at ab0a625), diagnosed in triangulate/README.md
+# ("Simulator sweep"); strict, so a fix shows up as XPASS and the marker must go.
+BACKGROUND_UNKNOWN = (
+    "paths unknown on 2-3 leaves: the 1e-5/link background loss alone makes whole ECMP "
+    "groups of fabric links faulty (at 5-8e-5, the background of a fabric path, against a "
+    "row's background q), before the fault; passes with base_loss=0"
+)
+SWITCH_2X2 = (
+    "2 leaves x 2 spines, paths known: late in the fault the long-horizon fit keeps fabric "
+    "links at the background rate (~4e-5), 3-4 of a switch's 4 fabric links are implicated "
+    "and leaf0/spine0 are faulty switches to the end of the run; passes with base_loss=0"
+)
+FAILS = {
+    "rail-2L2S1N-loss-5%-up-unknown": BACKGROUND_UNKNOWN,
+    "rail-2L2S1N-loss-5%-up-known": SWITCH_2X2,
+    "rail-2L2S1N-delay-100us-down-unknown": BACKGROUND_UNKNOWN,
+    "rail-2L2S1N-delay-100us-down-known": SWITCH_2X2,
+    "host-3L3S1N-loss-1%-down-unknown": BACKGROUND_UNKNOWN,
+    "host-3L3S1N-black-hole-up-unknown": BACKGROUND_UNKNOWN,
+}
+# CI: one run that passes and one that shows the background failure (~50 CPU-s together)
+REPRESENTATIVE = {
+    Scenario(small("host", 3, 3), "loss", 1, "down", "known"),
+    Scenario(small("rail", 2, 2), "loss", 5, "up", "unknown"),
+}
 
 
 @dataclass
@@ -226,13 +249,13 @@ def _seen(t: int, verdicts: list[Verdict], link: str) -> Seen:
     return Seen(t, faulty, group)
 
 
-def run(s: Scenario) -> Result:
+def run(s: Scenario, base_loss: float = BASE_LOSS) -> Result:
     """Simulate the scenario window by window through one Triangulator and judge it."""
     cpu0 = time.process_time()
     tl = s.shape.timeline
     topo = from_spec(s.shape.spec)
     link, nic = target(topo, s)
-    cfg = SimConfig(faults=(s.spec(link, tl),), paths_known=s.paths == "known", base_loss=BASE_LOSS)
+    cfg = SimConfig(faults=(s.spec(link, tl),), paths_known=s.paths == "known", base_loss=base_loss)
     tri = Triangulator(topo)
     prev: dict[str, Verdict] = {}
     seen = []
@@ -274,6 +297,10 @@ def judge(res: Result, seen: list[Seen], nic: str | None) -> Result:
         for o in x.faulty - group - ({nic} if nic else set()):
             false.setdefault(o, [x.t, x.t])[1] = x.t
     res.false_links = sorted(false)
+    warm = [x for x in seen if x.t <= 0]  # the last clean window: alarms the fault did not raise
+    before = sorted(set(false) & warm[-1].faulty) if warm else []
+    if before:
+        res.note += f"faulty before the fault too: {', '.join(before[:8])}; "
     if false:
         res.note += f"heal at t={tl.fault}; false: " + ", ".join(
             f"{o} t={a}-{b}" for o, (a, b) in sorted(false.items())[:8]
@@ -286,9 +313,15 @@ def judge(res: Result, seen: list[Seen], nic: str | None) -> Result:
     return res
 
 
+def _marks(s: Scenario) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.sweep] + ([pytest.mark.sweep_ci] if s in REPRESENTATIVE else [])
+    if str(s) in FAILS:
+        marks.append(pytest.mark.xfail(strict=True, reason=FAILS[str(s)]))
+    return marks
+
+
 def _params() -> list[pytest.param]:  # type: ignore[type-arg]
-    marks = {True: [pytest.mark.sweep, pytest.mark.sweep_ci], False: [pytest.mark.sweep]}
-    return [pytest.param(s, id=str(s), marks=marks[s in REPRESENTATIVE]) for s in SCENARIOS]
+    return [pytest.param(s, id=str(s), marks=_marks(s)) for s in SCENARIOS]
 
 
 @pytest.mark.parametrize("scenario", _params())
@@ -307,11 +340,12 @@ def test_sim_fault_is_localized_held_and_cleared(scenario: Scenario) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description="the simulator sweep's table (README)")
     ap.add_argument("-k", default="", help="only scenarios whose id contains this text")
+    ap.add_argument("--base-loss", type=float, default=BASE_LOSS, help="per link (diagnosis)")
     args = ap.parse_args()
     print(HEADER, flush=True)
     for s in SCENARIOS:
         if args.k in str(s):
-            res = run(s)
+            res = run(s, args.base_loss)
             print(f"{res.row()} <!-- {res.cpu_s:.0f} CPU-s -->", flush=True)
             if res.note:
                 print(f"<!-- {s}: {res.note} -->", flush=True)
