@@ -86,6 +86,10 @@ class Shape:
         )
 
     @property
+    def size(self) -> str:
+        return f"{HOSTS}x{self.nics}, {self.leaves}L {self.spines}S"
+
+    @property
     def timeline(self) -> Timeline:
         return REFERENCE_RUN if self.leaves == 32 else SMALL_RUN
 
@@ -157,9 +161,10 @@ BACKGROUND_UNKNOWN = (
     "row's background q), before the fault; passes with base_loss=0"
 )
 SWITCH_2X2 = (
-    "2 leaves x 2 spines, paths known: late in the fault the long-horizon fit keeps fabric "
-    "links at the background rate (~4e-5), 3-4 of a switch's 4 fabric links are implicated "
-    "and leaf0/spine0 are faulty switches to the end of the run; passes with base_loss=0"
+    "2 leaves x 2 spines, paths known: late in the fault (loss) or after the heal (delay) "
+    "the long-horizon fit keeps fabric links at the background rate (~4e-5), 3-4 of a "
+    "switch's 4 fabric links are implicated and leaf0/spine0 are faulty switches to the end "
+    "of the run; passes with base_loss=0"
 )
 FAILS = {
     "rail-2L2S1N-loss-5%-up-unknown": BACKGROUND_UNKNOWN,
@@ -207,7 +212,7 @@ class Result:
         s, tl = self.scenario, self.timeline
         false = ", ".join(self.false_links[:4]) + (" ..." if len(self.false_links) > 4 else "")
         return (
-            f"| {s.shape.wiring} | {s.shape.spec.split(':')[1]} | {s.fault} | {s.where} "
+            f"| {s.shape.wiring} | {s.shape.size} | {s.fault} | {s.where} "
             f"`{self.link}` | {s.paths} | {f(self.localize_s, '.0f')} | "
             f"{f(self.hold_pct, '.0f')} | {false or 'none'} | "
             f"{f(self.clear_s, '.0f')} (of {tl.after}) | {len(self.group) or 1} | "
