@@ -173,6 +173,8 @@ FAILS = {
     "rail-2L2S1N-delay-100us-down-known": SWITCH_2X2,
     "host-3L3S1N-loss-1%-down-unknown": BACKGROUND_UNKNOWN,
     "host-3L3S1N-black-hole-up-unknown": BACKGROUND_UNKNOWN,
+    "rail-3L4S1N-loss-1%-up-unknown": BACKGROUND_UNKNOWN,
+    "rail-3L4S1N-delay-500us-up-unknown": BACKGROUND_UNKNOWN,
 }
 # CI: one run that passes and one that shows the background failure (~50 CPU-s together)
 REPRESENTATIVE = {
