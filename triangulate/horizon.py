@@ -10,7 +10,7 @@ the window itself.
   window at the evidence level) became significant there only after 11-14 s. Summed over
   its first three windows (~13 lost against ~1.3 of background) it passes the same level.
   An exponential short horizon is diluted the same way by its own clean past (4 s: the
-  same fault faulty after 2-8 s on the simulator); a window-limited sum is not.
+  same fault faulty after 4-10 s on the simulator); a window-limited sum is not.
 """
 
 from __future__ import annotations
