@@ -13,11 +13,12 @@ class TriangulateConfig:
     background_loss: float = 1e-6  # per-link loss the fit treats as normal (null hypothesis)
     # a lossy link must also be significant against the background its flows show (learned
     # per fit, floored at background_loss) at this false-alarm rate per link and hour of
-    # windows, for each of the two fits (see evidence.py)
+    # windows, for each of the three fits (see evidence.py)
     false_alarms_per_link_hour: float = 1e-3
     loss_llr: float = 12.0  # log-likelihood ratio a link needs to be called lossy
     min_lost: float = 2.0  # lost packets a link must explain before it is reported
     loss_decay_s: float = 30.0  # time constant of the long-horizon loss evidence
+    loss_onset_windows: int = 3  # windows summed by the onset horizon (horizon.py)
     max_links_per_fit: int = 64  # greedy stops after this many links per fit
     # lost acks (records' ``acks_lost``) as loss evidence on each ack's reverse path, in the
     # one-window fit of every window that lost an ack. Off: on the lab's real packets the

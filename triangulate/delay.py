@@ -351,8 +351,8 @@ def _reference_update_baselines(
     base: np.ndarray, t: np.ndarray, at: np.ndarray, obs: np.ndarray, end_ns: int, slack: float
 ) -> None:
     """The numpy definition of ``_fast.baseline_update`` (tests compare the two)."""
+    at, obs = at[np.isfinite(obs)], obs[np.isfinite(obs)]  # no probe: nothing changes
     dt = np.maximum(end_ns - t[at], 0) * 1e-9
     crept = base[at] + slack * np.where(t[at] > 0, dt, 0.0)
-    new = np.where(np.isfinite(crept), np.fmin(crept, obs), obs)
-    base[at] = np.where(np.isfinite(new), new, base[at])
-    t[at] = np.where(np.isfinite(obs), end_ns, t[at])
+    base[at] = np.where(np.isfinite(crept), np.fmin(crept, obs), obs)
+    t[at] = end_ns

@@ -6,9 +6,11 @@ remembered paths, per-flow delay baselines, long-horizon loss evidence, link hea
 NIC sending rates and the verdict hysteresis.
 
 Per window: decode the records into flow rows and their factorized incidence (``paths``,
-``incidence``), fit loss twice — on this window alone (fast: black holes, heavy loss; with the
-window's lost acks as rows of their own on the reverse paths, ``_with_acks``) and on
-exponentially decayed per-flow counts (slow: 0.01 % loss needs tens of seconds of probes) —
+``incidence``), fit loss three times — on this window alone (fast: black holes, heavy loss;
+with the window's lost acks as rows of their own on the reverse paths, ``_with_acks``), on
+exponentially decayed per-flow counts (slow: 0.01 % loss needs tens of seconds of probes)
+and on counts decayed within seconds (onset: a fault too weak for one window, which the slow
+counts' clean past dilutes; ``horizon``) —
 fit delay (``delay``), fold links into switches, NICs and hosts (``attribution``), widen a
 finding on a link the observed flows cannot tell from others to its whole ambiguity group
 (``identify``), and update the verdicts (``verdicts``); a link verdict names its group's id
@@ -24,7 +26,6 @@ and sizes it as well as all of them).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -34,20 +35,17 @@ import pyarrow as pa
 from fleetlens.records import Verdict
 from fleetlens.topology import Topology
 
-from . import _fast
 from .attribution import Attributor, Finding
 from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
 from .ecmp import ecmp_groups
 from .evidence import LossEvidence
+from .horizon import DecayedCounts, WindowSums
 from .identify import Ambiguity, observed_groups, widen
 from .incidence import Incidence
 from .loss import LossFit, fit_incidence
 from .paths import FlowBatch, Frame, PathModel
-from .store import FlowStore
 from .verdicts import Evidence, VerdictTracker
-
-_LOST_FLOOR = 1e-3  # decayed lost packets below this are forgotten (after ~7 decay times)
 
 
 @dataclass
@@ -90,12 +88,12 @@ class Triangulator:
         groups = ecmp_groups(topo)
         self.delay = DelayModel(p.n_links, p.n_nics, nic_host, groups, self.cfg)
         self.attrib = Attributor(topo, p.link_ids, groups, p.nic_up, p.nic_down, nic_host, self.cfg)
-        self.acc = FlowStore({"sent": (np.float64, 0.0, 0), "lost": (np.float64, 0.0, 0)})
         self.tracker = VerdictTracker(self.cfg)
-        self.loss_ev = LossEvidence(self.cfg, p.n_links)
+        self.loss_ev = LossEvidence(self.cfg, p.n_links)  # the one-window fit's and slow's
+        self.slow = DecayedCounts(self.cfg.loss_decay_s)
+        self.onset = WindowSums(self.cfg.loss_onset_windows, p.n_links)
+        self.onset_ev = LossEvidence(self.cfg, p.n_links)  # its own background and heal test
         self.sending = np.zeros(p.n_nics)
-        self._slow: tuple = ()  # (token, S) of the long-horizon counts
-        self._lossy_rows = np.empty((2, 0), np.int64)  # decay_add's output buffers
         self._sample: _DelaySample | None = None
         self._seen: tuple = (b"", frozenset())  # see _observed
         self._amb: tuple[object, Ambiguity] | None = None  # (layout token, its groups)
@@ -128,7 +126,8 @@ class Triangulator:
     def _window(self, f: Frame) -> list[Verdict]:
         cfg = self.cfg
         S = f.inc.link_sums(f.sent)
-        gamma, lossy_now, lossy_all = self._decay(f)
+        gamma, lossy_now, lossy_all = self.slow.add(f)
+        lossy_onset = self.onset.add(f)
         inc, sent, lost, S_fast, lossy = self._with_acks(f, S, lossy_now)
         fast = fit_incidence(
             inc, sent, lost, S_fast,
@@ -137,7 +136,11 @@ class Triangulator:
         fast = self.loss_ev.gate(fast, inc, sent, lost, _window_s(f))
         if inc is not f.inc:
             fast = _forward_counts(fast, f, S)
-        extra = self._slow_loss(f, fast, S, gamma, lossy_all)
+        extra = self._horizon_loss(f, fast, S, self.slow, self.loss_ev, gamma, lossy_all)
+        onset = self._horizon_loss(f, fast, S, self.onset, self.onset_ev, None, lossy_onset)
+        for lk, got in onset.items():  # the stronger evidence of the two horizons
+            if got[1] > extra.get(lk, (0.0, -1.0))[1]:
+                extra[lk] = got
         db = self._delay_batch(f)
         dfit = self.delay.observe(db)
         silent = self._silent(f)
@@ -207,77 +210,41 @@ class Triangulator:
                 v.confidence = min(v.confidence, 1.0 / v.group_size)
         return verdicts
 
-    def _decay(self, f: Frame) -> tuple[float, np.ndarray | None, np.ndarray | None]:
-        """The long-horizon per-flow counts decayed and this window added: (the decay
-        factor, this window's lossy rows, the decayed counts' lossy rows — each None when
-        this pass did not find them)."""
-        dt = max(f.end_ns - f.start_ns, 1) * 1e-9
-        gamma = math.exp(-dt / self.cfg.loss_decay_s)
-        acc = self.acc
-        sent, lost = acc.cols["sent"], acc.cols["lost"]
-        lossy_now: np.ndarray | None
-        lossy_all: np.ndarray | None
-        if acc.aligned(f.key):  # the usual case: the same flows as before, in the same order
-            # decay, add this window, floor the lost counts: one pass (``_fast.decay_add``)
-            if self._lossy_rows.shape[1] < f.n:
-                self._lossy_rows = np.empty((2, f.n), np.int64)
-            now, every = self._lossy_rows
-            keep_all, k_now, k_all = _fast.decay_add(
-                sent, lost, f.sent, f.lost, gamma, _LOST_FLOOR, 0.05, now, every
-            )
-            lossy_now, lossy_all = now[:k_now].copy(), every[:k_all].copy()
-        else:
-            _fast.decay(sent, lost, gamma)
-            at = acc.locate(f.key)
-            sent, lost = acc.cols["sent"], acc.cols["lost"]
-            sent[at] += f.sent
-            lost[at] += f.lost
-            lost[lost < _LOST_FLOOR] = 0.0  # long gone; keeps the lossy set small
-            keep_all = bool(np.all(sent >= 0.05))
-            lossy_now = lossy_all = None
-        if not keep_all:  # rows move: the lossy rows found and the slow sums are stale
-            acc.drop(sent >= 0.05)
-            lossy_all, self._slow = None, ()
-        return gamma, lossy_now, lossy_all
-
-    def _slow_loss(
-        self, f: Frame, fast: LossFit, S: np.ndarray, gamma: float, lossy: np.ndarray | None
+    def _horizon_loss(
+        self,
+        f: Frame,
+        fast: LossFit,
+        S: np.ndarray,
+        h: DecayedCounts | WindowSums,
+        ev: LossEvidence,
+        gamma: float | None,
+        lossy: np.ndarray | None,
     ) -> dict[int, tuple[float, float]]:
-        """Long-horizon loss fit (on the counts ``_decay`` updated); its links count unless
-        this window shows them healed."""
+        """Loss fit on one horizon's decayed counts (``h``, updated this window), gated by
+        ``ev``; its links not in the one-window fit count unless this window shows them
+        healed (then their old losses on this horizon are forgotten)."""
         cfg = self.cfg
-        acc = self.acc
-        sent, lost = acc.cols["sent"], acc.cols["lost"]
-        aligned = acc.aligned(f.key)
-        inc = f.inc if aligned else self._acc_incidence()
-        last = self._slow
-        token = (f.token, aligned)
-        # the same flows as last window: its sums decayed, plus this window's
-        fresh = not (last and last[0] == token)
-        S_slow = inc.link_sums(sent) if fresh else gamma * last[1] + S
-        self._slow = (token, S_slow)
-        slow = fit_incidence(
-            inc, sent, lost, S_slow,
+        inc, aligned = h.incidence(f, self.paths)
+        if isinstance(h, WindowSums):
+            sums = h.link_sums(f, inc, aligned, S)
+        else:
+            assert gamma is not None
+            sums = h.link_sums(f, inc, aligned, S, gamma)
+        fit = fit_incidence(
+            inc, h.sent, h.lost, sums,
             cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
         )  # fmt: skip
-        slow = self.loss_ev.gate(slow, inc, sent, lost, _window_s(f))
-        only = ~np.isin(slow.links, fast.links)
-        links, rate, llr = slow.links[only], slow.rate[only], slow.llr[only]
-        healed = self.loss_ev.healed(links, rate, fast.sent[links], fast.lost[links])
+        fit = ev.gate(fit, inc, h.sent, h.lost, _window_s(f))
+        only = ~np.isin(fit.links, fast.links)
+        links, rate, llr = fit.links[only], fit.rate[only], fit.llr[only]
+        healed = ev.healed(links, rate, fast.sent[links], fast.lost[links])
         if healed.any():
-            lost[inc.rows_of(links[healed])] = 0.0  # healed: forget the old losses
+            h.forget(inc.rows_of(links[healed]))  # healed: forget the old losses
         keep = ~healed
         return {
             int(lk): (float(r), float(x))
             for lk, r, x in zip(links[keep], rate[keep], llr[keep], strict=True)
         }
-
-    def _acc_incidence(self) -> Incidence:
-        keys = self.acc.keys
-        got = getattr(self, "_acc_inc", None)
-        if got is None or got[0] is not keys or got[1] != self.paths.version:
-            got = self._acc_inc = (keys, self.paths.version, self.paths.incidence(keys))
-        return got[2]
 
     def _delay_batch(self, f: Frame) -> FlowBatch:
         """The rows delay tomography runs on: all, or a fixed hash-sample of a big window."""

@@ -16,8 +16,9 @@ against the background its flows show anyway:
 - under "link l adds nothing", the lost packets the fit puts on l (``rate_l · S_l``, S_l the
   packets its flows carried, weighted by path share) are Poisson with mean ``q · S_l``;
 - the link is kept when the Chernoff bound on that tail, ``P(X >= x) <= exp(-LLR(x, q S_l))``,
-  is below ``alpha = false_alarms_per_link_hour / tests per link-hour`` (two fits — this
-  window and the decayed long horizon — per window; 15.8 at 1 s windows and 1e-3). A bound,
+  is below ``alpha = false_alarms_per_link_hour / tests per link-hour`` (three fits — this
+  window, the decayed long horizon and the onset horizon's last three windows, ``horizon`` —
+  per window; 16.2 at 1 s windows and 1e-3). A bound,
   and the decayed counts are less dispersed than Poisson, so the rate of links passing per
   link-hour is at most the stated one; a ``faulty`` verdict needs two consecutive windows
   (``fault_windows``) on top.
@@ -39,7 +40,7 @@ from .incidence import Incidence
 from .loss import LossFit, poisson_llr
 
 _HOUR_S = 3600.0
-_FITS_PER_WINDOW = 2  # the window's fit and the long-horizon fit
+_FITS_PER_WINDOW = 3  # the window's fit, the long-horizon fit and the onset fit
 
 
 def alarm_llr(cfg: TriangulateConfig, window_s: float) -> float:

@@ -271,6 +271,21 @@ def test_baseline_update_matches_numpy() -> None:
         np.testing.assert_array_equal(got_t, want_t)
 
 
+def test_baseline_creeps_once_over_a_silent_gap() -> None:
+    """A flow without probes for 65 windows (a black hole) keeps its baseline; when it comes
+    back the baseline has crept by the slack over the whole gap once (130 ns), not once per
+    silent window (4.3 us, which read as the flow being 4 us early and, through the access
+    split, as delay on its sibling uplinks)."""
+    base, t = np.array([1_000.0]), np.array([1_000_000_000], np.int64)
+    at = np.array([0], np.int64)
+    for k in range(2, 67):
+        _fast.baseline_update(base, t, at, np.array([np.nan]), k * 1_000_000_000, 2.0)
+        assert base[0] == 1_000.0 and t[0] == 1_000_000_000
+    _fast.baseline_update(base, t, at, np.array([1_500.0]), 67 * 1_000_000_000, 2.0)
+    assert base[0] == pytest.approx(1_000.0 + 2.0 * 66)
+    assert t[0] == 67 * 1_000_000_000
+
+
 def test_string_index_reads_arrow_buffers() -> None:
     names = ["h00/eth0", "h01/eth0", "leaf0->spine1", ""]
     idx = _fast.StrIndex(names)

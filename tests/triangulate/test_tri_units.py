@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pyarrow as pa
 import pytest
+from fleetlens.triangulate.horizon import WindowSums
 from fleetlens.triangulate.loss import fit_loss, poisson_llr
 from fleetlens.triangulate.paths import PathModel
 from fleetlens.triangulate.quantile import Groups, bins_of
@@ -111,3 +114,25 @@ def test_engine_handles_empty_and_unknown_input() -> None:
     with pytest.raises(ValueError, match="topology"):
         Triangulator()(empty, None, {})
     assert isinstance(empty, pa.Table)
+
+
+def test_window_sums_are_the_last_windows_counts() -> None:
+    """The onset horizon: per flow, the sums of its last 3 windows (0 where absent), through
+    flows leaving and arriving, and a healed flow's losses forgotten for good."""
+    ws = WindowSums(3, n_links=1)
+    rng = np.random.default_rng(5)
+    hist: list[dict[int, tuple[float, float]]] = []
+    for w in range(12):
+        keys = np.array(sorted(rng.choice(20, 12, replace=False)) if w % 4 == 3 else range(10))
+        sent = rng.integers(1, 50, keys.size).astype(float)
+        lost = rng.integers(0, 3, keys.size).astype(float)
+        ws.add(SimpleNamespace(key=keys.astype(np.int64), sent=sent, lost=lost))
+        hist.append({int(k): (s, x) for k, s, x in zip(keys, sent, lost, strict=True)})
+        if w == 6:  # flow 2 healed: its losses so far are gone
+            ws.forget(ws.acc.locate(np.array([2], np.int64)))
+            hist = [{k: (s, 0.0 if k == 2 else x) for k, (s, x) in h.items()} for h in hist]
+        at = ws.acc.locate(np.arange(20, dtype=np.int64))
+        for k in range(20):
+            last = [h.get(k, (0.0, 0.0)) for h in hist[-3:]]
+            assert ws.sent[at[k]] == sum(s for s, _ in last)
+            assert ws.lost[at[k]] == sum(x for _, x in last)
