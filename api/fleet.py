@@ -50,15 +50,14 @@ from fleetlens.api.writer import Backpressure
 from prometheus_client import Counter, Gauge
 
 from fleetlens.batch import Batch, BatchError
+from fleetlens.stream import MSG_ID, LoopThread, ensure_stream
 
 log = logging.getLogger("fleetlens.fleet")
 
 STREAM = "FLEETLENS_SUMMARIES"
 SUBJECT_PREFIX = "fleetlens.summaries"
 DURABLE = "fleet"
-MSG_ID = "Nats-Msg-Id"
 SHARD_HEADER = "Fleetlens-Shard"  # I/K of the shard that published a summary
-DUPLICATE_WINDOW_S = 600.0
 # A summary matters for the loops' waits, seconds; kept an hour (a fleet tier restarted
 # within it catches up from its durable consumer), then dropped.
 MAX_AGE_S = 3600.0
@@ -117,19 +116,9 @@ class FleetCollector(Collector):
 
 
 # ---- NATS -----------------------------------------------------------------------------------
-async def ensure_stream(js: Any, replicas: int) -> None:
+async def ensure_summaries(js: Any, replicas: int) -> None:
     """``FLEETLENS_SUMMARIES``, created if missing."""
-    from nats.js.api import StreamConfig
-    from nats.js.errors import NotFoundError
-
-    try:
-        await js.stream_info(STREAM)
-    except NotFoundError:
-        cfg = StreamConfig(
-            name=STREAM, subjects=[f"{SUBJECT_PREFIX}.>"], num_replicas=replicas,
-            duplicate_window=DUPLICATE_WINDOW_S, max_age=MAX_AGE_S,
-        )  # fmt: skip
-        await js.add_stream(cfg)
+    await ensure_stream(js, replicas, STREAM, f"{SUBJECT_PREFIX}.>", MAX_AGE_S)
 
 
 async def publish(
@@ -148,22 +137,6 @@ async def publish(
             await asyncio.sleep(0.2)
 
 
-class _LoopThread:
-    """An asyncio loop on a thread of its own (nats-py is asyncio; the collector is not)."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-
 class SummaryConsumer:
     """Pulls summaries from JetStream into a :class:`FleetCollector`, acknowledging each once
     stored (or rejected)."""
@@ -171,11 +144,11 @@ class SummaryConsumer:
     def __init__(self, fleet: FleetCollector, urls: str, replicas: int = 3) -> None:
         self.fleet, self.urls, self.replicas = fleet, urls, replicas
         self._stop = threading.Event()
-        self._runner: _LoopThread | None = None
+        self._runner: LoopThread | None = None
         self._task: Future[None] | None = None
 
     def start(self) -> None:
-        self._runner = _LoopThread("fleet-summaries")
+        self._runner = LoopThread("fleet-summaries")
         self._task = asyncio.run_coroutine_threadsafe(self._run(), self._runner.loop)
 
     def stop(self) -> None:
@@ -218,7 +191,7 @@ class SummaryConsumer:
         from nats.js.api import AckPolicy, ConsumerConfig
 
         js = nc.jetstream()
-        await ensure_stream(js, self.replicas)
+        await ensure_summaries(js, self.replicas)
         cfg = ConsumerConfig(
             durable_name=DURABLE, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S,
             max_ack_pending=4096,
@@ -262,7 +235,7 @@ class SummaryPublisher:
 
     def __init__(self, urls: str, shard: str = "", replicas: int = 3, timeout_s: float = 30.0):
         self.urls, self.shard, self.replicas, self.timeout_s = urls, shard, replicas, timeout_s
-        self._runner = _LoopThread("summary-publisher")
+        self._runner = LoopThread("summary-publisher")
         self._nc: Any = None  # connected at the first commit: a shard starts without NATS
         self._js: Any = None
         self._order = asyncio.Lock()
@@ -286,7 +259,7 @@ class SummaryPublisher:
         if self._nc is None:
             self._nc = await nats.connect(self.urls.split(","), max_reconnect_attempts=-1)
             self._js = self._nc.jetstream()
-            await ensure_stream(self._js, self.replicas)
+            await ensure_summaries(self._js, self.replicas)
 
     async def _publish(self, partition: str, batches: list[Batch]) -> None:
         async with self._order:  # one group at a time: published in commit order

@@ -114,15 +114,10 @@ class Publisher:
         self.servers = server_urls(servers)
         self.replicas = replicas
         self.timeout_s = timeout_s
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="nats", daemon=True)
-        self._thread.start()
+        self._runner = LoopThread("nats")
         self._nc: Any = None
         self._js: Any = None
         self._ready = False  # the stream exists (checked once per publisher)
-
-    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     async def _connect(self) -> None:
         import nats
@@ -147,26 +142,49 @@ class Publisher:
         Raises :class:`PublishError` when the stream did not confirm it (retry, same id)."""
         try:
             coro = self._publish(subject(partition), batch_id, body, ctype)
-            return self._run(coro, self.timeout_s * 3)
+            return self._runner.run(coro, self.timeout_s * 3)
         except Exception as e:
             raise PublishError(f"{type(e).__name__}: {e}") from e
 
     def close(self) -> None:
         if self._nc is not None:
             with contextlib.suppress(Exception):  # a connection that is already gone
-                self._run(self._nc.close(), self.timeout_s)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+                self._runner.run(self._nc.close(), self.timeout_s)
+        self._runner.close()
 
 
-async def ensure_stream(js: Any, replicas: int) -> None:
-    """Create :data:`STREAM` if missing (``replicas`` copies; existing streams are kept)."""
+class LoopThread:
+    """An asyncio loop on a thread of its own: nats-py is asyncio, its callers (the agent's
+    uploader, the simulator's pool, the collector's threads) are not."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+async def ensure_stream(
+    js: Any,
+    replicas: int,
+    name: str = STREAM,
+    subjects: str = SUBJECTS,
+    max_age_s: float | None = None,
+) -> None:
+    """Create stream ``name`` if missing (``replicas`` copies, messages kept ``max_age_s``,
+    None: without limit; existing streams are kept)."""
     from nats.js.api import StreamConfig
     from nats.js.errors import NotFoundError
 
     try:
-        await js.stream_info(STREAM)
+        await js.stream_info(name)
     except NotFoundError:
-        cfg = StreamConfig(name=STREAM, subjects=[SUBJECTS], num_replicas=replicas,
-                           duplicate_window=DUPLICATE_WINDOW_S)  # fmt: skip
+        cfg = StreamConfig(name=name, subjects=[subjects], num_replicas=replicas,
+                           duplicate_window=DUPLICATE_WINDOW_S, max_age=max_age_s)  # fmt: skip
         await js.add_stream(cfg)

@@ -63,7 +63,7 @@ async def _publish_raw(url: str, subject: str, body: bytes, msg_id: str) -> None
     nc = await nats.connect(url.split(","))
     try:
         js = nc.jetstream()
-        await fleet_mod.ensure_stream(js, 3)
+        await fleet_mod.ensure_summaries(js, 3)
         await fleet_mod.publish(js, subject, body, {"Nats-Msg-Id": msg_id}, 30.0)
     finally:
         await nc.close()
