@@ -123,6 +123,7 @@ class DriftTracker:
         th, s_th, dr, s_dr, ev = one
         return bool(self.update_many([host], t_ns, th, s_th, dr, s_dr, np.array([trust]), ev)[0])
 
+    @np.errstate(invalid="ignore", divide="ignore")  # untracked hosts: NaN, unused
     def update_many(
         self,
         hosts: list[str],
@@ -136,20 +137,6 @@ class DriftTracker:
     ) -> np.ndarray:
         """:meth:`update` of several hosts at once (``drift`` NaN: no slope), every rule
         as masks over the hosts; returns where a clock step was detected."""
-        with np.errstate(invalid="ignore", divide="ignore"):  # untracked hosts: NaN, unused
-            return self._fold(hosts, t_ns, theta, s_theta, drift, s_drift, trust, evidence_sd)
-
-    def _fold(
-        self,
-        hosts: list[str],
-        t_ns: int,
-        theta: np.ndarray,
-        s_theta: np.ndarray,
-        drift: np.ndarray,
-        s_drift: np.ndarray,
-        trust: np.ndarray,
-        evidence_sd: np.ndarray,
-    ) -> np.ndarray:
         cfg, n = self.cfg, len(hosts)
         old = _States.of([self.states.get(h) for h in hosts], t_ns, cfg.q_drift)
         has_d = np.isfinite(drift) & (s_drift < cfg.drift_unknown_ppb)
