@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import hashlib
 import threading
+import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -176,15 +177,26 @@ async def ensure_stream(
     name: str = STREAM,
     subjects: str = SUBJECTS,
     max_age_s: float | None = None,
+    patience_s: float = 30.0,
 ) -> None:
     """Create stream ``name`` if missing (``replicas`` copies, messages kept ``max_age_s``,
-    None: without limit; existing streams are kept)."""
+    None: without limit; existing streams are kept). A cluster just started, or electing its
+    meta leader, answers nothing for a while: asked again for up to ``patience_s``."""
+    from nats.errors import TimeoutError as NoAnswer
     from nats.js.api import StreamConfig
-    from nats.js.errors import NotFoundError
+    from nats.js.errors import NotFoundError, ServiceUnavailableError
 
-    try:
-        await js.stream_info(name)
-    except NotFoundError:
-        cfg = StreamConfig(name=name, subjects=[subjects], num_replicas=replicas,
-                           duplicate_window=DUPLICATE_WINDOW_S, max_age=max_age_s)  # fmt: skip
-        await js.add_stream(cfg)
+    cfg = StreamConfig(name=name, subjects=[subjects], num_replicas=replicas,
+                       duplicate_window=DUPLICATE_WINDOW_S, max_age=max_age_s)  # fmt: skip
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            try:
+                await js.stream_info(name)
+            except NotFoundError:
+                await js.add_stream(cfg)
+            return
+        except (NoAnswer, ServiceUnavailableError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
