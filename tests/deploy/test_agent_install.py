@@ -53,10 +53,12 @@ def agent_venv() -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix="fleetlens-agent-install-"))
     try:
         venv = tmp / "venv"
-        _run([sys.executable, "-m", "venv", str(venv)], cwd=tmp)
+        # No pip of its own (ensurepip took 5 s): this pip installs into it, with the venv's
+        # interpreter (pip --python), build isolation and resolution as on an agent host.
+        _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp)
         src = _sources(tmp / "src")
-        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{src}[agent]"],
-             cwd=tmp, timeout=1500)  # fmt: skip
+        _run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+              "-q", f"{src}[agent]"], cwd=tmp, timeout=1500)  # fmt: skip
         yield venv
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -90,6 +90,11 @@ def lab_run() -> Iterator[LabRun]:
                 c0, t_c0 = rx_packets(spine), time.monotonic()
                 time.sleep(LOAD_S - 4)
                 load_pps = (rx_packets(spine) - c0) / (time.monotonic() - t_c0)
+                load_end = time.monotonic()
+                # Agents stop while the collector still answers: they hand over their last
+                # windows and exit, instead of waiting out their 5 s flush for a collector
+                # already gone (6 s of the setup's 39).
+                procs.stop_all()
         finally:
             procs.stop_all()
     with rec.lock:
@@ -102,7 +107,8 @@ def lab_run() -> Iterator[LabRun]:
         if s.mono_s - start >= SCORE_FROM_S and s.mono_s < load_at + 1
     ]
     # Load windows: those that ended after the flood had been running for a full window.
-    load = [errors(s, truth, t0) for s in full if s.mono_s >= load_at + 2.5]
+    # (Solves after the load ended, as the agents stopped, are not load windows.)
+    load = [errors(s, truth, t0) for s in full if load_at + 2.5 <= s.mono_s <= load_end]
     stages = agent_stages(tmp, list(truth), spawn_wall)
     stages["first solve with windows"] = (rec.first_rows_s or np.inf) - start
     stages["first all-synced model"] = first
