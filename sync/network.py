@@ -206,9 +206,10 @@ def _solve(
         rhs = np.bincount(j, wz * r, minlength=m) - np.bincount(i, wz * r, minlength=m)
         rhs -= rhs.mean()  # exactly consistent (sums to 0 on the component), despite rounding
         scale = float(np.abs(rhs).max())
-        if scale < 1e-9:  # the previous round already solved it to rounding
+        if scale < cfg.cg_atol:  # the previous round already solved it closely enough
             break
-        dx, _ = cg(lap, rhs / scale, rtol=cfg.cg_rtol, atol=0.0, maxiter=1000, M=precond)
+        tol = cfg.cg_atol / scale  # the 2-norm's bound keeps every host's sum below cg_atol
+        dx, _ = cg(lap, rhs / scale, rtol=cfg.cg_rtol, atol=tol, maxiter=1000, M=precond)
         x += (dx - dx.mean()) * scale
     out = x0.astype(np.float64).copy()
     out[solved] = x
