@@ -2,8 +2,8 @@
 :func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
 points, the edge fits over each direction's hull the fits over all its points, the slope walk
 the bisection's optimum, the network solve's refilled Laplacian scipy's summed one, the
-one-pass flattening of a window's rows their points row by row, and the bucketed median
-numpy's."""
+one-pass flattening of a window's rows their points row by row, the bucketed median
+numpy's, and the one-pass time and delay mapping of points their numpy forms."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pyarrow as pa
 import pytest
 import scipy.sparse as sp
 from fleetlens.sync._csr import (
+    edge_delays,
+    fleet_times,
     group_offsets,
     hull_groups,
     pair_hulls,
@@ -253,3 +255,25 @@ def test_shifted_median_is_numpys() -> None:
         shift = rng.integers(-(10**8), 10**8, hosts).astype(np.int64)
         t = t.astype(np.int64)
         assert shifted_median(t, host, shift) == np.median(t - shift[host])
+
+
+def test_point_mapping_kernels_are_bit_identical_to_numpy() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        n, nics, hosts = int(rng.integers(0, 3000)), int(rng.integers(2, 40)), 8
+        t_ref = int(rng.integers(0, 2**61))
+        t_raw = (t_ref + rng.integers(-(10**9), 10**9, n)).astype(np.int64)
+        owd = rng.integers(-(10**8), 10**8, n).astype(np.int64)
+        src, dst = (rng.integers(0, nics, n).astype(np.int64) for _ in range(2))
+        nic_h = rng.integers(0, hosts, nics).astype(np.int64)
+        theta = rng.normal(0, 5e7, hosts)  # ±50 ms first offsets, sub-ns fractions
+        drift = rng.normal(0, 2e4, hosts)  # ppb
+        lat = rng.normal(0, 300, (nics, 2)) * (rng.random() < 0.7)  # mostly calibrated
+        h = nic_h[src]
+        want_t = ((t_raw - t_ref).astype(np.float64) - theta[h]) / (1.0 + drift[h] * 1e-9)
+        assert np.array_equal(fleet_times(t_raw, src, nic_h, theta, drift, t_ref), want_t)
+        upper = src < dst
+        owd_l = owd - lat[src, 0] - lat[dst, 1]
+        got_up, got_y = edge_delays(owd, src, dst, np.ascontiguousarray(lat))
+        assert np.array_equal(got_up, upper)
+        assert np.array_equal(got_y, np.where(upper, owd_l, -owd_l))
