@@ -208,7 +208,7 @@ class HuygensSync:
         self._excess = None
         if pool_ok and self.pool.has_history and mapped[off.solved].all():
             tm = _TimeMap(nic_h, theta, drift, t_ref, lat)
-            fits, span = self._pool_fits(pts, geo, tm, gen, fits, tracked)
+            fits, span = self._pool_fits(pts, (red, y), geo, tm, gen, fits, tracked)
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
         elif pool_ok:
@@ -228,6 +228,7 @@ class HuygensSync:
     def _pool_fits(
         self,
         pts: HullPoints,
+        own: tuple[HullPoints, np.ndarray],
         geo: _EdgeGeometry,
         tm: _TimeMap,
         gen: int | None,
@@ -242,7 +243,8 @@ class HuygensSync:
         clock (the line rests on 2-4 extreme points), 60-700 ns at the newest window, while
         the tracker, averaging offsets over many windows, knew the drift better. A slope at
         the bracket's edge keeps the tracked one (the fit is then the min-of-mins intercept
-        at that slope)."""
+        at that slope). ``own``: the window's pair hulls (``geo``'s points) and their signed
+        delays, the one-window span's points."""
         cfg, drift = self.cfg, tm.drift
         b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
         d_tr, sd_tr, k_tr = tracked
@@ -256,9 +258,12 @@ class HuygensSync:
         )
         fits, now = [fits1], None
         for k in self.pool.sizes:
-            e, up, tt, yy = self._pooled_points(pts, geo, tm, gen, k)
-            if k == 1:
-                now = (e, up, tt, yy)
+            if k == 1:  # the pool's own hulls of this window, in its numbering: geo's points
+                red, y = own
+                t = _fleet_t(red.t_raw, red.src, tm.nic_h, tm.theta, tm.drift, tm.t_ref)
+                e, up, tt, yy = now = (geo.edge, geo.upper, t, y)
+            else:
+                e, up, tt, yy = self._pooled_points(pts, geo, tm, gen, k)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket, cfg))
         held = fits.pop(1)  # this window alone, its slope held near the tracked one
         chosen, span = self.pool.choose(geo.codes, tm.t_ref, fits, b_prior, now)
