@@ -464,7 +464,8 @@ def _edge_owd(
     """Raw one-way delays less the NICs' calibrated latencies, signed by the edge's sense
     (lower NIC -> higher NIC positive), and that sense (``upper``), in one pass
     (:func:`edge_delays`)."""
-    return edge_delays(*(np.ascontiguousarray(a, np.int64) for a in (owd_raw, src, dst)), lat)
+    i64 = partial(np.ascontiguousarray, dtype=np.int64)
+    return edge_delays(i64(owd_raw), i64(src), i64(dst), lat)
 
 
 def _edge_points(pts: HullPoints, geo: _EdgeGeometry, tm: _TimeMap, edges: np.ndarray) -> Points:
