@@ -1,9 +1,10 @@
 """The sync's grouped (CSR) kernels against their references: the per-group hulls equal
 :func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
 points, the edge fits over each direction's hull the fits over all its points, the slope walk
-the bisection's optimum, the network solve's refilled Laplacian scipy's summed one, the
-one-pass flattening of a window's rows their points row by row, the bucketed median
-numpy's, and the one-pass time and delay mapping of points their numpy forms."""
+the bisection's optimum, the network solve's refilled Laplacian scipy's summed one and its
+written-out CG scipy's iterates, the one-pass flattening of a window's rows their points row
+by row, the bucketed median numpy's, and the one-pass time and delay mapping of points their
+numpy forms."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from fleetlens.sync._csr import (
     union_hulls,
 )
 from fleetlens.sync.edgefit import fit_edges
-from fleetlens.sync.network import ActiveSets
+from fleetlens.sync.network import ActiveSets, _pcg
 from fleetlens.sync.purity import hull_points
+from scipy.sparse.linalg import cg
 
 from fleetlens.hull import lower_hull_rows
 from fleetlens.summary import pad_rows
@@ -180,6 +182,24 @@ def test_laplacian_pattern_refilled_equals_the_summed_coo() -> None:
         assert np.allclose(pat.matrix(w).toarray(), want, rtol=1e-15, atol=0)
         assert sets.pattern(w) is pat  # built once per set of weighted edges
         assert pat.matrix(w * 2).toarray() == pytest.approx(2 * want, rel=1e-15, abs=0)
+
+
+def test_written_out_cg_takes_scipys_iterates() -> None:
+    """``network._pcg`` is scipy's Jacobi-preconditioned ``cg`` step for step: the same
+    solution to the last bit, whichever of the two tolerances stops it."""
+    rng = np.random.default_rng(9)
+    n, e = 60, 700
+    lo = rng.integers(0, n - 1, e)
+    hi = np.minimum(lo + rng.integers(1, 8, e), n - 1)
+    w = rng.random(e) + 0.05
+    pat = ActiveSets(n, lo, hi, min_edges=1).pattern(w)
+    lap = pat.matrix(w)
+    inv = 1.0 / lap.diagonal()
+    for rtol, atol in ((1e-10, 0.0), (1e-10, 1e-4), (1e-3, 0.0)):
+        b = rng.normal(0, 1, pat.m)
+        b -= b.mean()
+        want, _ = cg(lap, b, rtol=rtol, atol=atol, maxiter=1000, M=sp.diags(inv))
+        assert np.array_equal(_pcg(lap, b, inv, rtol, atol, 1000), want)
 
 
 def _rows_table(rng: np.random.Generator, n: int) -> pa.Table:
