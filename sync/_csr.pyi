@@ -35,3 +35,14 @@ def flatten_points(
     total: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
 def shifted_median(t: np.ndarray, host: np.ndarray, shift: np.ndarray) -> float: ...
+def fleet_times(
+    t_raw: np.ndarray,
+    src: np.ndarray,
+    nic_h: np.ndarray,
+    theta: np.ndarray,
+    drift: np.ndarray,
+    t_ref: int,
+) -> np.ndarray: ...
+def edge_delays(
+    owd_raw: np.ndarray, src: np.ndarray, dst: np.ndarray, lat: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]: ...

@@ -62,6 +62,12 @@ class SyncConfig:
     outlier_k: float = 6.0  # ... beyond this many (and the floor) the edge is removed
     irls_rounds: int = 6  # reweighting rounds (they converge in a few)
     cg_rtol: float = 1e-10  # conjugate-gradient tolerance: sub-ns on ±50 ms first offsets
+    # ... and its absolute floor: a solve stops once every host's weighted residual sum is
+    # below this (ns or ppb x weight), an error of about this over the Laplacian's smallest
+    # nonzero eigenvalue (0.2 for two hosts joined by one soft edge: 0.005 ns), where the
+    # relative tolerance alone chased the rounding of ±50 ms offsets (1e-8 ns) through every
+    # refinement
+    cg_atol: float = 1e-3
     refine: int = 3  # iterative-refinement rounds around conjugate gradients
     trim: float = 0.2  # trimmed-mean anchor: one stepping host does not drag the fleet
     # ---- span choice (pooling.py) ----------------------------------------------------------

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
-from scipy.sparse.linalg import cg
 
 from .config import DEFAULT, SyncConfig
 
@@ -199,20 +198,49 @@ def _solve(
     m, i, j, wz = pat.m, pat.i, pat.j, w[pat.on]
     lap = pat.matrix(w)
     diag = lap.diagonal()
-    precond = sp.diags(1.0 / np.where(diag > 0, diag, 1.0))
+    inv_diag = 1.0 / np.where(diag > 0, diag, 1.0)  # Jacobi preconditioner
     x = x0[solved].astype(np.float64).copy()
     for _ in range(cfg.refine):
         r = z[pat.on] - (x[j] - x[i])
         rhs = np.bincount(j, wz * r, minlength=m) - np.bincount(i, wz * r, minlength=m)
         rhs -= rhs.mean()  # exactly consistent (sums to 0 on the component), despite rounding
         scale = float(np.abs(rhs).max())
-        if scale < 1e-9:  # the previous round already solved it to rounding
+        if scale < cfg.cg_atol:  # the previous round already solved it closely enough
             break
-        dx, _ = cg(lap, rhs / scale, rtol=cfg.cg_rtol, atol=0.0, maxiter=1000, M=precond)
+        tol = cfg.cg_atol / scale  # the 2-norm's bound keeps every host's sum below cg_atol
+        dx = _pcg(lap, rhs / scale, inv_diag, cfg.cg_rtol, tol, maxiter=1000)
         x += (dx - dx.mean()) * scale
     out = x0.astype(np.float64).copy()
     out[solved] = x
     return out
+
+
+def _pcg(
+    lap: sp.csr_matrix, b: np.ndarray, inv_diag: np.ndarray, rtol: float, atol: float, maxiter: int
+) -> np.ndarray:
+    """Jacobi-preconditioned conjugate gradients from zero until ``‖b − L x‖₂ < max(atol,
+    rtol·‖b‖₂)``: scipy's ``cg`` step for step (the same iterates), without its operator
+    wrappers around each product, which were half of an iteration's time at 1024 hosts."""
+    stop = max(atol, rtol * float(np.linalg.norm(b)))
+    x = np.zeros_like(b)
+    r = b.copy()
+    p, rho_prev = None, 1.0
+    for _ in range(maxiter):
+        if np.linalg.norm(r) < stop:
+            break
+        z = inv_diag * r
+        rho = np.dot(r, z)
+        if p is None:
+            p = z.copy()
+        else:
+            p *= rho / rho_prev
+            p += z
+        q = lap @ p
+        alpha = rho / np.dot(p, q)
+        x += alpha * p
+        r -= alpha * q
+        rho_prev = rho
+    return x
 
 
 def _anchor(

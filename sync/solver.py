@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from fleetlens.records import TS_HARDWARE, ClockModel
 from fleetlens.topology import Topology
 
-from ._csr import shifted_median
+from ._csr import edge_delays, fleet_times, shifted_median
 from .config import SyncConfig
 from .edgefit import EdgeFits, Points, fit_edges
 from .network import ActiveSets, NetSolution, solve_network
@@ -64,7 +64,8 @@ class SolveReport:
     hosts: list[str] = field(default_factory=list)
     edge_lo: np.ndarray | None = None  # host index per edge
     edge_hi: np.ndarray | None = None
-    edge_nics: list[tuple[str, str]] = field(default_factory=list)
+    nic_ids: list[str] = field(default_factory=list)  # the window's NICs
+    edge_nic: np.ndarray | None = None  # (edges, 2): each edge's NICs (lo, hi) in nic_ids
     pairwise: np.ndarray | None = None  # per-edge offset difference at t_ref (ns)
     fits: EdgeFits | None = None
     offsets: NetSolution | None = None
@@ -80,10 +81,21 @@ class SolveReport:
     ts_kind: str = "software"
 
     @property
+    def edge_nics(self) -> list[tuple[str, str]]:
+        """Each edge's NIC ids (lo, hi), named when asked: ~130 k pairs at 1024 hosts."""
+        return self._named(slice(None))
+
+    @property
     def outlier_edges(self) -> list[tuple[str, str]]:
         if self.offsets is None:
             return []
-        return [self.edge_nics[i] for i in np.flatnonzero(self.offsets.outlier)]
+        return self._named(np.flatnonzero(self.offsets.outlier))
+
+    def _named(self, edges: slice | np.ndarray) -> list[tuple[str, str]]:
+        if self.edge_nic is None:
+            return []
+        ids = self.nic_ids
+        return [(ids[a], ids[b]) for a, b in self.edge_nic[edges].tolist()]
 
 
 class HuygensSync:
@@ -160,16 +172,15 @@ class HuygensSync:
         theta, drift, known, t_ref = self._prior(hosts, pts, nic_h[pts.src])
         # The fits rest on each directed pair's hull: the window's points reduced once.
         red = self.pool.window_hulls(pts)
-        src_h = nic_h[red.src]
         geo = _EdgeGeometry(red, nic_h, self.pool.nic_numbers(pts))
         tracked = (drift.copy(), self._drift_sd.copy(), known.copy())
         net = _Network(len(hosts), geo, kind, hidx.get(self.reference_host or ""), self.cfg)
         lat = self._latency(pts)
-        y = _edge_owd(red.owd_raw, red.src, red.dst, geo.upper, lat)
+        y = _edge_owd(red.owd_raw, red.src, red.dst, lat)[1]
         npass, mapped = 0, known.copy()
         while True:
             npass += 1
-            t = _fleet_t(red.t_raw, src_h, theta, drift, t_ref)
+            t = _fleet_t(red.t_raw, red.src, nic_h, theta, drift, t_ref)
             b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
             every = partial(_edge_points, pts, geo, _TimeMap(nic_h, theta, drift, t_ref, lat))
             fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg, full=every)
@@ -197,14 +208,14 @@ class HuygensSync:
         self._excess = None
         if pool_ok and self.pool.has_history and mapped[off.solved].all():
             tm = _TimeMap(nic_h, theta, drift, t_ref, lat)
-            fits, span = self._pool_fits(pts, geo, tm, gen, fits, tracked)
+            fits, span = self._pool_fits(pts, (red, y), geo, tm, gen, fits, tracked)
             lenient = np.zeros(geo.n, bool)
             unstable, off, dft = net.solve(fits, lenient, theta, drift, known)
         elif pool_ok:
             slope = (drift[geo.hi] - drift[geo.lo]) * 1e-9
             self.pool.choose(geo.codes, t_ref, [fits] * len(self.pool.sizes), slope)  # start
         rep = SolveReport(
-            t_ref, hosts, geo.lo, geo.hi, geo.nics, pairwise, fits, off, dft,
+            t_ref, hosts, geo.lo, geo.hi, pts.nics, geo.nic_pair, pairwise, fits, off, dft,
             [hosts[i] for i in np.flatnonzero(unstable)], [], pts.dropped, npass,
         )  # fmt: skip
         rep.edge_codes, rep.span = geo.codes, np.array(self.pool.sizes)[span]
@@ -217,6 +228,7 @@ class HuygensSync:
     def _pool_fits(
         self,
         pts: HullPoints,
+        own: tuple[HullPoints, np.ndarray],
         geo: _EdgeGeometry,
         tm: _TimeMap,
         gen: int | None,
@@ -231,7 +243,8 @@ class HuygensSync:
         clock (the line rests on 2-4 extreme points), 60-700 ns at the newest window, while
         the tracker, averaging offsets over many windows, knew the drift better. A slope at
         the bracket's edge keeps the tracked one (the fit is then the min-of-mins intercept
-        at that slope)."""
+        at that slope). ``own``: the window's pair hulls (``geo``'s points) and their signed
+        delays, the one-window span's points."""
         cfg, drift = self.cfg, tm.drift
         b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
         d_tr, sd_tr, k_tr = tracked
@@ -245,9 +258,12 @@ class HuygensSync:
         )
         fits, now = [fits1], None
         for k in self.pool.sizes:
-            e, up, tt, yy = self._pooled_points(pts, geo, tm, gen, k)
-            if k == 1:
-                now = (e, up, tt, yy)
+            if k == 1:  # the pool's own hulls of this window, in its numbering: geo's points
+                red, y = own
+                t = _fleet_t(red.t_raw, red.src, tm.nic_h, tm.theta, tm.drift, tm.t_ref)
+                e, up, tt, yy = now = (geo.edge, geo.upper, t, y)
+            else:
+                e, up, tt, yy = self._pooled_points(pts, geo, tm, gen, k)
             fits.append(fit_edges(e, up, tt, yy, geo.n, b_tr, bracket, cfg))
         held = fits.pop(1)  # this window alone, its slope held near the tracked one
         chosen, span = self.pool.choose(geo.codes, tm.t_ref, fits, b_prior, now)
@@ -269,9 +285,8 @@ class HuygensSync:
         run_edge = np.minimum(np.searchsorted(geo.key_codes, key[new]), geo.n - 1)
         edge = np.repeat(run_edge, np.diff(np.r_[new, key.size]))
         known = geo.key_codes[edge] == key
-        t = _fleet_t(pool.t_raw, tm.nic_h[pool.src], tm.theta, tm.drift, tm.t_ref)
-        upper = pool.src < pool.dst
-        y = _edge_owd(pool.owd_raw, pool.src, pool.dst, upper, tm.lat)
+        t = _fleet_t(pool.t_raw, pool.src, tm.nic_h, tm.theta, tm.drift, tm.t_ref)
+        upper, y = _edge_owd(pool.owd_raw, pool.src, pool.dst, tm.lat)
         return edge[known], upper[known], t[known], y[known]
 
     def _latency(self, pts: HullPoints) -> np.ndarray:
@@ -426,8 +441,7 @@ class _EdgeGeometry:
         self.edge = np.repeat(inv, np.diff(np.r_[new, key.size]))
         self.n = keys.size
         lo, hi = keys // len(pts.nics), keys % len(pts.nics)
-        nics = pts.nics
-        self.nics = [(nics[a], nics[b]) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        self.nic_pair = np.stack([lo, hi], axis=1)  # into pts.nics (named only when asked)
         self.lo, self.hi = nic_h[lo], nic_h[hi]
         self.key_codes = keys  # sorted lo·N + hi codes, N = NICs in this window
         self.codes = nic_numbers[lo] << 32 | nic_numbers[hi]  # the same in every window
@@ -445,12 +459,13 @@ class _TimeMap(NamedTuple):
 
 
 def _edge_owd(
-    owd_raw: np.ndarray, src: np.ndarray, dst: np.ndarray, upper: np.ndarray, lat: np.ndarray
-) -> np.ndarray:
+    owd_raw: np.ndarray, src: np.ndarray, dst: np.ndarray, lat: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Raw one-way delays less the NICs' calibrated latencies, signed by the edge's sense
-    (lower NIC -> higher NIC positive)."""
-    owd = owd_raw - lat[src, 0] - lat[dst, 1]
-    return np.where(upper, owd, -owd)
+    (lower NIC -> higher NIC positive), and that sense (``upper``), in one pass
+    (:func:`edge_delays`)."""
+    i64 = partial(np.ascontiguousarray, dtype=np.int64)
+    return edge_delays(i64(owd_raw), i64(src), i64(dst), lat)
 
 
 def _edge_points(pts: HullPoints, geo: _EdgeGeometry, tm: _TimeMap, edges: np.ndarray) -> Points:
@@ -460,19 +475,24 @@ def _edge_points(pts: HullPoints, geo: _EdgeGeometry, tm: _TimeMap, edges: np.nd
     edge = np.searchsorted(geo.key_codes, lo * len(pts.nics) + hi)  # every pair has a hull
     on = np.isin(edge, edges)
     src, dst = pts.src[on], pts.dst[on]
-    upper = src < dst
-    t = _fleet_t(pts.t_raw[on], tm.nic_h[src], tm.theta, tm.drift, tm.t_ref)
-    return edge[on], upper, t, _edge_owd(pts.owd_raw[on], src, dst, upper, tm.lat)
+    t = _fleet_t(pts.t_raw[on], src, tm.nic_h, tm.theta, tm.drift, tm.t_ref)
+    upper, y = _edge_owd(pts.owd_raw[on], src, dst, tm.lat)
+    return edge[on], upper, t, y
 
 
 def _fleet_t(
-    t_raw: np.ndarray, src_h: np.ndarray, theta: np.ndarray, drift: np.ndarray, t_ref: int
+    t_raw: np.ndarray,
+    src: np.ndarray,
+    nic_h: np.ndarray,
+    theta: np.ndarray,
+    drift: np.ndarray,
+    t_ref: int,
 ) -> np.ndarray:
-    """Point times in fleet time relative to ``t_ref`` (float ns), through the given models
-    (θ at t_ref, δ): fleet = raw − θ − δ·(fleet − t_ref), solved for fleet."""
-    rel = (t_raw - t_ref).astype(np.float64)
-    d = drift[src_h] * 1e-9
-    return (rel - theta[src_h]) / (1.0 + d)
+    """Point times in fleet time relative to ``t_ref`` (float ns), through the models of the
+    senders' hosts ``nic_h[src]`` (θ at t_ref, δ): fleet = raw − θ − δ·(fleet − t_ref), solved
+    for fleet, in one pass (:func:`fleet_times`)."""
+    i64, f64 = (partial(np.ascontiguousarray, dtype=d) for d in (np.int64, np.float64))
+    return fleet_times(i64(t_raw), i64(src), i64(nic_h), f64(theta), f64(drift), int(t_ref))
 
 
 def _edge_weights(

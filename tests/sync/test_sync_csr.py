@@ -1,9 +1,10 @@
 """The sync's grouped (CSR) kernels against their references: the per-group hulls equal
 :func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
 points, the edge fits over each direction's hull the fits over all its points, the slope walk
-the bisection's optimum, the network solve's refilled Laplacian scipy's summed one, the
-one-pass flattening of a window's rows their points row by row, and the bucketed median
-numpy's."""
+the bisection's optimum, the network solve's refilled Laplacian scipy's summed one and its
+written-out CG scipy's iterates, the one-pass flattening of a window's rows their points row
+by row, the bucketed median numpy's, and the one-pass time and delay mapping of points their
+numpy forms."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pyarrow as pa
 import pytest
 import scipy.sparse as sp
 from fleetlens.sync._csr import (
+    edge_delays,
+    fleet_times,
     group_offsets,
     hull_groups,
     pair_hulls,
@@ -21,8 +24,9 @@ from fleetlens.sync._csr import (
     union_hulls,
 )
 from fleetlens.sync.edgefit import fit_edges
-from fleetlens.sync.network import ActiveSets
+from fleetlens.sync.network import ActiveSets, _pcg
 from fleetlens.sync.purity import hull_points
+from scipy.sparse.linalg import cg
 
 from fleetlens.hull import lower_hull_rows
 from fleetlens.summary import pad_rows
@@ -180,6 +184,24 @@ def test_laplacian_pattern_refilled_equals_the_summed_coo() -> None:
         assert pat.matrix(w * 2).toarray() == pytest.approx(2 * want, rel=1e-15, abs=0)
 
 
+def test_written_out_cg_takes_scipys_iterates() -> None:
+    """``network._pcg`` is scipy's Jacobi-preconditioned ``cg`` step for step: the same
+    solution to the last bit, whichever of the two tolerances stops it."""
+    rng = np.random.default_rng(9)
+    n, e = 60, 700
+    lo = rng.integers(0, n - 1, e)
+    hi = np.minimum(lo + rng.integers(1, 8, e), n - 1)
+    w = rng.random(e) + 0.05
+    pat = ActiveSets(n, lo, hi, min_edges=1).pattern(w)
+    lap = pat.matrix(w)
+    inv = 1.0 / lap.diagonal()
+    for rtol, atol in ((1e-10, 0.0), (1e-10, 1e-4), (1e-3, 0.0)):
+        b = rng.normal(0, 1, pat.m)
+        b -= b.mean()
+        want, _ = cg(lap, b, rtol=rtol, atol=atol, maxiter=1000, M=sp.diags(inv))
+        assert np.array_equal(_pcg(lap, b, inv, rtol, atol, 1000), want)
+
+
 def _rows_table(rng: np.random.Generator, n: int) -> pa.Table:
     """Window rows of every kind hull_points drops, with null points and lists."""
     nics = [f"h{h}/eth{i}" for h in range(6) for i in range(2)] + ["bogus", None]
@@ -253,3 +275,25 @@ def test_shifted_median_is_numpys() -> None:
         shift = rng.integers(-(10**8), 10**8, hosts).astype(np.int64)
         t = t.astype(np.int64)
         assert shifted_median(t, host, shift) == np.median(t - shift[host])
+
+
+def test_point_mapping_kernels_are_bit_identical_to_numpy() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        n, nics, hosts = int(rng.integers(0, 3000)), int(rng.integers(2, 40)), 8
+        t_ref = int(rng.integers(0, 2**61))
+        t_raw = (t_ref + rng.integers(-(10**9), 10**9, n)).astype(np.int64)
+        owd = rng.integers(-(10**8), 10**8, n).astype(np.int64)
+        src, dst = (rng.integers(0, nics, n).astype(np.int64) for _ in range(2))
+        nic_h = rng.integers(0, hosts, nics).astype(np.int64)
+        theta = rng.normal(0, 5e7, hosts)  # ±50 ms first offsets, sub-ns fractions
+        drift = rng.normal(0, 2e4, hosts)  # ppb
+        lat = rng.normal(0, 300, (nics, 2)) * (rng.random() < 0.7)  # mostly calibrated
+        h = nic_h[src]
+        want_t = ((t_raw - t_ref).astype(np.float64) - theta[h]) / (1.0 + drift[h] * 1e-9)
+        assert np.array_equal(fleet_times(t_raw, src, nic_h, theta, drift, t_ref), want_t)
+        upper = src < dst
+        owd_l = owd - lat[src, 0] - lat[dst, 1]
+        got_up, got_y = edge_delays(owd, src, dst, np.ascontiguousarray(lat))
+        assert np.array_equal(got_up, upper)
+        assert np.array_equal(got_y, np.where(upper, owd_l, -owd_l))
