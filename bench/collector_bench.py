@@ -17,6 +17,8 @@ the collector's CPU per batch (its process, all threads) against the writer-alon
 and the collector's peak RSS. ``--ingest-workers N`` runs it again with N ingest worker
 processes (``api/ingestworker.py``) in the same command and prints the ratio of the two;
 ``--stages`` first prints the CPU per batch of each in-process stage of a batch's path.
+``--against REV`` runs the collector of that git revision on the same batches too (``--repeat
+N``: N runs of each, alternated) and prints the ratio of this tree's ingest to it.
 """
 
 from __future__ import annotations
