@@ -16,11 +16,12 @@ def check_batch(batch: Batch, known: frozenset[str], now_ns: int, max_future_ns:
     # Distinct NICs of the batch (C++), then Python on those few: hundreds of lookups, not a
     # hash table of the whole fleet's NICs (nor a kernel call per check) per request. The
     # rows are searched only to name the first offending one.
-    src = pc.unique(t["src_nic"]).to_pylist()
+    # (or as decoding found them: no kernel call, each gives the GIL up)
+    src, dst = batch.nics or (pc.unique(t[c]).to_pylist() for c in ("src_nic", "dst_nic"))
     prefix = f"{batch.host_id}/"
     _fail_of(t, "src_nic", [n for n in src if not n.startswith(prefix)],
              f"not a NIC of batch host {batch.host_id!r}", "wrong_host")  # fmt: skip
-    for col, distinct in (("src_nic", src), ("dst_nic", pc.unique(t["dst_nic"]).to_pylist())):
+    for col, distinct in (("src_nic", src), ("dst_nic", dst)):
         _fail_of(t, col, [n for n in distinct if n not in known],
                  "unknown NIC (not in the inventory nor registered)", "unknown_nic")  # fmt: skip
     # start_ns and duration_ns have no nulls (fleetlens.batch checked): numpy, no kernel call

@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
-    import uvicorn
+    from fleetlens.api import serving
     from fleetlens.api.app import create_app
     from fleetlens.api.service import Collector
 
@@ -97,10 +97,7 @@ def main(argv: list[str]) -> int:
         return _shard(settings, host, int(port), a.log_level)
     collector = Collector(settings)
     if not settings.ingest_workers:
-        app = create_app(collector)
-        uvicorn.run(
-            app, host=host.strip("[]"), port=int(port), log_level=a.log_level, access_log=False
-        )
+        serving.run(create_app(collector), a.log_level, host.strip("[]"), int(port))
         return 0
     from fleetlens.api.ingestworker import Workers, serve, tcp_listener
 
@@ -114,7 +111,7 @@ def _shard(settings: Settings, host: str, port: int, log_level: str) -> int:
     fleet tier runs clock sync and triangulation), its read API and /metrics over HTTP."""
     from dataclasses import replace
 
-    import uvicorn
+    from fleetlens.api import serving
     from fleetlens.api.app import create_app
     from fleetlens.api.fleet import SummaryPublisher
     from fleetlens.api.service import Collector
@@ -141,6 +138,6 @@ def _shard(settings: Settings, host: str, port: int, log_level: str) -> int:
     summaries = SummaryPublisher(",".join(servers), f"{index}/{shards}", cfg.replicas)
     shard = Shard(collector, cfg, export, [summaries])
     app = create_app(collector, attached=shard.attached())
-    uvicorn.run(app, host=host.strip("[]"), port=port, log_level=log_level, access_log=False)
+    serving.run(app, log_level, host.strip("[]"), port)
     summaries.close()  # the summaries of the last commits published
     return 0

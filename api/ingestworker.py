@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import uvicorn
+from fleetlens.api import serving
 from fleetlens.api.ingest import PATH, Ingest, Receive, Scope, Send
 from fleetlens.api.ingestlink import LinkBackend, LinkServer
 
@@ -159,8 +160,7 @@ def tcp_listener(host: str, port: int) -> socket.socket:
 
 def serve(app: Any, workers: Workers, log_level: str) -> None:
     """Run the collector's app on the private socket (the workers relay to it)."""
-    config = uvicorn.Config(app, log_level=log_level, access_log=False)
-    uvicorn.Server(config).run(sockets=[workers.api_sock])
+    serving.run(app, log_level, sockets=[workers.api_sock])
 
 
 # ---- a worker process -----------------------------------------------------------------------
@@ -251,7 +251,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=ca.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     backend = LinkBackend(settings, unix_address(a.link))
     app = WorkerApp(Ingest(backend, ingest_authorizer(settings)), backend, unix_address(a.api))
-    server = uvicorn.Server(uvicorn.Config(app, log_level=ca.log_level, access_log=False))
+    server = uvicorn.Server(serving.config(app, ca.log_level))
     backend.on_lost = lambda: setattr(server, "should_exit", True)  # the writer process died
     server.run(sockets=[socket.socket(fileno=a.fd)])
     return 0

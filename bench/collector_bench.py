@@ -17,17 +17,24 @@ the collector's CPU per batch (its process, all threads) against the writer-alon
 and the collector's peak RSS. ``--ingest-workers N`` runs it again with N ingest worker
 processes (``api/ingestworker.py``) in the same command and prints the ratio of the two;
 ``--stages`` first prints the CPU per batch of each in-process stage of a batch's path.
+``--against REV`` runs the collector of that git revision on the same batches too (``--repeat
+N``: N runs of each, alternated) and prints the ratio of this tree's ingest to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import itertools
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -49,6 +56,7 @@ from fleetlens.plan import peer_pairs
 from fleetlens.records import WINDOW_SCHEMA
 from fleetlens.topology import from_spec
 
+ROOT = Path(__file__).resolve().parent.parent
 HOSTS, NICS = 1000, 8
 AGENT_BATCH_ROWS = 910  # the agents' shape: 8 NICs x 16 peers x ~7 source ports a window
 
@@ -167,12 +175,47 @@ def bench_writer(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], 
 
 # ---- HTTP path ------------------------------------------------------------------------------
 def start_bench_collector(
-    db: Path, spec: str, threads: int | None, log: Path, extra: tuple[str, ...] = ()
-) -> CollectorProcess:
+    db: Path, spec: str, threads: int | None, log: Path, extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> CollectorProcess:  # fmt: skip
     args = ["--insecure-no-auth", "--public-metrics", "--queue-rows", "8000000", *extra]
     if threads:
         args += ["--duckdb-threads", str(threads)]
-    return start_collector(db, spec, args, log=log, timeout_s=60)
+    return start_collector(db, spec, args, log=log, env=env, timeout_s=60)
+
+
+_RUNS = itertools.count()
+
+
+@functools.cache
+def revision_env(rev: str, work: Path) -> dict[str, str]:
+    """The environment that runs the collector of git revision ``rev`` (``--against``): its
+    tree exported and laid out as installed (that revision's ``scripts/package_tree.py``, with
+    this tree's compiled extensions: their sources are not what is compared), first on
+    PYTHONPATH, ahead of this checkout's editable install."""
+    src, tree = work / f"rev-{rev}", work / f"rev-{rev}-installed"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True,
+                             check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    subprocess.run([sys.executable, str(src / "scripts" / "package_tree.py"), str(tree)],
+                   check=True, capture_output=True)  # fmt: skip
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package, mapped in config["package-dir"].items():
+        for ext in (ROOT / mapped).glob("*.so"):
+            shutil.copy2(ext, tree.joinpath(*package.split("."), ext.name))
+    path = [str(tree)]
+    if "httptools" not in (src / "pyproject.toml").read_text():
+        # That revision's install has neither uvicorn's C parser nor uvloop: hide this venv's.
+        for name in ("httptools", "uvloop"):
+            (work / "no-extras" / name).mkdir(parents=True, exist_ok=True)
+            (work / "no-extras" / name / "__init__.py").write_text(
+                f"raise ImportError('{name}: not installed at {rev}')\n"
+            )
+        path.append(str(work / "no-extras"))
+    # PYTHONSAFEPATH: `python -m` must not put the working directory (this tree) first
+    return {"PYTHONPATH": os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")]),
+            "PYTHONSAFEPATH": "1"}  # fmt: skip
 
 
 def writer_busy_cpu(col: CollectorProcess) -> float:
@@ -255,15 +298,18 @@ async def _agent(url: str, requests: list[bytes], errors: list[str]) -> None:
 
 def bench_agents(
     work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], threads: int, clients: int,
-    writer: WriterRun, workers: int = 0,
+    writer: WriterRun, workers: int = 0, rev: str | None = None,
 ) -> float:  # fmt: skip
+    """``rev``: the collector of that git revision (``--against``), else this tree's."""
     requests = [_request(*encode_batch(fleet.names[h], t, f"a{i}"))
                 for i, (h, t) in enumerate(batches)]  # fmt: skip
     rows = sum(t.num_rows for _, t in batches)
     spec = fleet_spec(fleet.hosts)
-    name = f"agents-w{workers}"
+    name = f"agents-w{workers}-{rev or 'this'}-{next(_RUNS)}"  # a fresh file each run
+    env = revision_env(rev, work) if rev else None
+    args = ("--ingest-only", "--ingest-workers", str(workers))
     col = start_bench_collector(work / f"{name}.duckdb", spec, threads, work / f"{name}.log",
-                                ("--ingest-only", "--ingest-workers", str(workers)))  # fmt: skip
+                                args, env)  # fmt: skip
     errors: list[str] = []
 
     async def run() -> None:
@@ -285,7 +331,8 @@ def bench_agents(
     n = len(batches)
     per_batch = cpu / n
     how = f"{workers} ingest worker processes" if workers else "in one process"
-    print(f"HTTP agents  : {rows:>11,} rows in {dt:6.2f} s = {rows / dt:>12,.0f} rows/s wall "
+    print(f"HTTP agents ({rev or 'this tree'}): {rows:,} rows in {dt:6.2f} s = "
+          f"{rows / dt:>12,.0f} rows/s wall "
           f"({n / dt:,.0f} batches/s; {clients} agents posting at once, {fleet.hosts} hosts, "
           f"Arrow IPC, DuckDB threads={threads}, ingest only, {how})")  # fmt: skip
     print(f"  collector CPU: {cpu:.1f} s = {cpu / dt:.2f} cores, {per_batch * 1e3:.2f} ms per "
@@ -468,6 +515,11 @@ def main() -> int:
     ap.add_argument("--ingest-workers", type=int, default=0,
                     help="agents: also run the collector with this many ingest worker "
                          "processes, and print the ratio to the one-process run")  # fmt: skip
+    ap.add_argument("--against", metavar="REV",
+                    help="agents: also run the collector of this git revision (its ingest path "
+                         "as it was), and print the ratio of this tree's to it")  # fmt: skip
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="with --against: runs of each, alternated")  # fmt: skip
     ap.add_argument("--stages", action="store_true",
                     help="first, CPU per batch of each in-process stage of its path")  # fmt: skip
     ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
@@ -499,6 +551,16 @@ def main() -> int:
             w = bench_writer(work, fleet, batches, a.threads)
             if agents:
                 h = bench_agents(work, fleet, batches, a.threads, clients, w)
+                if a.against:
+                    old = bench_agents(work, fleet, batches, a.threads, clients, w, rev=a.against)
+                    for _ in range(a.repeat - 1):  # alternated: the box's load drifts
+                        h += bench_agents(work, fleet, batches, a.threads, clients, w)
+                        old += bench_agents(work, fleet, batches, a.threads, clients, w,
+                                            rev=a.against)  # fmt: skip
+                    h, old = h / a.repeat, old / a.repeat
+                    print(f"ratio this tree / {a.against} (wall rows/s, mean of {a.repeat}) = "
+                          f"{h / old:.2f}; {a.against} / writer-alone = "
+                          f"{old / w.rows_per_s:.2f}")  # fmt: skip
                 if a.ingest_workers:
                     hw = bench_agents(work, fleet, batches, a.threads, clients, w,
                                       a.ingest_workers)  # fmt: skip
