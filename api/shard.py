@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -452,8 +453,11 @@ class Shard:
 
     # ---- reconciliation ----------------------------------------------------------------------
     async def _reconcile_all(self) -> None:
+        """At start; each partition's asked again while the cluster elects the marks bucket's
+        leader (seen: a get timing out with shards starting at once on a new cluster). Again
+        is harmless: what was deleted stays deleted, and the note goes once done."""
         for p in self.partitions.all():
-            await self._reconcile(p)
+            await _retrying(functools.partial(self._reconcile, p))
 
     async def _reconcile(self, p: str) -> None:
         """Delete what another shard stored after taking ``p`` over from this one."""

@@ -119,8 +119,15 @@ class Publisher:
         self._nc: Any = None
         self._js: Any = None
         self._ready = False  # the stream exists (checked once per publisher)
+        # Callers on several threads: the first publishes would each open a connection (all
+        # but one never closed) without it.
+        self._connecting = asyncio.Lock()
 
     async def _connect(self) -> None:
+        async with self._connecting:
+            await self._connect_once()
+
+    async def _connect_once(self) -> None:
         import nats
 
         if self._nc is None:
