@@ -17,12 +17,12 @@ import asyncio
 import collections
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
+from collector_waits import all_synced, get_json, until
 from fleetlens.fixtures.collector import CollectorProcess
 from fleetlens.fixtures.lab import faults
 from fleetlens.fixtures.lab.defaults import LAB_BACKGROUND_LOSS
@@ -90,38 +90,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 p.stop()
 
 
-def _get(c: Cluster, path: str) -> list[dict]:  # type: ignore[type-arg]
-    r = httpx.get(c.agents.url + path, timeout=10)
-    r.raise_for_status()
-    return r.json()
-
-
 def _faulty(c: Cluster) -> dict[str, list[str]]:
     """The faulty links, each with its ambiguity group's members (itself when alone)."""
-    rows = _get(c, "/v1/links?state=faulty&limit=1000")
+    rows = get_json(c.agents.url, "/v1/links?state=faulty&limit=1000")
     return {r["link_id"]: r.get("group_members") or [r["link_id"]] for r in rows}
 
 
 def _faulty_nics(c: Cluster) -> list[str]:
-    return [r["nic_id"] for r in _get(c, "/v1/nics?state=faulty&limit=1000")]
-
-
-def _synced(c: Cluster) -> bool:
-    """Every host's one-way delays count as evidence (as the single collector's test)."""
-    clocks, now = _get(c, "/v1/clocks"), time.time_ns()
-    return len(clocks) == len(c.lab.topo.hosts) and all(
-        x["synced"] and x["delay_evidence_from"] is not None and x["delay_evidence_from"] <= now
-        for x in clocks
-    )
-
-
-def _until(cond: Callable[[], bool], timeout_s: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.25)
-    raise AssertionError(f"no {what} within {timeout_s} s")
+    return [r["nic_id"] for r in get_json(c.agents.url, "/v1/nics?state=faulty&limit=1000")]
 
 
 def _published_ids(url: str) -> list[str]:
@@ -141,16 +117,21 @@ def _published_ids(url: str) -> list[str]:
     return asyncio.run(go())
 
 
+def _clean(c: Cluster) -> bool:
+    return (
+        not _faulty(c) and not _faulty_nics(c) and all_synced(c.agents.url, len(c.lab.topo.hosts))
+    )
+
+
 def test_agents_over_nats_and_two_shards_localize_a_loss_and_store_each_batch_once(
     cluster: Cluster,
 ) -> None:
     c = cluster
-    _until(lambda: not _faulty(c) and not _faulty_nics(c) and _synced(c), BASELINE_S,
-           "clean, synced baseline")  # fmt: skip
+    until(lambda: _clean(c), BASELINE_S, "clean, synced baseline")
     time.sleep(WARMUP_S)
     try:
         faults.add_loss(c.lab, LINK, LOSS_PCT)
-        took = _until(lambda: LINK in _faulty(c), LOCALIZE_S + 2, f"verdict on {LINK}")
+        took = until(lambda: LINK in _faulty(c), LOCALIZE_S + 2, f"verdict on {LINK}")
         print(f"\n{LINK}: localized after {took:.1f} s")  # the margin, for ``pytest -s``
         time.sleep(SETTLE_S)
         found = _faulty(c)
@@ -158,7 +139,7 @@ def test_agents_over_nats_and_two_shards_localize_a_loss_and_store_each_batch_on
         assert took <= LOCALIZE_S, f"{LINK} localized after {took:.1f} s"
     finally:
         faults.heal(c.lab)
-    _until(lambda: not _faulty(c), CLEAR_S, f"clear verdicts after healing {LINK}")
+    until(lambda: not _faulty(c), CLEAR_S, f"clear verdicts after healing {LINK}")
 
     stopped = c.agents.stop_agents()  # each drains its queue into the stream first
     assert set(stopped.values()) == {0}, stopped

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from collector_waits import all_synced, get_json, until
 from fleetlens.fixtures.lab import faults
 from fleetlens.fixtures.lab.defaults import LAB_BACKGROUND_LOSS
 from fleetlens.fixtures.lab.fabric import Lab, lab_fabric
@@ -49,8 +49,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # per NIC leave ~half the pairs pure), and the faults are 2 % and 200 us.
         for h in lab.topo.hosts:
             st.start_agent(h, "--primer", "off")
-        _wait(lambda: not _faulty(st, "links") and not _faulty(st, "nics") and _synced(st),
-              90, "a clean, synced baseline")  # fmt: skip
+        until(lambda: _clean(st), 90, "a clean, synced baseline")
         time.sleep(WARMUP_S)
         yield st
 
@@ -58,7 +57,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 @pytest.fixture
 def lab(stack: Stack) -> Iterator[Lab]:
     """The fabric, clean when the test starts (an earlier failure may still be clearing)."""
-    _wait(
+    until(
         lambda: not _faulty(stack, "links") and not _faulty(stack, "nics"), CLEAR_S, "a clean start"
     )
     try:
@@ -67,45 +66,24 @@ def lab(stack: Stack) -> Iterator[Lab]:
         faults.heal(stack.lab)
 
 
-def _get(st: Stack, path: str) -> list[dict]:  # type: ignore[type-arg]
-    r = httpx.get(st.url + path, timeout=10)
-    r.raise_for_status()
-    return r.json()
+def _clean(st: Stack) -> bool:
+    return not _faulty(st, "links") and not _faulty(st, "nics") and all_synced(st.url, 8)
 
 
 def _faulty(st: Stack, what: str) -> list[str]:
-    rows = _get(st, f"/v1/{what}?state=faulty&limit=1000")
+    rows = get_json(st.url, f"/v1/{what}?state=faulty&limit=1000")
     return sorted(r.get("link_id") or r.get("nic_id") for r in rows)
-
-
-def _synced(st: Stack) -> bool:
-    """Every host's one-way delays count as evidence (a delay seen only on some hosts' flows
-    can tie an uplink with a downlink: on this VM some hosts got there 25 s past sync)."""
-    clocks, now = _get(st, "/v1/clocks"), time.time_ns()
-    return len(clocks) == 8 and all(
-        c["synced"] and c["delay_evidence_from"] is not None and c["delay_evidence_from"] <= now
-        for c in clocks
-    )
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.25)
-    raise AssertionError(f"no {what} within {timeout_s} s")
 
 
 def _localize_then_clear(st: Stack, lab: Lab, link: str, inject: Callable[[], object]) -> None:
     inject()
-    took = _wait(lambda: link in _faulty(st, "links"), LOCALIZE_S + 2, f"verdict on {link}")
+    took = until(lambda: link in _faulty(st, "links"), LOCALIZE_S + 2, f"verdict on {link}")
     print(f"\n{link}: localized after {took:.1f} s")  # the margin, for ``pytest -s``
     time.sleep(SETTLE_S)
     assert _faulty(st, "links") == [link], f"found {link} after {took:.1f} s, but also others"
     assert took <= LOCALIZE_S, f"{link} localized after {took:.1f} s"
     faults.heal(lab, link)
-    _wait(lambda: not _faulty(st, "links"), CLEAR_S, f"clear verdicts after healing {link}")
+    until(lambda: not _faulty(st, "links"), CLEAR_S, f"clear verdicts after healing {link}")
 
 
 def test_loss_on_a_leaf_spine_link_is_localized_to_it_and_clears(stack: Stack, lab: Lab) -> None:
@@ -117,7 +95,7 @@ def test_loss_on_a_leaf_spine_link_is_localized_to_it_and_clears(stack: Stack, l
 def test_delay_on_a_leaf_spine_link_is_localized_to_it_and_clears(stack: Stack, lab: Lab) -> None:
     link = "leaf2->spine1"
     _localize_then_clear(stack, lab, link, lambda: faults.add_delay(lab, link, 200))
-    (row,) = [r for r in _get(stack, "/v1/links?limit=1000") if r["link_id"] == link]
+    (row,) = [r for r in get_json(stack.url, "/v1/links?limit=1000") if r["link_id"] == link]
     assert row["state"] == "healthy"
 
 
@@ -125,7 +103,7 @@ def test_an_access_link_fault_is_put_on_the_host_side_not_a_spine(stack: Stack, 
     nic = lab.topo.nics_by_host["h03"][0]
     link = f"{nic.id}->{nic.leaf}"
     faults.add_loss(lab, link, 5)
-    _wait(lambda: link in _faulty(stack, "links") or nic.id in _faulty(stack, "nics"),
+    until(lambda: link in _faulty(stack, "links") or nic.id in _faulty(stack, "nics"),
           LOCALIZE_S + 2, f"verdict on {link} or {nic.id}")  # fmt: skip
     time.sleep(SETTLE_S)
     assert set(_faulty(stack, "links")) <= {link}, "a fabric link was blamed"
