@@ -164,7 +164,7 @@ SPREAD_ROWS_UNKNOWN = (
 FAILS = {
     "host-3L3S1N-loss-1%-down-unknown": SPREAD_ROWS_UNKNOWN,
 }
-# CI: a 3-leaf run with paths known and a 2-leaf one with paths unknown (~65 CPU-s together)
+# CI: a 3-leaf run with paths known and a 2-leaf one with paths unknown (56 s together)
 REPRESENTATIVE = {
     Scenario(small("host", 3, 3), "loss", 1, "down", "known"),
     Scenario(small("rail", 2, 2), "loss", 5, "up", "unknown"),
