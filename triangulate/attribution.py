@@ -6,7 +6,9 @@ subjects to report (links, switches, NICs, hosts), each with what implicated it.
 - Switch: when at least ``device_fraction`` of a switch's fabric links are implicated — chosen
   by the fit, or showing at least half the loss / delay of the chosen links at that switch (the
   fit leaves the downlinks of a dead spine unchosen because the uplinks already explain their
-  flows) — the switch is reported and its links (access links too, for a leaf) are not.
+  flows; loss read above the link's background, ``LossFit.background``: a 4-hop path's
+  background is not a link's loss) — the switch is reported and its links (access links too,
+  for a leaf) are not.
 - NIC ("rule the network out"): both directions of a NIC's access link bad — its flows are bad
   whichever spine they cross, in and out — or the NIC stopped sending (silent) while its
   incoming flows are bad. Access-link delays are only known as round trips (see ``delay``), so
@@ -120,6 +122,8 @@ class Attributor:
         sent, lost = raw if raw is not None else (loss.sent, loss.lost)
         # a threshold, not > 0: sums with some flows taken out leave float dust behind
         raw_rate = np.where(sent > 1e-9, np.maximum(lost, 0.0) / np.maximum(sent, 1e-9), 0.0)
+        if loss.background is not None:  # what a link's flows lose above their background
+            raw_rate = np.maximum(raw_rate - loss.background, 0.0)
         raw_dly = np.nan_to_num(delay.median - 0.0, nan=0.0)
         out: list[Finding] = []
         used = np.zeros(n, bool)

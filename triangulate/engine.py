@@ -379,7 +379,9 @@ def _forward_counts(fit: LossFit, f: Frame, S: np.ndarray) -> LossFit:
     unsure = w < 1.0 - 1e-9
     n = f.inc.n_links
     spread = np.bincount(link[unsure], lost[unsure], n)
-    return LossFit(fit.links, fit.rate, fit.llr, S, np.bincount(link, lost, n), spread)
+    return LossFit(
+        fit.links, fit.rate, fit.llr, S, np.bincount(link, lost, n), spread, fit.background
+    )
 
 
 def _window_s(f: Frame) -> float:

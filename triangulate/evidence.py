@@ -6,22 +6,39 @@ million, that made a link with two lost probes in a window lossy (issue 28: acce
 called faulty at 0.1-0.5 % measured on one flow). Each link a fit keeps is therefore tested
 against the background its flows show anyway:
 
-- the background ``q`` is a row's loss rate (whatever links it crosses, so no path length
-  enters): lost / sent over every row, then again without the rows of the chosen links that
-  the fit's own threshold (``loss_llr``) calls lossy even against that (a fault must not
-  raise the background it is tested against), floored at ``background_loss``. Not over the
-  rows crossing *no* chosen link: on background loss alone the fit picks dozens of links,
-  and the rows left are those that happened to lose nothing (q read 2.6x low on the
-  simulator, and background links passed);
-- under "link l adds nothing", the lost packets the fit puts on l (``rate_l · S_l``, S_l the
-  packets its flows carried, weighted by path share) are Poisson with mean ``q · S_l``;
-- the link is kept when the Chernoff bound on that tail, ``P(X >= x) <= exp(-LLR(x, q S_l))``,
-  is below ``alpha = false_alarms_per_link_hour / tests per link-hour`` (three fits — this
-  window, the decayed long horizon and the onset horizon's last three windows, ``horizon`` —
-  per window; 16.2 at 1 s windows and 1e-3). A bound,
-  and the decayed counts are less dispersed than Poisson, so the rate of links passing per
-  link-hour is at most the stated one; a ``faulty`` verdict needs two consecutive windows
-  (``fault_windows``) on top.
+- the background is per *hop*: every link of a fabric loses a little, so a row crossing
+  ``h`` links loses ~``h · q`` (an intra-leaf row crosses 2, an inter-leaf row of a
+  leaf-spine 4). ``q`` is the maximum-likelihood rate of that model: lost / (sent · h) summed
+  over every row, then again without the rows of the chosen links that the fit's own
+  threshold (``loss_llr``) calls lossy even against it (a fault must not raise the
+  background it is tested against). Not over the rows crossing *no* chosen link: on
+  background loss alone the fit picks dozens of links, and the rows left are those that
+  happened to lose nothing (q read 2.6x low on the simulator, and background links passed);
+- under "link l adds nothing", the loss a fit puts on l is at most every lost packet of the
+  rows that may cross it (at EM's fixed point ``x_l = rate_l · S_l = Σ_r lost_r · share_rl``,
+  each row's lost packets shared among its chosen links, ``share <= 1``): Poisson with mean
+  ``E_l = q · Σ_{r: w_rl > 0} sent_r · h_r = q · K_l · S_l`` (``S_l = Σ_r w_rl sent_r`` the
+  link's weighted packets, ``w_rl`` 1 on a known path and 1/N over N ECMP candidates;
+  ``K_l`` from ``Incidence.hop_factors``: the mean hop count of its rows on known paths,
+  N times it on spread ones, since the fit explains a spread row's loss by N times the
+  rate on one candidate), floored at ``background_loss · S_l`` (the fits' floor per row).
+  One background rate per *row* instead (the first version) held only while every row
+  crossed as many links on known paths: at 1024 hosts on 2-3 leaves a fabric link carries
+  only 4-hop rows (1e5-1e7 packets) against a row rate averaged with 2-hop intra-leaf rows,
+  and with paths unknown the fit read 2x that again; far past the level, background loss
+  alone made whole ECMP groups faulty;
+- the link is kept when the Chernoff bound on that tail, ``P(X >= x) <= exp(-LLR(x, E_l))``
+  (``x = rate_l · S_l``, the loss the fit puts on l), is below ``alpha =
+  false_alarms_per_link_hour / tests per link-hour`` (three fits — this window, the decayed
+  long horizon and the onset horizon's last three windows, ``horizon`` — per window; 16.2 at
+  1 s windows and 1e-3). A bound, and the decayed counts are less dispersed than Poisson, so
+  the rate of links passing per link-hour is at most the stated one; a ``faulty`` verdict
+  needs two consecutive windows (``fault_windows``) on top.
+
+The rate a link's weighted counts (``LossFit.sent``, ``.lost``) show with no fault, ``q · H_l``
+(``H_l`` the mean hop count of its rows), goes with the gated fit (``LossFit.background``):
+the heal test compares against it, and the switch rule (``attribution``) reads a link's loss
+above it.
 
 The kept links' strength (what ``confidence`` is the posterior of) is that LLR against the
 learned background instead of against the fit's floor: loss that barely stands out of the
@@ -52,42 +69,51 @@ def alarm_llr(cfg: TriangulateConfig, window_s: float) -> float:
 def background(
     fit: LossFit, inc: Incidence, sent: np.ndarray, lost: np.ndarray, need: float
 ) -> float:
-    """A row's background loss rate: over every row, then without the rows of the chosen
-    links whose loss reaches ``need`` against that (lost / sent; 0 with nothing sent)."""
-    s, lo = float(sent.sum()), float(lost.sum())
-    if s <= 0:
+    """The background loss per hop: lost / hop-packets over every row, then without the rows
+    of the chosen links whose loss reaches ``need`` against that (0 with nothing sent)."""
+    h = inc.hops()
+    hs, lo = float(sent @ h), float(lost.sum())
+    if hs <= 0:
         return 0.0
     s_l = fit.sent[fit.links]
-    heavy = fit.links[poisson_llr(fit.rate * s_l, lo / s * s_l) >= need]
+    reach = inc.hop_factors(sent)[1][fit.links]
+    heavy = fit.links[poisson_llr(fit.rate * s_l, lo / hs * reach * s_l) >= need]
     if heavy.size:
         rows = inc.rows_of(heavy)
-        s -= float(sent[rows].sum())
+        hs -= float(sent[rows] @ h[rows])
         lo -= float(lost[rows].sum())
-    return max(lo, 0.0) / s if s > 0 else 0.0
+    return max(lo, 0.0) / hs if hs > 0 else 0.0
 
 
 class LossEvidence:
     """The significance gate of both fits and the heal test of long-horizon links; keeps the
-    last background rate and, per link, the heal test's running statistic."""
+    last background (per hop, and per link) and, per link, the heal test's running
+    statistic."""
 
     def __init__(self, cfg: TriangulateConfig, n_links: int) -> None:
         self.cfg = cfg
-        self.q = cfg.background_loss  # the last fit's background (a row's loss rate)
+        self.q = cfg.background_loss  # the last fit's background per hop
+        self.link_q = np.full(n_links, cfg.background_loss)  # and per link (its rows' rate)
         self.cusum = np.zeros(n_links)
 
     def gate(
         self, fit: LossFit, inc: Incidence, sent: np.ndarray, lost: np.ndarray, window_s: float
     ) -> LossFit:
-        """``fit`` with only its links whose loss is significant against the rows'
-        background, their ``llr`` replaced by the LLR of that test."""
+        """``fit`` with only its links whose loss is significant against their rows'
+        background, their ``llr`` replaced by the LLR of that test and the per-link
+        background rate attached."""
         cfg = self.cfg
-        self.q = max(background(fit, inc, sent, lost, cfg.loss_llr), cfg.background_loss)
-        if not fit.links.size:
-            return fit
+        self.q = background(fit, inc, sent, lost, cfg.loss_llr)
+        hops, reach = inc.hop_factors(sent)
+        self.link_q = np.maximum(self.q * hops, cfg.background_loss)
         s_l = fit.sent[fit.links]
-        llr = poisson_llr(fit.rate * s_l, self.q * s_l)
+        e_l = np.maximum(self.q * reach[fit.links], cfg.background_loss) * s_l
+        llr = poisson_llr(fit.rate * s_l, e_l)
         keep = llr >= alarm_llr(cfg, window_s)
-        return LossFit(fit.links[keep], fit.rate[keep], llr[keep], fit.sent, fit.lost, fit.spread)
+        return LossFit(
+            fit.links[keep], fit.rate[keep], llr[keep], fit.sent, fit.lost, fit.spread,
+            self.link_q,
+        )  # fmt: skip
 
     def healed(
         self, links: np.ndarray, rate: np.ndarray, sent: np.ndarray, lost: np.ndarray
@@ -96,14 +122,15 @@ class LossEvidence:
         their flows (``sent``, ``lost``) show healed.
 
         A CUSUM of the log-likelihood ratio "background only" against "background + rate",
-        window after window (Poisson: ``lost · log(q / (q + r)) + sent · r``): clean windows
+        window after window (Poisson: ``lost · log(q_l / (q_l + r)) + sent · r``, ``q_l`` the
+        link's background rate from the last gate): clean windows
         add to it, a window with the fault's losses takes it back towards 0, and a link is
         healed once it reaches ``loss_llr``. One window is enough when it carried ~12/r
         packets without a loss; at low rates the windows add up, so a 0.05 % fault on a link
         of a few thousand packets a second clears within 30 s of its heal, where the old
         one-window rule (10 lost packets expected) kept it for minutes. A link leaving the
         long-horizon set starts again from 0."""
-        q = self.q
+        q = self.link_q[links]
         step = lost * np.log(q / (q + rate)) + sent * rate
         now = np.zeros_like(self.cusum)
         now[links] = np.maximum(self.cusum[links] + step, 0.0)

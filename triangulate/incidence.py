@@ -10,7 +10,9 @@ never expanded to millions of (row, link) entries except for the rows a fit actu
 - ``entries(rows)``: the (row, link, weight) entries of a subset of rows;
 - ``rows_of(links)``: the rows crossing any of ``links``, from inverse indexes built once per
   layout (the flows an agent probes are the same window after window) and dropped when a route
-  changes.
+  changes;
+- ``hop_factors(sent)``: per link, the hop-packets of its rows per packet of its (weighted)
+  sum, what the background model of ``evidence`` scales by.
 """
 
 from __future__ import annotations
@@ -117,11 +119,19 @@ class RouteTable:
             self._csr = (ptr, link, w)
         return self._csr
 
-    def link_sum(self, per_route: np.ndarray) -> np.ndarray:
-        """Per link: sum over routes of the route's value times the link's weight in it."""
+    def hops(self) -> np.ndarray:
+        """Per route, its fabric hops: the sum of its weights (an ECMP candidate set's shares
+        add up to the length of each of its equal-length paths)."""
+        ptr, _, w = self.csr()
+        owner = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
+        return np.bincount(owner, w, ptr.size - 1)
+
+    def link_sum(self, per_route: np.ndarray, whole: bool = False) -> np.ndarray:
+        """Per link: sum over routes of the route's value times the link's weight in it (1
+        with ``whole``: every route that may cross the link counted in full)."""
         ptr, link, w = self.csr()
         owner = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
-        return np.bincount(link, w * per_route[owner], self.n_links)
+        return np.bincount(link, per_route[owner] if whole else w * per_route[owner], self.n_links)
 
     def routes_of(self, links: np.ndarray) -> np.ndarray:
         """Routes containing any of ``links``."""
@@ -144,6 +154,8 @@ class Incidence:
         self.up, self.dn, self.route = up, dn, route
         self.routes, self.n_links = routes, n_links
         self._inverse: tuple[np.ndarray, ...] | None = None  # see _index
+        self._hops: np.ndarray | None = None  # see hops
+        self._factors: tuple[np.ndarray, np.ndarray] | None = None  # see hop_factors
 
     @property
     def n(self) -> int:
@@ -152,19 +164,55 @@ class Incidence:
     def set_rows(self, rows: np.ndarray, up: np.ndarray, dn: np.ndarray, route: np.ndarray) -> None:
         """Paths of some rows changed: update them in place (the inverse index is rebuilt)."""
         self.up[rows], self.dn[rows], self.route[rows] = up, dn, route
-        self._inverse = None
+        self._inverse = self._hops = self._factors = None
 
     def take(self, rows: np.ndarray) -> Incidence:
         return Incidence(self.up[rows], self.dn[rows], self.route[rows], self.routes, self.n_links)
 
-    def link_sums(self, x: np.ndarray) -> np.ndarray:
-        """``A^T x``: the three bincounts (up, down, route) in one Cython pass."""
+    def link_sums(self, x: np.ndarray, whole: bool = False) -> np.ndarray:
+        """``A^T x``: the three bincounts (up, down, route) in one Cython pass; ``whole``:
+        with every weight read as 1 (a row counted in full on each link it may cross)."""
         n = self.n_links
         up, dn, rt = _fast.link_sums(
             _c(self.up, np.int64), _c(self.dn, np.int64), _c(self.route, np.int64),
             _c(x, np.float64), n, len(self.routes),
         )  # fmt: skip
-        return (up[:n] + dn[:n]) + self.routes.link_sum(rt)
+        return (up[:n] + dn[:n]) + self.routes.link_sum(rt, whole)
+
+    def hops(self) -> np.ndarray:
+        """Per row, the links it crosses: its access links and its route's fabric hops (kept
+        while the rows' paths are)."""
+        if self._hops is None:
+            n = self.n_links
+            h = (self.up < n).astype(np.float64) + (self.dn < n)
+            self._hops = h + self.routes.hops()[self.route]
+        return self._hops
+
+    def hop_factors(self, sent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per link, two ratios to its weighted packets ``S_l = Σ_r w_rl sent_r``, over the
+        rows that may cross it (``sent`` their packets, ``h`` their hops):
+
+        - ``Σ_r w_rl sent_r h_r / S_l``, the mean hop count of its rows (what its weighted
+          lost count ``Σ_r w_rl lost_r`` is, per packet, under a loss per hop);
+        - ``Σ_r sent_r h_r / S_l`` over every row with ``w_rl > 0``, counted whole: the most
+          a fit can put on the link is every lost packet of those rows (with a path spread
+          over N ECMP candidates the fit explains a row's loss by N times the rate on one).
+
+        Kept while the rows' paths are (the same flows send at the same rates window after
+        window, so the first counts given stand for later ones). A link without packets gets
+        the mean hop count over all rows."""
+        if self._factors is None:
+            h = self.hops()
+            s = self.link_sums(sent)
+            total = float(sent.sum())
+            every = float(sent @ h) / total if total > 0 else 2.0
+            on = s > 0
+            per = np.maximum(s, 1e-300)
+            self._factors = (
+                np.where(on, self.link_sums(sent * h) / per, every),
+                np.where(on, self.link_sums(sent * h, whole=True) / per, every),
+            )
+        return self._factors
 
     def entries(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, link, weight) entries; rows numbered by position in ``rows`` when given."""

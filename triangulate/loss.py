@@ -47,6 +47,9 @@ class LossFit:
     # per link: the part of ``lost`` from flows whose path was uncertain (ECMP-spread weight
     # < 1): evidence that its ECMP siblings received in equal measure (see attribution)
     spread: np.ndarray | None = None
+    # per link: the loss rate its flows show with no fault (``evidence``: the background per
+    # hop times their mean hop count); None before the significance gate
+    background: np.ndarray | None = None
 
     def rate_of(self, n_links: int) -> np.ndarray:
         out = np.zeros(n_links)

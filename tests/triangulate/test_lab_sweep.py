@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -35,6 +35,7 @@ from fleetlens.fixtures.lab import faults
 from fleetlens.fixtures.lab.defaults import LAB_BACKGROUND_LOSS
 from fleetlens.fixtures.lab.fabric import Lab, lab_fabric
 from fleetlens.fixtures.lab.stack import Stack, lab_stack
+from tri_helpers import CLEAR_S, LOCALIZE_S, SweepResult
 
 pytestmark = [
     pytest.mark.root,
@@ -42,9 +43,7 @@ pytestmark = [
 ]
 NAME = f"w{os.getpid() % 100000}"
 HOSTS = 8
-LOCALIZE_S = 5.0
 HOLD_S = 60.0
-CLEAR_S = 30.0
 AFTER_HEAL_S = 30.0
 POLL_S = 0.5
 WARMUP_S = 6.0  # each flow's delay baseline needs a few windows once delays are evidence
@@ -110,26 +109,9 @@ def _params() -> list[pytest.param]:  # type: ignore[type-arg]
     return [pytest.param(s, id=str(s), marks=marks[s == REPRESENTATIVE]) for s in SCENARIOS]
 
 
-@dataclass
-class Result:
+@dataclass(kw_only=True)
+class Result(SweepResult):
     scenario: Scenario
-    localize_s: float | None = None
-    hold_pct: float | None = None
-    false_links: list[str] = field(default_factory=list)
-    clear_s: float | None = None
-    group: list[str] = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return (
-            self.localize_s is not None
-            and self.localize_s <= LOCALIZE_S
-            and self.hold_pct == 100.0
-            and not self.false_links
-            and self.clear_s is not None
-            and self.clear_s <= CLEAR_S
-        )
 
     def row(self) -> str:
         def f(v: float | None, fmt: str) -> str:
@@ -309,7 +291,7 @@ def test_fault_is_localized_held_and_cleared(stacks: Stacks, scenario: Scenario)
     lab = st.lab
     _wait(lambda: not any(_faulty(st)), CLEAR_S, "a clean start")
     link, nic = _target(lab, scenario)
-    res = Result(scenario)
+    res = Result(scenario=scenario)
     RESULTS.append(res)
     try:
         t0 = time.monotonic()
@@ -321,8 +303,4 @@ def test_fault_is_localized_held_and_cleared(stacks: Stacks, scenario: Scenario)
     after = _observe(st, t0, heal_t + AFTER_HEAL_S, link)
     _judge(res, link, nic, fault, after, heal_t)
     print(f"\n{HEADER}\n{res.row()}\n{res.note}")
-    assert res.localize_s is not None, f"{link} never faulty"
-    assert res.localize_s <= LOCALIZE_S, f"{link} localized after {res.localize_s:.1f} s"
-    assert res.hold_pct == 100.0, f"{link} held {res.hold_pct:.0f} %: {res.note}"
-    assert not res.false_links, f"faulty outside {res.group}: {res.note}"
-    assert res.clear_s is not None and res.clear_s <= CLEAR_S, f"{link} cleared: {res.clear_s}"
+    res.check(link)

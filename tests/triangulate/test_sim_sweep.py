@@ -39,20 +39,19 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
 from fleetlens.triangulate.engine import Triangulator
+from tri_helpers import SweepResult
 
 from fleetlens.records import WINDOW_SCHEMA, Verdict
 from fleetlens.topology import Topology, from_spec
 
 HOSTS = 1024
 BASE_LOSS = 1e-5  # per link, as in test_tri_hold.py's 192-link runs
-LOCALIZE_S = 5.0
-CLEAR_S = 30.0
 SEED = 28
 
 
@@ -153,62 +152,31 @@ SCENARIOS = [
     *_lab(small("host", 2, 3), "loss", 100, "down"),
     *_lab(small("host", 2, 3), "loss", 5, "access"),
 ]
-# Measured failures of the engine (main at ab0a625), diagnosed in triangulate/README.md
-# ("Simulator sweep"); strict, so a fix shows up as XPASS and the marker must go.
-BACKGROUND_UNKNOWN = (
-    "paths unknown on 2-3 leaves: the 1e-5/link background loss alone makes whole ECMP "
-    "groups of fabric links faulty (at 5-8e-5, the background of a fabric path, against a "
-    "row's background q), before the fault; passes with base_loss=0"
-)
-TWO_LEAVES_KNOWN = (
-    "2 leaves, paths known: late in the fault (loss) or after the heal (delay, black hole) "
-    "the long-horizon fit keeps fabric links at the background rate (~4e-5), a tie group "
-    "(e.g. leaf1->spine1 = spine1->leaf0) or, on 2 spines, 3-4 of a switch's 4 fabric links "
-    "(leaf0/spine0 faulty switches), to the end of the run; passes with base_loss=0"
+# Measured failures of the engine, diagnosed in triangulate/README.md ("Simulator sweep");
+# strict, so a fix shows up as XPASS and the marker must go.
+SPREAD_ROWS_UNKNOWN = (
+    "paths unknown: 1 % on a downlink into leaf2 leaks onto an access link of leaf2 in the "
+    "long-horizon fit (leaf2->h0786/eth0 faulty at 3.3e-4, t=9-13): the fit gives a "
+    "never-reported row 1/3 of the spine link's rate, but each source port takes one path, "
+    "so a NIC whose flows happen to hash through the faulted spine more often shows an "
+    "excess the Poisson test does not allow for (the fault's own loss, not the background)"
 )
 FAILS = {
-    "rail-2L2S1N-loss-5%-up-unknown": BACKGROUND_UNKNOWN,
-    "rail-2L2S1N-loss-5%-up-known": TWO_LEAVES_KNOWN,
-    "rail-2L2S1N-delay-100us-down-unknown": BACKGROUND_UNKNOWN,
-    "rail-2L2S1N-delay-100us-down-known": TWO_LEAVES_KNOWN,
-    "host-3L3S1N-loss-1%-down-unknown": BACKGROUND_UNKNOWN,
-    "host-3L3S1N-black-hole-up-unknown": BACKGROUND_UNKNOWN,
-    "rail-3L4S1N-loss-1%-up-unknown": BACKGROUND_UNKNOWN,
-    "rail-3L4S1N-delay-500us-up-unknown": BACKGROUND_UNKNOWN,
-    "host-2L3S1N-black-hole-down-unknown": BACKGROUND_UNKNOWN,
-    "host-2L3S1N-black-hole-down-known": TWO_LEAVES_KNOWN,
-    "host-2L3S1N-loss-5%-access-unknown": BACKGROUND_UNKNOWN,
+    "host-3L3S1N-loss-1%-down-unknown": SPREAD_ROWS_UNKNOWN,
 }
-# CI: one run that passes and one that shows the background failure (~50 CPU-s together)
+# CI: a 3-leaf run with paths known and a 2-leaf one with paths unknown (56 s together)
 REPRESENTATIVE = {
     Scenario(small("host", 3, 3), "loss", 1, "down", "known"),
     Scenario(small("rail", 2, 2), "loss", 5, "up", "unknown"),
 }
 
 
-@dataclass
-class Result:
+@dataclass(kw_only=True)
+class Result(SweepResult):
     scenario: Scenario
     link: str = ""
     timeline: Timeline = SMALL_RUN
-    localize_s: float | None = None
-    hold_pct: float | None = None
-    false_links: list[str] = field(default_factory=list)
-    clear_s: float | None = None
-    group: list[str] = field(default_factory=list)
-    note: str = ""
     cpu_s: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return (
-            self.localize_s is not None
-            and self.localize_s <= LOCALIZE_S
-            and self.hold_pct == 100.0
-            and not self.false_links
-            and self.clear_s is not None
-            and self.clear_s <= CLEAR_S
-        )
 
     def row(self) -> str:
         def f(v: float | None, fmt: str) -> str:
@@ -276,7 +244,7 @@ def run(s: Scenario, base_loss: float = BASE_LOSS) -> Result:
         verdicts = tri(t, topo, prev)
         prev = {v.subject: v for v in verdicts}
         seen.append(_seen(w.index + 1 - tl.warm, verdicts, link))
-    res = judge(Result(s, link, tl), seen, nic)
+    res = judge(Result(scenario=s, link=link, timeline=tl), seen, nic)
     res.cpu_s = time.process_time() - cpu0
     return res
 
@@ -338,13 +306,7 @@ def _params() -> list[pytest.param]:  # type: ignore[type-arg]
 def test_sim_fault_is_localized_held_and_cleared(scenario: Scenario) -> None:
     res = run(scenario)
     print(f"\n{HEADER}\n{res.row()}\n{res.note}")
-    link = res.link
-    assert link in res.group
-    assert res.localize_s is not None, f"{link} never faulty"
-    assert res.localize_s <= LOCALIZE_S, f"{link} localized after {res.localize_s:.0f} s"
-    assert res.hold_pct == 100.0, f"{link} held {res.hold_pct:.0f} %: {res.note}"
-    assert not res.false_links, f"faulty outside {res.group}: {res.note}"
-    assert res.clear_s is not None, f"{link} still faulty {res.timeline.after} s after heal"
+    res.check(res.link)
 
 
 def main() -> None:

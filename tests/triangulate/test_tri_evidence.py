@@ -49,6 +49,29 @@ def test_background_loss_raises_no_alarm(base_loss: float, seconds: int) -> None
     assert reported == 0, [s.bad for s in steps if s.bad][:2]
 
 
+# 1024 hosts on 2-3 leaves (the simulator sweep's small shapes): a fabric link carries only
+# inter-leaf rows of 4 hops, 1e5-1e6 packets a window and ~1e7 on the long horizon, where a
+# background taken per row (2-hop intra-leaf rows averaged in) made whole ECMP groups, and on
+# 2 spines whole switches, faulty; per hop it is each link's own. Paths unknown (a row per
+# source port, spread over the ECMP candidates) and known; 25 s, so the long horizon's ~30 s
+# of counts builds up (the known 2-leaf alarms came 15-20 s in).
+FEW_LEAVES = [
+    ("leafspine:hosts=1024,nics=1,leaves=2,spines=2", "unknown"),
+    ("leafspine:hosts=1024,nics=1,leaves=2,spines=2", "known"),
+    ("leafspine:hosts=1024,nics=1,leaves=3,spines=3", "unknown"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("spec", "paths"), FEW_LEAVES)
+def test_background_loss_on_few_leaves_at_1024_hosts_raises_no_alarm(spec: str, paths: str):
+    topo = from_spec(spec)
+    steps = drive(topo, (), seconds=25, seed=28, paths=paths, base_loss=1e-5)
+    every = ("link", "switch", "nic", "host")
+    faulty = {s.window.index: s.faulty(every) for s in steps if s.faulty(every)}
+    assert not faulty, faulty
+
+
 def test_without_the_test_the_same_traffic_alarms() -> None:
     """The traffic above is hard: with the level disabled the same fits call links lossy."""
     loose = TriangulateConfig(false_alarms_per_link_hour=1e12)

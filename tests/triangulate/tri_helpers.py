@@ -16,6 +16,46 @@ from fleetlens.records import WINDOW_SCHEMA, Verdict
 from fleetlens.topology import Topology, from_spec
 
 SMALL = "leafspine:hosts=32,nics=2,leaves=8,spines=4"
+# The sweeps' bounds (issue 28), the lab sweep's and the simulator sweep's
+LOCALIZE_S = 5.0  # the faulted link (or its group) faulty within this many s of the start
+CLEAR_S = 30.0  # and no longer faulty from at most this many s after the heal on
+
+
+@dataclass
+class SweepResult:
+    """One sweep scenario against the bounds: localized within ``LOCALIZE_S`` (s from the
+    fault's start), faulty in every sample from then to the heal (``hold_pct`` 100), nothing
+    outside the faulted link's ambiguity group (``group``, which contains it) ever faulty
+    (``false_links``), not faulty from ``clear_s`` <= ``CLEAR_S`` after the heal on (None:
+    still faulty at the end). ``note`` says what went wrong, and when."""
+
+    localize_s: float | None = None
+    hold_pct: float | None = None
+    false_links: list[str] = field(default_factory=list)
+    clear_s: float | None = None
+    group: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.localize_s is not None
+            and self.localize_s <= LOCALIZE_S
+            and self.hold_pct == 100.0
+            and not self.false_links
+            and self.clear_s is not None
+            and self.clear_s <= CLEAR_S
+        )
+
+    def check(self, link: str) -> None:
+        """The bounds as asserts, each with what failed."""
+        assert link in self.group, (link, self.group)
+        assert self.localize_s is not None, f"{link} never faulty"
+        assert self.localize_s <= LOCALIZE_S, f"{link} localized after {self.localize_s:.1f} s"
+        assert self.hold_pct == 100.0, f"{link} held {self.hold_pct:.0f} %: {self.note}"
+        assert not self.false_links, f"faulty outside {self.group}: {self.note}"
+        assert self.clear_s is not None, f"{link} still faulty at the end: {self.note}"
+        assert self.clear_s <= CLEAR_S, f"{link} cleared after {self.clear_s:.1f} s"
 
 
 def small() -> Topology:
