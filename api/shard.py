@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fleetlens.api.shardexport import MinuteExport
-from fleetlens.api.store import Store
 from fleetlens.api.writer import Backpressure
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector as PromCollector
@@ -466,7 +465,9 @@ class Shard:
         if got is None:
             return
         batches = await self._after(p, int(got.value), self.cfg.fetch)
-        gone = await asyncio.wrap_future(self.c.writer.submit_call(lambda st: forget(st, batches)))
+        gone = await asyncio.wrap_future(
+            self.c.writer.submit_call(lambda st: st.forget_batches(batches))
+        )
         self.counters.reconciled += len(gone)
         if self.export is not None:
             self.export.committed(p, gone)  # their minutes are written again
@@ -524,32 +525,6 @@ class Shard:
             return await kv.get(key)
         except KeyNotFoundError:
             return None
-
-
-def forget(st: Store, batches: Iterable[Batch]) -> list[Batch]:
-    """Delete the stored copies of ``batches`` (their windows and ids), in one transaction;
-    the ones this file held. Writer thread only."""
-    con = st.con
-    con.execute("BEGIN TRANSACTION")
-    try:
-        gone = []
-        for b in batches:
-            if not con.execute("DELETE FROM batches WHERE batch_id = ? RETURNING batch_id",
-                               [b.batch_id]).fetchall():  # fmt: skip
-                continue
-            con.register("_gone", b.windows.select(["src_nic", "dst_nic", "sport", "start_ns"]))
-            try:
-                con.execute("DELETE FROM windows w USING _gone g WHERE w.src_nic = g.src_nic AND "
-                            "w.dst_nic = g.dst_nic AND w.sport = g.sport AND "
-                            "w.start_ns = g.start_ns")  # fmt: skip
-            finally:
-                con.unregister("_gone")
-            gone.append(b)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    return gone
 
 
 class ShardMetrics(PromCollector):

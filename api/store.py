@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,32 @@ class Store:
             raise
         # A batch is "stored" by this call only where its id was new and it is the first copy.
         return [b.batch_id in new and first_pos[b.batch_id] == i for i, b in enumerate(batches)]
+
+    def forget_batches(self, batches: Iterable[Batch]) -> list[Batch]:
+        """Delete the stored copies of ``batches`` (their windows and ids) in one transaction,
+        and return the ones this file held: a shard's reconciliation, where a partition's new
+        owner stored them after the handover mark."""
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            gone = []
+            for b in batches:
+                if not con.execute("DELETE FROM batches WHERE batch_id = ? RETURNING batch_id",
+                                   [b.batch_id]).fetchall():  # fmt: skip
+                    continue
+                con.register("_gone", b.windows.select(["src_nic", "dst_nic", "sport", "start_ns"]))
+                try:
+                    con.execute("DELETE FROM windows w USING _gone g WHERE w.src_nic = g.src_nic "
+                                "AND w.dst_nic = g.dst_nic AND w.sport = g.sport AND "
+                                "w.start_ns = g.start_ns")  # fmt: skip
+                finally:
+                    con.unregister("_gone")
+                gone.append(b)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return gone
 
     def _insert_windows(self, table: pa.Table) -> None:
         stored, new_links = to_storage(table, self.links)

@@ -155,9 +155,11 @@ class Publisher:
             raise PublishError(f"{type(e).__name__}: {e}") from e
 
     def close(self) -> None:
-        if self._nc is not None:
+        """Idempotent: a second call neither reconnects nor leaves a close() coroutine unrun."""
+        nc, self._nc = self._nc, None
+        if nc is not None:
             with contextlib.suppress(Exception):  # a connection that is already gone
-                self._runner.run(self._nc.close(), self.timeout_s)
+                self._runner.run(nc.close(), self.timeout_s)
         self._runner.close()
 
 

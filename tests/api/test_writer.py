@@ -141,3 +141,21 @@ def test_typed_window_reads_select_by_start(tmp_path: Path, topo: Topology) -> N
     between = store.windows_between(t0 + 10**9, t0 + 2 * 10**9)
     assert sorted(set(between["start_ns"].to_pylist())) == [t0 + 10**9, t0 + 2 * 10**9]
     store.close()
+
+
+def test_forget_batches_deletes_exactly_their_windows_and_ids(tmp_path: Path, topo: Topology):
+    """A shard's reconciliation: the copies another owner stored go, windows and ids, and
+    nothing else; a batch this file never held is not reported as forgotten."""
+    store = Store(tmp_path / "f.duckdb")
+    now = time.time_ns()
+    a = Batch("a", "h00", make_windows(topo, "h00", now - 10**10))
+    b = Batch("b", "h01", make_windows(topo, "h01", now - 10**10))
+    never = Batch("n", "h02", make_windows(topo, "h02", now - 10**10))
+    assert store.insert_batches([a, b], now) == [True, True]
+    assert [x.batch_id for x in store.forget_batches([a, never])] == ["a"]
+    left = store.read_windows()
+    assert left.num_rows == b.rows and set(left["src_nic"].to_pylist()) <= set(
+        b.windows["src_nic"].to_pylist()
+    )
+    assert store.insert_batches([a, b], now) == [True, False]  # a's id is gone, b's kept
+    store.close()
