@@ -179,7 +179,7 @@ class LossEvidence:
         level = alarm_llr(cfg, window_s)
         llr = poisson_llr(fit.rate * s_l, e_l)
         keep = llr >= level
-        for i in np.flatnonzero(keep):  # few links; each one's rows shared with the others
+        for i in np.flatnonzero(keep).tolist():  # few links; each one's rows shared with the others
             llr[i] = min(llr[i], beyond_others_llr(fit, inc, sent, lost, i, float(e_l[i])))
         keep = llr >= level
         return LossFit(
