@@ -33,7 +33,15 @@ against the background its flows show anyway:
   long horizon and the onset horizon's last three windows, ``horizon`` — per window; 16.2 at
   1 s windows and 1e-3). A bound, and the decayed counts are less dispersed than Poisson, so
   the rate of links passing per link-hour is at most the stated one; a ``faulty`` verdict
-  needs two consecutive windows (``fault_windows``) on top.
+  needs two consecutive windows (``fault_windows``) on top;
+- and an access link whose rows also cross other chosen links, only if its rows' loss
+  stands out (the same alpha) of what the background and those links' fitted rates explain,
+  each spread row's path a hidden draw (``beyond_others_llr``): a row takes one real path, so
+  its share of a lossy spine is the spine's rate or nothing, not the even split the fit
+  gives it, and over a few rows that draw varies far past Poisson. Without it, a NIC whose
+  incoming rows crossed a 1 % spine downlink more often than 1/3 had its access link
+  `faulty` at 3.3e-4 (simulator sweep, host 3L 3S, paths unknown). A link sharing no rows
+  with the others passes it whenever it passes the first test.
 
 The rate a link's weighted counts (``LossFit.sent``, ``.lost``) show with no fault, ``q · H_l``
 (``H_l`` the mean hop count of its rows), goes with the gated fit (``LossFit.background``):
@@ -85,6 +93,66 @@ def background(
     return max(lo, 0.0) / hs if hs > 0 else 0.0
 
 
+def beyond_others_llr(
+    fit: LossFit, inc: Incidence, sent: np.ndarray, lost: np.ndarray, i: int, e_bg: float
+) -> float:
+    """The LLR (a Chernoff bound) of every lost packet of the rows that may cross the fit's
+    ``i``-th link against what the background (``e_bg``) and the fit's *other* links explain,
+    with the path draw of spread rows as part of the null.
+
+    A row spread over ECMP candidates takes one real path: where another chosen link lies on
+    some of its candidates, its loss is that link's rate or nothing, not the even split the
+    fit gives it. Summed over a few rows the draw varies far past Poisson (a NIC whose incoming
+    rows cross a lossy spine more often than 1/N shows excess loss that only its access link
+    can take; issue 28, host 3L 3S). Per such row ``r``: ``a_r`` the summed rates of its
+    spread chosen links, ``m_r`` their weighted sum (its mean over the draw, since ``w_rk`` is
+    the fraction of its candidates crossing k); a path's rate is in ``[0, a_r]``, so by
+    convexity the row's moment generating function is at most that of the two-point draw
+    ``a_r`` with probability ``m_r / a_r``, else 0. Known-path shares and the background are
+    Poisson. The bound ``sup_t t·y - log M(t)`` of that null is returned; with no other link on
+    its rows it is the Poisson LLR of ``y >= x_l`` against ``e_bg``, so never below the
+    plain test's there."""
+    link = int(fit.links[i])
+    rows = inc.rows_of(np.array([link]))
+    y = float(lost[rows].sum())
+    others = np.delete(fit.links, i)
+    shared = np.intersect1d(rows, inc.rows_of(others), assume_unique=True)
+    mu, lam, pi = e_bg, np.empty(0), np.empty(0)
+    if shared.size:
+        rate = fit.rate_of(inc.n_links + 1)
+        rate[link] = 0.0
+        r, lk, w = inc.entries(shared)
+        spread = w < 1.0 - 1e-9
+        a = np.bincount(r[spread], rate[lk[spread]], shared.size)
+        m = np.bincount(r[spread], (w * rate[lk])[spread], shared.size)
+        known = np.bincount(r[~spread], rate[lk[~spread]], shared.size)
+        mu += float(sent[shared] @ known)
+        on = a > 0
+        lam, pi = sent[shared][on] * a[on], np.clip(m[on] / a[on], 1e-300, 1.0 - 1e-12)
+    return chernoff_llr(y, mu, lam, pi)
+
+
+def chernoff_llr(y: float, mu: float, lam: np.ndarray, pi: np.ndarray) -> float:
+    """``sup_{t >= 0} t·y - log E[e^{tX}]``, X = Poisson(mu) + Σ_r Poisson(lam_r · B_r), B_r
+    Bernoulli(pi_r): bisection on the (decreasing) derivative of the concave objective."""
+    mu = max(mu, 1e-12)
+    if y <= mu + float(pi @ lam):
+        return 0.0
+    logit = np.log(pi) - np.log1p(-pi)
+
+    def slope(t: float) -> float:
+        z = logit + lam * math.expm1(t)
+        return y - math.exp(t) * (mu + float(lam @ (0.5 + 0.5 * np.tanh(0.5 * z))))
+
+    lo, hi = 0.0, math.log(y / mu)  # the slope is <= 0 there: the mixture only adds
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if slope(mid) > 0 else (lo, mid)
+    u = math.expm1(lo)
+    mix = np.logaddexp(np.log1p(-pi), np.log(pi) + lam * u)
+    return max(lo * y - mu * u - float(mix.sum()), 0.0)
+
+
 class LossEvidence:
     """The significance gate of both fits and the heal test of long-horizon links; keeps the
     last background (per hop, and per link) and, per link, the heal test's running
@@ -108,8 +176,16 @@ class LossEvidence:
         self.link_q = np.maximum(self.q * hops, cfg.background_loss)
         s_l = fit.sent[fit.links]
         e_l = np.maximum(self.q * reach[fit.links], cfg.background_loss) * s_l
+        level = alarm_llr(cfg, window_s)
         llr = poisson_llr(fit.rate * s_l, e_l)
-        keep = llr >= alarm_llr(cfg, window_s)
+        keep = llr >= level
+        # access links only (on no route): the draw's excess lands on a link its rows cross
+        # whole. On fabric links it also dropped real faults sharing rows with a dead NIC's
+        # access link at rate ~1 (test_tri_hosts, test_tri_hold), not yet understood
+        access = ~np.isin(fit.links, inc.routes.csr()[1])
+        for i in np.flatnonzero(keep & access).tolist():  # few links
+            llr[i] = min(llr[i], beyond_others_llr(fit, inc, sent, lost, i, float(e_l[i])))
+        keep = llr >= level
         return LossFit(
             fit.links[keep], fit.rate[keep], llr[keep], fit.sent, fit.lost, fit.spread,
             self.link_q,

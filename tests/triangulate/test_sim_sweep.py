@@ -154,16 +154,7 @@ SCENARIOS = [
 ]
 # Measured failures of the engine, diagnosed in triangulate/README.md ("Simulator sweep");
 # strict, so a fix shows up as XPASS and the marker must go.
-SPREAD_ROWS_UNKNOWN = (
-    "paths unknown: 1 % on a downlink into leaf2 leaks onto an access link of leaf2 in the "
-    "long-horizon fit (leaf2->h0786/eth0 faulty at 3.3e-4, t=9-13): the fit gives a "
-    "never-reported row 1/3 of the spine link's rate, but each source port takes one path, "
-    "so a NIC whose flows happen to hash through the faulted spine more often shows an "
-    "excess the Poisson test does not allow for (the fault's own loss, not the background)"
-)
-FAILS = {
-    "host-3L3S1N-loss-1%-down-unknown": SPREAD_ROWS_UNKNOWN,
-}
+FAILS: dict[str, str] = {}  # none at present (the last: spread rows, evidence.py)
 # CI: a 3-leaf run with paths known and a 2-leaf one with paths unknown (56 s together)
 REPRESENTATIVE = {
     Scenario(small("host", 3, 3), "loss", 1, "down", "known"),

@@ -13,7 +13,9 @@ import math
 import numpy as np
 import pytest
 from fleetlens.triangulate.config import TriangulateConfig
-from fleetlens.triangulate.evidence import alarm_llr
+from fleetlens.triangulate.evidence import LossEvidence, alarm_llr, chernoff_llr
+from fleetlens.triangulate.incidence import Incidence, RouteTable
+from fleetlens.triangulate.loss import LossFit, poisson_llr
 from tri_helpers import Step, drive, small
 
 from fleetlens.topology import from_spec
@@ -38,6 +40,62 @@ def test_the_alarm_level_is_the_stated_rate_per_test() -> None:
     # per link-hour, alpha = 1e-3 / 10800
     assert alarm_llr(CFG, 1.0) == pytest.approx(math.log(10800 / 1e-3))
     assert alarm_llr(CFG, 0.1) == pytest.approx(math.log(108000 / 1e-3))
+
+
+def test_the_spread_rows_null_is_poisson_without_spread_rows() -> None:
+    for y, mu in [(30.0, 10.0), (5.0, 0.1), (3.0, 4.0)]:
+        got = chernoff_llr(y, mu, np.empty(0), np.empty(0))
+        assert got == pytest.approx(float(poisson_llr(np.array([y]), np.array([mu]))[0]))
+
+
+def test_the_spread_rows_null_bounds_the_path_draws_tail() -> None:
+    """Background plus 12 rows, each crossing a lossy candidate (1 of 3) or not: the
+    returned LLR is a Chernoff bound, so ``P(X >= y) <= exp(-llr)`` at every y (sampled
+    tail), and far below the Poisson LLR against the same mean (which alarms at the level)."""
+    rng = np.random.default_rng(28)
+    mu, lam, pi = 2.0, np.full(12, 15.0), np.full(12, 1 / 3)
+    n = 200_000
+    x = rng.poisson(mu, n) + rng.poisson(lam * (rng.random((n, 12)) < pi)).sum(axis=1)
+    for y in (80.0, 100.0, 130.0, 160.0):
+        assert (x >= y).mean() <= math.exp(-chernoff_llr(y, mu, lam, pi)), y
+    assert chernoff_llr(130.0, mu, lam, pi) < alarm_llr(CFG, 1.0)
+    assert float(poisson_llr(np.array([130.0]), np.array([mu + 60.0]))[0]) > alarm_llr(CFG, 1.0)
+
+
+def _spread_into_one_nic(nic_loss: float) -> tuple[LossFit, LossFit]:
+    """Rows into leaf2 spread over spine0..2 -> leaf2 (links 0-2), spine2 -> leaf2 losing
+        1 %: 12 rows of 1500 packets into one NIC (access link 3), 7 of which really crossed
+        spine2 (a third would be 4), and 300 into other NICs (link 4), a third via spine2 (and
+    clean rows inside leaf2, one lost packet: the background). The
+        NIC's own link loses ``nic_loss``. The fit as ``fit_incidence`` ends (spine2 -> leaf2 at
+        1 %, the NIC's link at the excess its rows show beyond their third of it) and the same
+        fit gated."""
+    routes = RouteTable(5)
+    spread = routes.add(b"leaf0-leaf2", np.arange(3), np.full(3, 1 / 3))
+    n = 312 + 3000  # and 3000 clean rows inside leaf2 (route 0: no fabric link), 1 loss
+    dn = np.where(np.arange(n) < 12, 3, 4)
+    inc = Incidence(np.full(n, 5), dn, np.where(np.arange(n) < 312, spread, 0), routes, 5)
+    sent = np.full(n, 1500.0)
+    via2 = np.zeros(n, bool)
+    via2[:7] = True
+    via2[12:312:3] = True
+    lost = 0.01 * sent * via2 + np.where(dn == 3, nic_loss * sent, 0.0)
+    lost[-1] = 1.0
+    S, lost_l = inc.link_sums(sent), inc.link_sums(lost)
+    excess = lost[:12].sum() - 0.01 * sent[:12].sum() / 3
+    fit = LossFit(np.array([2, 3]), np.array([0.01, excess / S[3]]), np.zeros(2), S, lost_l)
+    return LossEvidence(CFG, 5).gate(fit, inc, sent, lost, 1.0), fit
+
+
+def test_a_spread_rows_path_draw_is_not_an_access_fault() -> None:
+    gated, fit = _spread_into_one_nic(0.0)
+    assert fit.rate[1] * fit.sent[3] > 30  # the excess the plain Poisson test alarmed on
+    assert list(gated.links) == [2]
+
+
+def test_an_access_fault_beside_a_spread_fault_is_still_found() -> None:
+    gated, _ = _spread_into_one_nic(0.01)
+    assert list(gated.links) == [2, 3]
 
 
 @pytest.mark.parametrize(("base_loss", "seconds"), [(1e-4, 40), (1e-5, 30)])
