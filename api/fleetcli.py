@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
-    import uvicorn
+    from fleetlens.api import serving
     from fleetlens.api.app import create_app
     from fleetlens.api.fleet import FleetCollector, SummaryConsumer
 
@@ -76,5 +76,5 @@ def main(argv: list[str]) -> int:
     fleet.shards_expected.set(own.shards)
     consumer = SummaryConsumer(fleet, own.nats, own.summary_replicas)
     app = create_app(fleet, attached=consumer.attached)
-    uvicorn.run(app, host=host.strip("[]"), port=int(port), log_level=a.log_level, access_log=False)
+    serving.run(app, a.log_level, host.strip("[]"), int(port))
     return 0
