@@ -95,11 +95,3 @@ def pending(url: str) -> int:
         return asyncio.run(go())
     except Exception:  # the cluster electing leaders (a node just killed): not known yet
         return -1
-
-
-def wait_for(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout_s:.0f} s")
-        time.sleep(0.5)

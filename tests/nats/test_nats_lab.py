@@ -29,7 +29,7 @@ from fleetlens.fixtures.lab.defaults import LAB_BACKGROUND_LOSS
 from fleetlens.fixtures.lab.fabric import Lab, lab_fabric
 from fleetlens.fixtures.lab.stack import Stack
 from fleetlens.fixtures.lab.state import LabState
-from nats_helpers import pending, stored_ids, wait_for
+from nats_helpers import pending, stored_ids
 
 from fleetlens.stream import MSG_ID, STREAM
 
@@ -143,7 +143,7 @@ def test_agents_over_nats_and_two_shards_localize_a_loss_and_store_each_batch_on
 
     stopped = c.agents.stop_agents()  # each drains its queue into the stream first
     assert set(stopped.values()) == {0}, stopped
-    wait_for(lambda: pending(c.nats_url) == 0, 60, "every batch acknowledged by a shard")
+    until(lambda: pending(c.nats_url) == 0, 60, "every batch acknowledged by a shard")
     published = _published_ids(c.nats_url)
     for s in c.shards:
         s.stop()  # their files, read-only next, have one writer each

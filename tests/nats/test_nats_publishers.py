@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from collector_waits import until
 from fleetlens.fixtures.nats import NatsCluster
 from fleetlens.probe.upload import Uploader
-from nats_helpers import PARTS, SPEC, start_shard, stored_ids, wait_for, windows
+from nats_helpers import PARTS, SPEC, start_shard, stored_ids, windows
 
 pytest.importorskip("nats")
 
@@ -44,7 +45,7 @@ def _publish_and_store(cluster: NatsCluster, tmp_path: Path) -> None:
         assert up.stats.uploaded_batches == 3
         c = shard.client()
         stored = lambda: _metric(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
-        wait_for(lambda: stored() == sent + 3, 60, "stored")
+        until(lambda: stored() == sent + 3, 60, "stored")
     finally:
         shard.stop()
     assert len(stored_ids([shard.db])) == sent + 3

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from collector_waits import until
 from fleetlens.fixtures.nats import NatsCluster
-from nats_helpers import HOSTS, pending, publish, start_shard, stored_ids, wait_for
+from nats_helpers import HOSTS, pending, publish, start_shard, stored_ids
 
 from fleetlens.stream import Publisher
 
@@ -62,7 +63,7 @@ def test_kill9_of_a_shard_stores_every_batch_exactly_once(
     feed = Feed(cluster.url, first=0)
     try:
         c1 = shards[1].client()
-        wait_for(lambda: sum_stored(c1.metrics_text()) > 0, 30, "shard 1 storing")
+        until(lambda: sum_stored(c1.metrics_text()) > 0, 30, "shard 1 storing")
         time.sleep(1)
         port = int(shards[1].url.rsplit(":", 1)[1])
         shards[1].stop(signal.SIGKILL)  # mid-stream: its group in flight is never acknowledged
@@ -70,7 +71,7 @@ def test_kill9_of_a_shard_stores_every_batch_exactly_once(
         shards[1] = start_shard(tmp_path, cluster.url, 1, 2, port=port)
         time.sleep(3)
         ids = feed.stop()
-        wait_for(lambda: pending(cluster.url) == 0, 60, "drained")
+        until(lambda: pending(cluster.url) == 0, 60, "drained")
         took = _metric(shards[0].client().metrics_text(), "fleetlens_shard_takeovers_total")
         assert took >= 1  # shard 0 took shard 1's partitions over while it was down
     finally:
@@ -93,7 +94,7 @@ def test_a_paused_shard_drains_its_backlog_and_shows_its_lag(
         ids = [publish(pub, h, 100)[0] for h in HOSTS]
         c = shard.client()
         stored = lambda: _metric(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
-        wait_for(lambda: sum_stored(c.metrics_text()) == len(ids), 30, "stored")
+        until(lambda: sum_stored(c.metrics_text()) == len(ids), 30, "stored")
         shard.proc.send_signal(signal.SIGSTOP)
         try:
             for k in range(101, 111):
@@ -111,7 +112,7 @@ def test_a_paused_shard_drains_its_backlog_and_shows_its_lag(
             time.sleep(0.2)
         assert max(ages) >= 10  # the oldest of the backlog waited through the pause
         assert max(backlog) > 0
-        wait_for(lambda: pending(cluster.url) == 0, 30, "acknowledged")
+        until(lambda: pending(cluster.url) == 0, 30, "acknowledged")
     finally:
         shard.stop()
         pub.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from collector_waits import until
 from fleetlens.fixtures.nats import NatsCluster
 from nats_helpers import (
     EPOCH_NS,
@@ -21,7 +22,6 @@ from nats_helpers import (
     publish,
     start_shard,
     stored_ids,
-    wait_for,
     windows,
 )
 
@@ -74,10 +74,10 @@ def test_publish_store_flows_parquet_hostile_and_a_node_kill(
         ids += [publish(pub, h, 4)[0] for h in HOSTS]
         c = shard.client()
         stored = lambda: _metric(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
-        wait_for(lambda: stored() == len(ids), 60, "stored")
-        wait_for(lambda: pending(cluster.url) == 0, 30, "acknowledged")
-        until = EPOCH_NS + 10 * 10**9
-        flows = c.flows(EPOCH_NS, until)
+        until(lambda: stored() == len(ids), 60, "stored")
+        until(lambda: pending(cluster.url) == 0, 30, "acknowledged")
+        end = EPOCH_NS + 10 * 10**9
+        flows = c.flows(EPOCH_NS, end)
         assert sum(f["sent"] for f in flows) == SENT * len(HOSTS[1:]) * len(ids)
         text = c.metrics_text()
         assert _metric(text, 'fleetlens_ingest_rejected_batches_total{reason="decode"}') == 1
@@ -85,7 +85,7 @@ def test_publish_store_flows_parquet_hostile_and_a_node_kill(
         assert _metric(text, 'fleetlens_ingest_rejected_batches_total{reason="wrong_host"}') == 1
         assert _metric(text, "fleetlens_shard_batches_stored") == len(ids)
         lag = lambda: _metric(c.metrics_text(), "fleetlens_shard_partition_pending")  # noqa: E731
-        wait_for(lambda: lag() == 0, 10, "no lag shown")
+        until(lambda: lag() == 0, 10, "no lag shown")
     finally:
         shard.stop()
         pub.close()
