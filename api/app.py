@@ -34,6 +34,7 @@ from fleetlens.api.ingest import (
     verify_token,
 )
 from fleetlens.api.metrics import EXPOSITION_TYPE
+from fleetlens.api.registry import RegistryUnavailable
 from fleetlens.api.service import Collector
 from fleetlens.api.timeparse import TimeParamError, parse_duration, parse_instant
 from starlette.concurrency import run_in_threadpool
@@ -241,12 +242,15 @@ def _ingest_routes(app: CollectorApp, c: Collector, ingest_auth, agent_auth) -> 
             raise ApiError(e.status, e.detail, e.field, e.headers or None) from None
 
     @app.post("/v1/register", response_model=m.RegisterOut, dependencies=[ingest_auth],
-              responses=ERRORS, tags=["ingest"])  # fmt: skip
+              responses={**ERRORS, 503: {"model": m.ErrorOut}}, tags=["ingest"])  # fmt: skip
     async def register(body: m.RegisterIn) -> m.RegisterOut:
         """An agent announces its host and the NICs it discovered."""
         nics = [n.model_dump() for n in body.nics]
         meta = body.model_dump(include={"ts_source", "metrics_port", "agent_version"})
-        await run_in_threadpool(c.register, body.host_id, nics, meta)
+        try:
+            await run_in_threadpool(c.register, body.host_id, nics, meta)
+        except RegistryUnavailable as e:
+            raise ApiError(503, str(e), "host_id", {"Retry-After": "1"}) from None
         ids = [f"{body.host_id}/{n['ifname']}" for n in nics]
         return m.RegisterOut(host_id=body.host_id, nics=ids, known_nics=len(c.known_nics()))
 

@@ -44,6 +44,7 @@ from typing import Any
 from fleetlens.api import summaries
 from fleetlens.api.config import Settings
 from fleetlens.api.fleetstore import FleetStore
+from fleetlens.api.registry import RegistryWriter
 from fleetlens.api.service import Collector, Engines
 from fleetlens.api.store import Store
 from fleetlens.api.writer import Backpressure
@@ -66,6 +67,7 @@ KEEP_SPARE_NS = 10_000_000_000
 REPORTING_S = 10.0  # a shard with a summary this recent is reporting
 FETCH = 64  # summaries per pull
 ACK_WAIT_S = 30.0
+STOP_WAIT_S = 5.0  # for the consumer's group in flight when the tier stops
 
 
 def subject(partition: str) -> str:
@@ -76,9 +78,11 @@ class FleetCollector(Collector):
     """The collector over summaries: windows held in memory, history from Parquet."""
 
     def __init__(
-        self, settings: Settings, parquet: Sequence[Path] = (), engines: Engines | None = None
-    ) -> None:
+        self, settings: Settings, parquet: Sequence[Path] = (), engines: Engines | None = None,
+        registry: RegistryWriter | None = None,
+    ) -> None:  # fmt: skip
         self.parquet = list(parquet)
+        self.registry = registry
         super().__init__(settings, engines)
         r = self.metrics.registry
         self.summaries = Counter(
@@ -98,6 +102,20 @@ class FleetCollector(Collector):
         s = self.settings
         keep = s.loop_lookback_ns + s.triangulate_max_wait_ns + KEEP_SPARE_NS
         return FleetStore(s.db_path, self.parquet, keep, s.duckdb_threads, s.duckdb_memory_limit)
+
+    def register(self, host: str, nics: list[dict[str, str]], meta: dict[str, Any]) -> None:
+        """Shared with the shards first (``registry.py``; raises ``RegistryUnavailable``), so
+        the agent is answered only once a shard can find what it registered."""
+        if self.registry is not None:
+            self.registry.put(host, nics, meta)
+        super().register(host, nics, meta)
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if self.registry is not None:
+                self.registry.close()
 
     def take(self, body: bytes, shard: str, now_ns: int) -> Future[bool]:
         """A summary off the wire, checked and queued for the writer; the future says whether
@@ -144,6 +162,7 @@ class SummaryConsumer:
     def __init__(self, fleet: FleetCollector, urls: str, replicas: int = 3) -> None:
         self.fleet, self.urls, self.replicas = fleet, urls, replicas
         self._stop = threading.Event()
+        self._connected = threading.Event()
         self._runner: LoopThread | None = None
         self._task: Future[None] | None = None
 
@@ -154,8 +173,12 @@ class SummaryConsumer:
     def stop(self) -> None:
         self._stop.set()
         if self._task is not None:
-            with suppress(Exception):  # stopping: a failure was logged where it happened
-                self._task.result(timeout=15)
+            if self._connected.is_set():  # let the group in flight finish
+                with suppress(Exception):  # stopping: a failure was logged where it happened
+                    self._task.result(timeout=STOP_WAIT_S)
+            # Still connecting (NATS unreachable: nats-py retries a first connection forever),
+            # or slow: a group cut short is redelivered and deduplicated.
+            self._task.cancel()
         if self._runner is not None:
             self._runner.close()
 
@@ -178,12 +201,14 @@ class SummaryConsumer:
                 log.warning("fleet: cannot reach NATS (%s); retrying", e)
                 await asyncio.sleep(1.0)
                 continue
+            self._connected.set()
             try:
                 await self._consume(nc)
             except Exception:
                 log.exception("fleet: summary consumer failed; resuming")
                 await asyncio.sleep(1.0)
             finally:
+                self._connected.clear()
                 await nc.close()
 
     async def _consume(self, nc: Any) -> None:

@@ -22,7 +22,8 @@ def _fleet_parser() -> argparse.ArgumentParser:
     p.add_argument("--parquet", default="", help="the shards' Parquet directories, comma-separated")
     p.add_argument(
         "--summary-replicas", type=int, default=3,
-        help="replicas of FLEETLENS_SUMMARIES when the tier creates it (default 3)",
+        help="replicas of FLEETLENS_SUMMARIES and FLEETLENS_REGISTRY when the tier creates them "
+        "(default 3)",
     )  # fmt: skip
     return p
 
@@ -67,12 +68,14 @@ def main(argv: list[str]) -> int:
     from fleetlens.api import serving
     from fleetlens.api.app import create_app
     from fleetlens.api.fleet import FleetCollector, SummaryConsumer
+    from fleetlens.api.registry import RegistryWriter
 
     from fleetlens.heap import keep_freed_memory
 
     keep_freed_memory()
     dirs = [Path(d) for d in own.parquet.split(",") if d]
-    fleet = FleetCollector(settings, dirs)
+    registry = RegistryWriter(own.nats, own.summary_replicas)
+    fleet = FleetCollector(settings, dirs, registry=registry)
     fleet.shards_expected.set(own.shards)
     consumer = SummaryConsumer(fleet, own.nats, own.summary_replicas)
     app = create_app(fleet, attached=consumer.attached)

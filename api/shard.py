@@ -53,6 +53,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fleetlens.api import registry
 from fleetlens.api.shardexport import MinuteExport
 from fleetlens.api.writer import Backpressure
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -129,6 +130,7 @@ class _Lag:
 class ShardCounters:
     stored: dict[str, int] = field(default_factory=dict)  # new batches committed, by partition
     reconciled: int = 0  # batches deleted from this file: another shard stored them
+    learned: int = 0  # registrations read from the registry for windows of unknown NICs
     takeovers: int = 0
 
 
@@ -147,6 +149,7 @@ class Shard:
         self._js: Any = None
         self._leases: Any = None
         self._marks: Any = None
+        self._registry: Any = None
         collector.metrics.add_collector(ShardMetrics(self))
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -177,6 +180,7 @@ class Shard:
             bucket=LEASES, ttl=self.cfg.lease_ttl_s, replicas=r)))  # fmt: skip
         self._marks = await _retrying(lambda: self._js.create_key_value(KeyValueConfig(
             bucket=MARKS, replicas=r)))  # fmt: skip
+        self._registry = await _retrying(lambda: registry.bucket(self._js, r))
         await self._reconcile_all()
 
     async def close(self) -> None:
@@ -374,8 +378,9 @@ class Shard:
         info = await self._js.consumer_info(STREAM, durable)
         return bool(info.num_pending)
 
-    def _checked(self, p: str, m: Any) -> Batch:
-        """Every check of HTTP ingest, and the host must send on its own partition."""
+    def _decoded(self, p: str, m: Any) -> Batch:
+        """The message checks that need no collector state: size, encoding, schema and
+        values, and the host must send on its own partition."""
         if len(m.data) > self.c.settings.max_body_bytes:
             raise BatchError("body", f"larger than {self.c.settings.max_body_bytes}", "too_large")
         headers = m.headers or {}
@@ -384,22 +389,55 @@ class Shard:
             raise BatchError("host_id", f"{batch.host_id} does not send on {p}", "wrong_host")
         if headers.get(MSG_ID) not in (None, batch.batch_id):
             raise BatchError("batch_id", "differs from the message id", "invalid")
-        self.c.check_context(batch, time.time_ns())
         return batch
+
+    async def _checked(self, p: str, msgs: list[Any]) -> tuple[list[Batch], list[Any]]:
+        """Every check of HTTP ingest: the group's batches that pass, and (message, error) of
+        the others. Windows of NICs this shard does not know are checked again once their
+        hosts' registrations are read from the registry (``registry.py``)."""
+        good: list[Batch] = []
+        refused: list[tuple[Any, BatchError]] = []
+        unknown: list[tuple[Any, Batch]] = []
+        for m in msgs:
+            try:
+                b = self._decoded(p, m)
+            except BatchError as e:
+                refused.append((m, e))
+                continue
+            try:
+                self.c.check_context(b, time.time_ns())
+                good.append(b)
+            except BatchError as e:
+                if e.reason == "unknown_nic":
+                    unknown.append((m, b))
+                else:
+                    refused.append((m, e))
+        if unknown:
+            await self._learn({b.host_id for _, b in unknown})
+            for m, b in unknown:
+                try:
+                    self.c.check_context(b, time.time_ns())
+                    good.append(b)
+                except BatchError as e:
+                    refused.append((m, e))
+        return good, refused
+
+    async def _learn(self, hosts: set[str]) -> None:
+        """Register, in this shard's file, every host of ``hosts`` the registry names."""
+        for host in sorted(hosts):
+            found = await registry.lookup(self._registry, host)
+            if found is not None:
+                await asyncio.to_thread(self.c.register, host, *found)
+                self.counters.learned += 1
 
     async def _group(self, p: str, owned: _Owned, msgs: list[Any]) -> None:
         lag = self.lag.setdefault(p, _Lag())
         lag.seen_s = max(lag.seen_s, time.time() - min(m.metadata.timestamp.timestamp()
                                                         for m in msgs))  # fmt: skip
         lag.seen_pending = max(lag.seen_pending, len(msgs) + msgs[-1].metadata.num_pending)
-        good: list[Batch] = []
-        refused: list[tuple[Any, BatchError]] = []
         for m in msgs:
             self.c.metrics.received(len(m.data))
-            try:
-                good.append(self._checked(p, m))
-            except BatchError as e:
-                refused.append((m, e))
+        good, refused = await self._checked(p, msgs)
         stored = [await f for f in [asyncio.wrap_future(await self._submit(b)) for b in good]]
         new = [b for b, s in zip(good, stored, strict=True) if s]
         self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)  # committed
@@ -562,6 +600,9 @@ class ShardMetrics(PromCollector):
         yield CounterMetricFamily("fleetlens_shard_reconciled_batches", "Batches deleted "
                                   "from this file: the partition's new owner stored them",
                                   value=s.counters.reconciled)  # fmt: skip
+        yield CounterMetricFamily("fleetlens_shard_registrations_learned", "Registrations read "
+                                  "from the registry for windows of NICs this shard did not "
+                                  "know", value=s.counters.learned)  # fmt: skip
 
 
 def _me(index: int) -> bytes:

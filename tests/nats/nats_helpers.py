@@ -57,6 +57,12 @@ def publish(pub: Publisher, host: str, k: int) -> tuple[str, bool]:
     raise AssertionError(f"{bid} never confirmed")
 
 
+def metric_sum(text: str, line_start: str) -> float:
+    """The sum of the exposition's samples whose line starts with ``line_start``."""
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+               if ln.startswith(line_start))  # fmt: skip
+
+
 def start_shard(root: Path, url: str, index: int, shards: int, ttl_s: float = 6.0,
                 port: int | None = None) -> CollectorProcess:  # fmt: skip
     d = root / f"shard{index}"

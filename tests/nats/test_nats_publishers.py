@@ -12,14 +12,9 @@ import pytest
 from collector_waits import until
 from fleetlens.fixtures.nats import NatsCluster
 from fleetlens.probe.upload import Uploader
-from nats_helpers import PARTS, SPEC, start_shard, stored_ids, windows
+from nats_helpers import PARTS, SPEC, metric_sum, start_shard, stored_ids, windows
 
 pytest.importorskip("nats")
-
-
-def _metric(text: str, line_start: str) -> float:
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith(line_start))  # fmt: skip
 
 
 def test_sim_and_the_agents_uploader_publish_to_the_shards(tmp_path: Path) -> None:
@@ -44,7 +39,7 @@ def _publish_and_store(cluster: NatsCluster, tmp_path: Path) -> None:
         up.close()
         assert up.stats.uploaded_batches == 3
         c = shard.client()
-        stored = lambda: _metric(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
+        stored = lambda: metric_sum(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
         until(lambda: stored() == sent + 3, 60, "stored")
     finally:
         shard.stop()

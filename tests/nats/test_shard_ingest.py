@@ -18,6 +18,7 @@ from nats_helpers import (
     HOSTS,
     PARTS,
     SENT,
+    metric_sum,
     pending,
     publish,
     start_shard,
@@ -48,11 +49,6 @@ def _raw(url: str, subj: str, body: bytes, headers: dict[str, str]) -> None:
     asyncio.run(go())
 
 
-def _metric(text: str, line_start: str) -> float:
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith(line_start))  # fmt: skip
-
-
 def test_publish_store_flows_parquet_hostile_and_a_node_kill(
     cluster: NatsCluster, tmp_path: Path
 ) -> None:
@@ -73,18 +69,18 @@ def test_publish_store_flows_parquet_hostile_and_a_node_kill(
         cluster.kill(1)  # one of 3 servers: the stream (R3) and the KV buckets keep going
         ids += [publish(pub, h, 4)[0] for h in HOSTS]
         c = shard.client()
-        stored = lambda: _metric(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
+        stored = lambda: metric_sum(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
         until(lambda: stored() == len(ids), 60, "stored")
         until(lambda: pending(cluster.url) == 0, 30, "acknowledged")
         end = EPOCH_NS + 10 * 10**9
         flows = c.flows(EPOCH_NS, end)
         assert sum(f["sent"] for f in flows) == SENT * len(HOSTS[1:]) * len(ids)
         text = c.metrics_text()
-        assert _metric(text, 'fleetlens_ingest_rejected_batches_total{reason="decode"}') == 1
-        assert _metric(text, 'fleetlens_ingest_rejected_batches_total{reason="type"}') == 1
-        assert _metric(text, 'fleetlens_ingest_rejected_batches_total{reason="wrong_host"}') == 1
-        assert _metric(text, "fleetlens_shard_batches_stored") == len(ids)
-        lag = lambda: _metric(c.metrics_text(), "fleetlens_shard_partition_pending")  # noqa: E731
+        assert metric_sum(text, 'fleetlens_ingest_rejected_batches_total{reason="decode"}') == 1
+        assert metric_sum(text, 'fleetlens_ingest_rejected_batches_total{reason="type"}') == 1
+        assert metric_sum(text, 'fleetlens_ingest_rejected_batches_total{reason="wrong_host"}') == 1
+        assert metric_sum(text, "fleetlens_shard_batches_stored") == len(ids)
+        lag = lambda: metric_sum(c.metrics_text(), "fleetlens_shard_partition_pending")  # noqa: E731
         until(lambda: lag() == 0, 10, "no lag shown")
     finally:
         shard.stop()
