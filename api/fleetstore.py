@@ -10,9 +10,11 @@ partitions' rows in its own DuckDB file and exports closed minutes as Parquet. S
   (``keep_ns``: the look-back and the longest settling wait, with room to spare); the
   triangulation feed and the clock round read them through the ``Store`` methods they call;
 - history (``/v1/flows`` totals, pair series, host stalls) is DuckDB over the shards' Parquet
-  files (``DIR/**/*.parquet`` of every ``--parquet`` directory, ``WINDOW_SCHEMA`` columns with
-  ``path`` as lists of link ids), with the collector's own SQL. A minute not exported yet (the
-  current one) is not in it.
+  files (every ``--parquet`` directory, ``WINDOW_SCHEMA`` columns with ``path`` as lists of
+  link ids), with the collector's own SQL: closed minutes and the open minute's parts
+  (``shardexport.readable``), so it reaches the shards' last export, seconds ago. A file
+  listed and then replaced or deleted by its shard fails the query, which is run again on a
+  new listing.
 
 A window older than ``keep_ns`` that triangulation has not judged yet is gone: the tier's
 ``fleetlens_triangulated_window_age_seconds`` shows a tier that fell that far behind.
@@ -22,15 +24,22 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from fleetlens.api import store as sql
+from fleetlens.api.shardexport import readable
 from fleetlens.api.store import Store
 
 from fleetlens.batch import Batch
 from fleetlens.records import WINDOW_SCHEMA, nic_hosts
+
+T = TypeVar("T")
+LISTINGS = 3  # listings a history query is run on before a vanished file fails it
 
 
 class HeldWindows:
@@ -141,13 +150,14 @@ class FleetStore(Store):
         self, since_ns: int, until_ns: int, without: pa.Table | None = None
     ) -> pa.Table:
         params = {"since": since_ns, "until": until_ns}
-        text = self._over_parquet(sql._FLOW_TOTALS_SQL)
         cur = self.read()
         if without is None:
-            return cur.sql(text.format(cut=""), params=params).to_arrow_table()
+            return self._over_parquet(sql._FLOW_TOTALS_SQL.format(cut=""), lambda text: (
+                cur.sql(text, params=params).to_arrow_table()))  # fmt: skip
         cur.register("_cut", without)
         try:
-            return cur.sql(text.format(cut=sql._CUT_SQL), params=params).to_arrow_table()
+            return self._over_parquet(sql._FLOW_TOTALS_SQL.format(cut=sql._CUT_SQL), lambda text: (
+                cur.sql(text, params=params).to_arrow_table()))  # fmt: skip
         finally:
             cur.unregister("_cut")
 
@@ -156,8 +166,9 @@ class FleetStore(Store):
             "since": since_ns, "until": until_ns, "stall_loss": rule.loss,
             "spread": rule.spread, "max_share": rule.max_share,
         }  # fmt: skip
-        text = self._over_parquet(sql._HOST_STALLS_SQL)
-        return self.read().sql(text, params=params).to_arrow_table()
+        cur = self.read()
+        return self._over_parquet(sql._HOST_STALLS_SQL, lambda text: (
+            cur.sql(text, params=params).to_arrow_table()))  # fmt: skip
 
     def pair_series(
         self, src: str, dst: str, since_ns: int, until_ns: int, step_ns: int
@@ -168,25 +179,34 @@ class FleetStore(Store):
             "raw_lo": since_ns, "split": since_ns, "min_lo": since_ns,
             "minute": sql.MINUTE_NS,
         }  # fmt: skip
-        text = self._over_parquet(sql._PAIR_SERIES_SQL).replace(
+        text = sql._PAIR_SERIES_SQL.replace(
             "FROM windows_minute", "FROM (SELECT * FROM windows_minute WHERE false)"
         )
-        return self.read().execute(text, params).fetchall()
+        cur = self.read()
+        return self._over_parquet(text, lambda t: cur.execute(t, params).fetchall())
 
     def decode_paths(self, stored: pa.Array | pa.ChunkedArray) -> pa.Array:
         """Parquet paths are lists of link ids already."""
         got = stored.combine_chunks() if isinstance(stored, pa.ChunkedArray) else stored
         return got.cast(pa.list_(pa.string()))
 
-    def _over_parquet(self, text: str) -> str:
-        """The collector's SQL with its raw ``windows`` table read from the shards' files."""
-        files = sorted(str(f) for d in self.parquet for f in Path(d).glob("**/*.parquet"))
+    def _over_parquet(self, text: str, run: Callable[[str], T]) -> T:
+        """``run`` on the collector's SQL with its raw ``windows`` table read from the shards'
+        files, listed again when one vanished meanwhile (its shard replaced or deleted it)."""
+        for listing in range(LISTINGS):
+            try:
+                return run(re.sub(r"FROM windows\b", f"FROM {self._source()}", text))
+            except (duckdb.IOException, FileNotFoundError):
+                if listing == LISTINGS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _source(self) -> str:
+        files = [str(f) for d in self.parquet for f in readable(Path(d))]
         if not files:  # nothing exported yet: an empty table of the same columns
-            source = _EMPTY
-        else:
-            listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-            source = f"read_parquet([{listed}], union_by_name = true)"
-        return re.sub(r"FROM windows\b", f"FROM {source}", text)
+            return _EMPTY
+        listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+        return f"read_parquet([{listed}], union_by_name = true)"
 
 
 _EMPTY = (

@@ -440,6 +440,8 @@ class Shard:
         good, refused = await self._checked(p, msgs)
         stored = [await f for f in [asyncio.wrap_future(await self._submit(b)) for b in good]]
         new = [b for b, s in zip(good, stored, strict=True) if s]
+        if self.export is not None:
+            self.export.stored(new)
         self.counters.stored[p] = self.counters.stored.get(p, 0) + len(new)  # committed
         await self._tell(p, good)
         if not await self._advance(p, owned, max(m.metadata.sequence.stream for m in msgs)):
@@ -508,7 +510,7 @@ class Shard:
         )
         self.counters.reconciled += len(gone)
         if self.export is not None:
-            self.export.committed(p, gone)  # their minutes are written again
+            self.export.forgotten(gone)  # their minutes are written again
         await self._marks.delete(key)
         log.warning("shard %d: reconciled %s: %d batches were stored by its new owner",
                     self.cfg.index, p, len(gone))  # fmt: skip

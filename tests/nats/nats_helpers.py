@@ -26,13 +26,14 @@ SENT = 100
 EPOCH_NS = (time.time_ns() // 60_000_000_000 - 3) * 60_000_000_000
 
 
-def windows(host: str, k: int) -> pa.Table:
-    """Host ``host``'s k-th window: a flow to one NIC of every other host, SENT probes each."""
+def windows(host: str, k: int, epoch_ns: int = EPOCH_NS) -> pa.Table:
+    """Host ``host``'s k-th window after ``epoch_ns``: a flow to one NIC of every other host,
+    SENT probes each."""
     src = TOPO.nics_by_host[host][0].id
     dst = [TOPO.nics_by_host[h][k % 2].id for h in HOSTS if h != host]
     n = len(dst)
     base = np.linspace(2_000, 3_000, n)
-    start = EPOCH_NS + k * 1_000_000_000
+    start = epoch_ns + k * 1_000_000_000
     cols: dict[str, Any] = {
         "src_nic": [src] * n, "dst_nic": dst, "sport": np.full(n, 33000, np.int32),
         "start_ns": np.full(n, start, np.int64), "duration_ns": np.full(n, 10**9, np.int64),

@@ -7,6 +7,7 @@ answers a registration 503 with Retry-After, and stores nothing of it."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,7 @@ from collector_waits import until
 from fleetlens.api import registry
 from fleetlens.fixtures.collector import free_port
 from fleetlens.fixtures.nats import NatsCluster, start_fleet, start_shard
-from nats_helpers import HOSTS, PARTS, SPEC, metric_sum, stored_ids, windows
+from nats_helpers import EPOCH_NS, HOSTS, PARTS, SPEC, metric_sum, stored_ids, windows
 
 from fleetlens.batch import encode_batch
 from fleetlens.stream import Publisher
@@ -24,19 +25,20 @@ from fleetlens.stream import Publisher
 pytest.importorskip("nats")
 
 OPEN = ["--insecure-no-auth"]
+SEC = 1_000_000_000
 
 
-def _from(nic: str, k: int) -> pa.Table:
+def _from(nic: str, k: int, epoch_ns: int) -> pa.Table:
     """A window table of inventory host h00's shape, sent from ``nic``."""
-    t = windows(HOSTS[0], k)
+    t = windows(HOSTS[0], k, epoch_ns)
     src = pa.array([nic] * t.num_rows, pa.string())
     return t.set_column(t.schema.get_field_index("src_nic"), "src_nic", src)
 
 
-def _publish(pub: Publisher, nic: str, k: int) -> str:
+def _publish(pub: Publisher, nic: str, k: int, epoch_ns: int = EPOCH_NS) -> str:
     host = nic.split("/")[0]
     bid = f"b-{host}-{k}"
-    body, ctype = encode_batch(host, _from(nic, k), bid)
+    body, ctype = encode_batch(host, _from(nic, k, epoch_ns), bid)
     assert pub.publish(PARTS.of(host), bid, body, ctype)
     return bid
 
@@ -62,8 +64,13 @@ def test_hosts_registered_with_the_tier_are_known_to_the_shards(tmp_path: Path) 
             # A NIC plugged in later: registered again, with both NICs.
             tier.register("z01", [{"ifname": "eth0", "ip": "10.9.0.1"},
                                   {"ifname": "eth1", "ip": "10.9.1.1"}], "software")  # fmt: skip
-            stored.append(_publish(pub, "z01/eth1", 1))
+            now = time.time_ns() // SEC * SEC - 2 * SEC  # a window of the open minute
+            stored.append(_publish(pub, "z01/eth1", 1, now - SEC))
             until(lambda: _counts(c.metrics_text()) == (2, 1), 30, "z01/eth1's window stored")
+            # ... in the tier's history within the shard's export tick, minute still open
+            # (each poll a new period: /v1/flows keeps a period's answer for a minute)
+            until(lambda: tier.flow_count(now - 10 * SEC, time.time_ns()) == len(HOSTS) - 1,
+                  30, "the open minute's window in the tier's /v1/flows")  # fmt: skip
             text = c.metrics_text()
             assert metric_sum(text, "fleetlens_shard_registrations_learned") == 2
             assert {n["nic_id"] for n in c.nics(host_id="z01")} == {"z01/eth0", "z01/eth1"}
