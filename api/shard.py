@@ -4,7 +4,7 @@
 store, checks, read API and ``/metrics``) whose batches come from the stream
 ``FLEETLENS_WINDOWS`` (``fleetlens/stream.py``) instead of ``POST /v1/ingest``.
 
-**Ownership.** Every partition has a preferred shard (a stable hash, ``preferred_shard``). A
+**Ownership.** Every partition has a preferred shard (placed by load, ``preferred_shard``). A
 shard holds a partition by a lease, the key ``lease.<partition>`` of the KV bucket
 ``FLEETLENS_LEASES`` whose entries expire after ``--lease-ttl-seconds`` unless refreshed (every
 third of it). A shard leases its preferred partitions, and any partition whose preferred shard
@@ -66,7 +66,6 @@ from fleetlens.stream import (
     STREAM,
     Partitions,
     ensure_stream,
-    preferred_shard,
     subject,
 )  # fmt: skip
 
@@ -243,7 +242,7 @@ class Shard:
         from nats.js.errors import KeyWrongLastSequenceError
 
         me = self.cfg.index
-        pref = preferred_shard(p, self.cfg.shards)
+        pref = self.partitions.preferred_shard(p, self.cfg.shards)
         owned = self.owned.get(p)
         if (
             owned is not None

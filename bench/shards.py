@@ -9,7 +9,7 @@ NICs from the per-core figures.
     .venv/bin/python bench/shards.py tier --hosts 64 --windows 3                  # quick
 
 **store**: ``--windows`` simulated windows of a fabric (``--topology``, default 256 hosts x 8
-NICs host-wired on 16 leaves: 16 partitions, so hash placement spreads them over 3 shards),
+NICs host-wired on 16 leaves: 16 partitions of 16 hosts, placed by load over the K shards),
 per K on a fresh 3-node cluster (R3 stream): every shard is announced alive (so none leases
 another's partitions while they start), K ``fleetlens collector --nats --shard I/K`` processes
 start at once and lease their preferred partitions; then the windows are published as agents
@@ -63,7 +63,7 @@ from fleetlens.fixtures.sim.stream import NatsStream
 
 from fleetlens.batch import CT_ARROW, Batch, decode_batch, encode_batch
 from fleetlens.records import WINDOW_SCHEMA, nic_hosts
-from fleetlens.stream import Partitions, preferred_shard
+from fleetlens.stream import Partitions
 from fleetlens.topology import Topology, from_spec
 
 TARGET_HOSTS = 16_384
@@ -247,8 +247,9 @@ def _owned(shard: CollectorProcess) -> int:
 def store_run(
     topo: Topology, inventory: Path, windows: list[SimWindow], k: int, root: Path
 ) -> dict[str, float]:
-    parts = Partitions(topo).all()
-    expected = [sum(1 for p in parts if preferred_shard(p, k) == i) for i in range(k)]
+    placed = Partitions(topo)
+    parts = placed.all()
+    expected = [sum(1 for p in parts if placed.preferred_shard(p, k) == i) for i in range(k)]
     with NatsCluster(root / "nats") as nc:
         _announce_alive(nc.url, k)
         shards = _start_shards(root, nc.url, k, inventory)
@@ -304,7 +305,7 @@ def store_main(a: argparse.Namespace) -> None:
         for k in a.shards:
             hosts = [0] * k
             for h in topo.nics_by_host:
-                hosts[preferred_shard(parts.of(h), k)] += 1
+                hosts[parts.preferred_shard(parts.of(h), k)] += 1
             print(f"K={k}: hosts per shard by partition placement {hosts}", flush=True)
             res[k] = store_run(topo, inventory, windows, k, Path(d) / f"k{k}")
     base = res[min(res)]["rows_s"]
