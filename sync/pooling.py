@@ -191,6 +191,24 @@ class HullPool:
         for key in [k for k in self.blocks if (k[1] + 1 << k[0]) <= oldest]:
             del self.blocks[key]  # wholly older than any span
 
+    def cut(self, pts: HullPoints, hosts: set[str]) -> None:
+        """Hosts whose clock stepped, or most of whose edges overlapped, in this window: the
+        stored points of their NICs' pairs (this window's included, once remembered) are
+        dropped, so their spans start after it. Points from before a step lie on another
+        line, so every span reaching back across it overlaps on those edges; left in, such a
+        host took soft-margin pooled fits (``_pick``: no hard pooled fit) for as long as the
+        fleet pooled and stayed unstable, unsolved, for windows while its own windows were
+        clean (64 hosts, a 1 ms step: 3 windows at best; the fleet's span choice, moved by
+        any change in its scores, decided when it came back)."""
+        ids = self.nic_numbers(pts)
+        gone = ids[[i for i, h in enumerate(pts.nic_host) if h in hosts]]
+        if not gone.size:
+            return
+        for key, h in self.blocks.items():
+            if h is not None:
+                keep = ~(np.isin(h.src, gone) | np.isin(h.dst, gone))
+                self.blocks[key] = _Hulls(h.src[keep], h.dst[keep], h.t_raw[keep], h.owd_raw[keep])
+
     def _range(self, lo: int, hi: int) -> list[_Hulls | None]:
         """Hulls covering the generations lo..hi: the largest aligned blocks inside."""
         out = []

@@ -163,6 +163,7 @@ class HuygensSync:
             stepped = np.isin(np.arange(len(rep.hosts)), [rep.hosts.index(h) for h in rep.steps])
             self.pool.forget(rep.edge_codes[stepped[win.lo] | stepped[win.hi]])
         self.pool.remember(pts, gen)
+        self.pool.cut(pts, {*rep.steps, *rep.unstable})
         return models
 
     # ---- one window ---------------------------------------------------------------------
