@@ -175,9 +175,15 @@ class HullPool:
         if gen is not None and span > 1:
             parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
         parts.append(self._reduced(pts))
-        h = _Hulls.union(parts) if len(parts) > 1 else parts[0]
         cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
         cur[ids] = np.arange(ids.size)
+        if len(parts) > 1:
+            # the merge maps the pairs to this window's NICs and leaves the others out as it
+            # writes them: no mapped copies of ~1 M points (fresh memory, faulted in)
+            got = union_hulls([(p.src, p.dst, p.t_raw, p.owd_raw) for p in parts], cur)
+            if got is not None:
+                return Pooled(*got)
+        h = _Hulls.union(parts) if len(parts) > 1 else parts[0]
         src, dst = cur[h.src], cur[h.dst]
         keep = (src >= 0) & (dst >= 0)
         return Pooled(src[keep], dst[keep], h.t_raw[keep], h.owd_raw[keep])

@@ -288,6 +288,8 @@ class HuygensSync:
         known = geo.key_codes[edge] == key
         t = _fleet_t(pool.t_raw, pool.src, tm.nic_h, tm.theta, tm.drift, tm.t_ref)
         upper, y = _edge_owd(pool.owd_raw, pool.src, pool.dst, tm.lat)
+        if known.all():  # the usual case: no masked copies of ~1 M points
+            return edge, upper, t, y
         return edge[known], upper[known], t[known], y[known]
 
     def _latency(self, pts: HullPoints) -> np.ndarray:
