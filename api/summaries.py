@@ -19,13 +19,11 @@ nothing else:
 
 ``ts_source`` stays on every row: the solve reads the window's kinds of stamps from all rows.
 
-What is not exact: the solve's reference time (``HuygensSync._prior``: the median of every
-hull point's time, not only the pair hulls') and the soft-margin fits of overlapping edges
-(which count every hull point of the edge's flows). The first moves the drift tracker's
-reference and the models drift apart slowly (256 simulated hosts: 1.4 ns after 5 windows,
-7.9 ns after 10); taking it from the pair hulls (their median, or the midrange, which the
-hulls keep exactly) made the models equal to 0.001 ns, but moved sync's step-reconvergence
-test (``tests/sync/test_sync_faults.py``) by a window: left to sync. Triangulation is exact.
+The solve's reference time is the median of the pair hulls' points (``HuygensSync._prior``),
+so a summary gives it exactly too (256 simulated hosts, 10 windows: models 0.01 ns apart,
+the order of floating-point sums). What is not exact: the soft-margin fits of overlapping
+edges (a clock step or broken stamps inside the window), which count every hull point of
+the edge's flows. Triangulation is exact.
 
 On the wire (NATS, ``fleet*.py``) a summary is an Arrow IPC stream with its id, partition and
 host in the schema metadata (:func:`encode`, :func:`decode`): one summary per committed batch

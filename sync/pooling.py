@@ -175,9 +175,15 @@ class HullPool:
         if gen is not None and span > 1:
             parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
         parts.append(self._reduced(pts))
-        h = _Hulls.union(parts) if len(parts) > 1 else parts[0]
         cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
         cur[ids] = np.arange(ids.size)
+        if len(parts) > 1:
+            # the merge maps the pairs to this window's NICs and leaves the others out as it
+            # writes them: no mapped copies of ~1 M points (fresh memory, faulted in)
+            got = union_hulls([(p.src, p.dst, p.t_raw, p.owd_raw) for p in parts], cur)
+            if got is not None:
+                return Pooled(*got)
+        h = _Hulls.union(parts) if len(parts) > 1 else parts[0]
         src, dst = cur[h.src], cur[h.dst]
         keep = (src >= 0) & (dst >= 0)
         return Pooled(src[keep], dst[keep], h.t_raw[keep], h.owd_raw[keep])
@@ -190,6 +196,24 @@ class HullPool:
         oldest = gen - max(self.sizes) + 2  # the oldest generation a later span can reach
         for key in [k for k in self.blocks if (k[1] + 1 << k[0]) <= oldest]:
             del self.blocks[key]  # wholly older than any span
+
+    def cut(self, pts: HullPoints, hosts: set[str]) -> None:
+        """Hosts whose clock stepped, or most of whose edges overlapped, in this window: the
+        stored points of their NICs' pairs (this window's included, once remembered) are
+        dropped, so their spans start after it. Points from before a step lie on another
+        line, so every span reaching back across it overlaps on those edges; left in, such a
+        host took soft-margin pooled fits (``_pick``: no hard pooled fit) for as long as the
+        fleet pooled and stayed unstable, unsolved, for windows while its own windows were
+        clean (64 hosts, a 1 ms step: 3 windows at best; the fleet's span choice, moved by
+        any change in its scores, decided when it came back)."""
+        ids = self.nic_numbers(pts)
+        gone = ids[[i for i, h in enumerate(pts.nic_host) if h in hosts]]
+        if not gone.size:
+            return
+        for key, h in self.blocks.items():
+            if h is not None:
+                keep = ~(np.isin(h.src, gone) | np.isin(h.dst, gone))
+                self.blocks[key] = _Hulls(h.src[keep], h.dst[keep], h.t_raw[keep], h.owd_raw[keep])
 
     def _range(self, lo: int, hi: int) -> list[_Hulls | None]:
         """Hulls covering the generations lo..hi: the largest aligned blocks inside."""
