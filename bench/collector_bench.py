@@ -235,11 +235,21 @@ def revision_env(rev: str, work: Path) -> dict[str, str]:
             "PYTHONSAFEPATH": "1"}  # fmt: skip
 
 
+def _metric(text: str, name: str) -> float:
+    return next(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + " "))
+
+
 def writer_busy_cpu(col: CollectorProcess) -> float:
     with col.client(timeout_s=120) as c:
+        return _metric(c.metrics_text(), "fleetlens_writer_busy_cpu_seconds_total")
+
+
+def commit_group_mean(col: CollectorProcess) -> float:
+    """Batches per commit, on average (the writer's group commit under this load)."""
+    with col.client(timeout_s=120) as c:
         text = c.metrics_text()
-    return next(float(ln.split()[-1]) for ln in text.splitlines()
-                if ln.startswith("fleetlens_writer_busy_cpu_seconds_total"))  # fmt: skip
+    name = "fleetlens_writer_commit_group_batches"
+    return _metric(text, f"{name}_sum") / max(_metric(text, f"{name}_count"), 1.0)
 
 
 def bench_http(
@@ -340,7 +350,7 @@ def bench_agents(
         dt = time.perf_counter() - t0
         cpu, own = tree_cpu_s(col.pid) - cpu0, time.process_time() - own0
         rss, peak = tree_rss_mib(col.pid)
-        busy = writer_busy_cpu(col)
+        busy, group = writer_busy_cpu(col), commit_group_mean(col)
     finally:
         col.stop(timeout_s=60)
     if errors:
@@ -355,7 +365,8 @@ def bench_agents(
     print(f"  collector CPU: {cpu:.1f} s = {cpu / dt:.2f} cores, {per_batch * 1e3:.2f} ms per "
           f"batch (writer alone {writer.cpu_per_batch_s * 1e3:.2f} ms: the HTTP path adds "
           f"{(per_batch - writer.cpu_per_batch_s) * 1e3:.2f} ms per batch); writer thread in "
-          f"transactions {busy:.1f} s; load generator {own:.1f} s")  # fmt: skip
+          f"transactions {busy:.1f} s, {group:.0f} batches per commit on average; load "
+          f"generator {own:.1f} s")  # fmt: skip
     print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB (all its processes)")
     return rows / dt
 

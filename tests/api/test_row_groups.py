@@ -44,3 +44,22 @@ def test_a_large_commit_is_written_as_row_groups_and_reads_back(tmp_path: Path) 
         assert got.equals(want.cast(WINDOW_SCHEMA))
         assert again.window_starts()[:2] == [10**12, 10**12 + 10**9]  # a read cursor's query
         again.close()
+
+
+def test_row_groups_stay_as_committed_and_deleted_ones_go(tmp_path: Path) -> None:
+    """No checkpoint vacuum: two commits of a row group and a bit stay 2 + 2 row groups (the
+    vacuum would rewrite the two small ones into one), and deleting the older commit's rows,
+    as retention does, drops its row groups at the checkpoint."""
+    old = make_windows(TOPO, "h00", 10**12, n_windows=600)
+    new = make_windows(TOPO, "h00", 2 * 10**12, n_windows=600)
+    assert ROW_GROUP_ROWS < old.num_rows < 1.1 * ROW_GROUP_ROWS
+    store = Store(tmp_path / "s.duckdb", threads=1)
+    store.insert_batches([Batch("old", "h00", old)], 0)
+    store.insert_batches([Batch("new", "h00", new)], 0)
+    store.con.execute("CHECKPOINT")
+    assert sorted(_row_groups(store)) == sorted([ROW_GROUP_ROWS, old.num_rows - ROW_GROUP_ROWS] * 2)
+    store.con.execute("DELETE FROM windows WHERE start_ns < ?", [2 * 10**12])
+    store.con.execute("CHECKPOINT")
+    assert sorted(_row_groups(store)) == sorted([ROW_GROUP_ROWS, new.num_rows - ROW_GROUP_ROWS])
+    assert store.read_windows().num_rows == new.num_rows
+    store.close()
