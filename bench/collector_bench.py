@@ -150,27 +150,44 @@ class WriterRun:
     cpu_per_batch_s: float  # of the whole process (every thread), per batch
 
 
-def bench_writer(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], threads: int
-                 ) -> WriterRun:  # fmt: skip
-    store = Store(work / "writer.duckdb", threads=threads)
-    writer = Writer(store, max_batches=len(batches) + 1, max_rows=1 << 62)
+def bench_writer(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], threads: int,
+                 group: int | None = None, label: str = "writer alone") -> WriterRun:  # fmt: skip
+    """``group``: batches per commit (default: as many as the writer's row bound allows)."""
+    store = Store(work / f"writer-{next(_RUNS)}.duckdb", threads=threads)
+    sizes = {} if group is None else {"group_rows": group * batches[0][1].num_rows}
+    writer = Writer(store, max_batches=len(batches) + 1, max_rows=1 << 62, **sizes)
     writer.start()
     items = [Batch(f"w{i}", fleet.names[h], t) for i, (h, t) in enumerate(batches)]
     t0, p0 = time.perf_counter(), time.process_time()
     futures = [writer.submit_batch(b) for b in items]
     for f in futures:
         f.result()
-    dt, proc_cpu = time.perf_counter() - t0, time.process_time() - p0
+    dt = time.perf_counter() - t0
     cpu = writer.busy_cpu_s
     writer.stop()
+    # Closing checkpoints: rows a commit left in the WAL are compressed into the file only
+    # then (as the collector does every CHECKPOINT_THRESHOLD of WAL), and that CPU is theirs.
     store.close()
+    proc_cpu = time.process_time() - p0
     rows = sum(b.rows for b in items)
-    print(f"writer alone : {rows:>11,} rows in {dt:6.2f} s = {rows / dt:>12,.0f} rows/s wall, "
+    grouped = f"groups of {group}" if group else "groups as large as the writer makes them"
+    print(f"{label}: {rows:>11,} rows in {dt:6.2f} s = {rows / dt:>12,.0f} rows/s wall, "
           f"{rows / cpu:>12,.0f} rows per writer CPU-second, {rows / proc_cpu:,.0f} rows per "
-          f"process CPU-second (all threads), {proc_cpu / len(items) * 1e3:.2f} ms process CPU "
-          f"per batch (DuckDB threads={threads}, {len(items)} batches of {items[0].rows})"
-          )  # fmt: skip
+          f"process CPU-second (all threads, the closing checkpoint included), "
+          f"{proc_cpu / len(items) * 1e3:.2f} ms process CPU per batch (DuckDB "
+          f"threads={threads}, {len(items)} batches of {items[0].rows}, {grouped})")  # fmt: skip
     return WriterRun(rows / dt, rows / cpu, proc_cpu / len(items))
+
+
+def writer_of_revision(work: Path, rev: str, argv: list[str], group: int) -> WriterRun:
+    """The writer alone of git revision ``rev`` (its Store and Writer) on the same batches:
+    this script run again under that revision's tree (``--writer-only``)."""
+    env = {**os.environ, **revision_env(rev, work)}
+    out = subprocess.run([sys.executable, __file__, *argv, "--writer-only", "--writer-group",
+                          str(group), "--label", f"writer of {rev}"],
+                         env=env, check=True, capture_output=True, text=True).stdout  # fmt: skip
+    print(out.splitlines()[-2])
+    return WriterRun(*map(float, out.splitlines()[-1].split()[1:]))
 
 
 # ---- HTTP path ------------------------------------------------------------------------------
@@ -218,11 +235,21 @@ def revision_env(rev: str, work: Path) -> dict[str, str]:
             "PYTHONSAFEPATH": "1"}  # fmt: skip
 
 
+def _metric(text: str, name: str) -> float:
+    return next(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + " "))
+
+
 def writer_busy_cpu(col: CollectorProcess) -> float:
     with col.client(timeout_s=120) as c:
+        return _metric(c.metrics_text(), "fleetlens_writer_busy_cpu_seconds_total")
+
+
+def commit_group_mean(col: CollectorProcess) -> float:
+    """Batches per commit, on average (the writer's group commit under this load)."""
+    with col.client(timeout_s=120) as c:
         text = c.metrics_text()
-    return next(float(ln.split()[-1]) for ln in text.splitlines()
-                if ln.startswith("fleetlens_writer_busy_cpu_seconds_total"))  # fmt: skip
+    name = "fleetlens_writer_commit_group_batches"
+    return _metric(text, f"{name}_sum") / max(_metric(text, f"{name}_count"), 1.0)
 
 
 def bench_http(
@@ -323,7 +350,7 @@ def bench_agents(
         dt = time.perf_counter() - t0
         cpu, own = tree_cpu_s(col.pid) - cpu0, time.process_time() - own0
         rss, peak = tree_rss_mib(col.pid)
-        busy = writer_busy_cpu(col)
+        busy, group = writer_busy_cpu(col), commit_group_mean(col)
     finally:
         col.stop(timeout_s=60)
     if errors:
@@ -338,7 +365,8 @@ def bench_agents(
     print(f"  collector CPU: {cpu:.1f} s = {cpu / dt:.2f} cores, {per_batch * 1e3:.2f} ms per "
           f"batch (writer alone {writer.cpu_per_batch_s * 1e3:.2f} ms: the HTTP path adds "
           f"{(per_batch - writer.cpu_per_batch_s) * 1e3:.2f} ms per batch); writer thread in "
-          f"transactions {busy:.1f} s; load generator {own:.1f} s")  # fmt: skip
+          f"transactions {busy:.1f} s, {group:.0f} batches per commit on average; load "
+          f"generator {own:.1f} s")  # fmt: skip
     print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB (all its processes)")
     return rows / dt
 
@@ -522,6 +550,15 @@ def main() -> int:
                     help="with --against: runs of each, alternated")  # fmt: skip
     ap.add_argument("--stages", action="store_true",
                     help="first, CPU per batch of each in-process stage of its path")  # fmt: skip
+    ap.add_argument("--writer-groups", default="64,128,256",
+                    help="agents: also run the writer alone committing groups of these many "
+                         "batches (the collector's groups under load are ~100-250), against "
+                         "--against's writer too")  # fmt: skip
+    ap.add_argument("--stages-group", type=int, default=256,
+                    help="--stages: batches per commit of the DuckDB stage")  # fmt: skip
+    ap.add_argument("--writer-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--writer-group", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--label", default="writer alone", help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, default=200, help="requests per latency figure")
     ap.add_argument("--skip-api", action="store_true")
     ap.add_argument("--skip-ingest", action="store_true")
@@ -538,18 +575,30 @@ def main() -> int:
         fleet = Fleet(hosts)
         batches = (
             make_batches(ingest_rows, batch_rows, 1, per_second, fleet)
-            if a.stages or not a.skip_ingest
+            if a.stages or a.writer_only or not a.skip_ingest
             else []
         )
+        if a.writer_only:  # a child of writer_of_revision: its last line is read back
+            w = bench_writer(work, fleet, batches, a.threads, a.writer_group, a.label)
+            print("WRITER", w.rows_per_s, w.rows_per_cpu_s, w.cpu_per_batch_s)
+            return 0
         load = os.getloadavg()[0]
         print(f"machine      : {os.cpu_count()} cores, load average {load:.1f}; batches of "
               f"{batch_rows} rows, {per_second} per window second")  # fmt: skip
         if a.stages:
             print(f"one batch's path in one process ({len(batches)} batches):")
-            bench_stages(work, fleet, batches, 256)
+            bench_stages(work, fleet, batches, a.stages_group)
         if not a.skip_ingest:
             w = bench_writer(work, fleet, batches, a.threads)
             if agents:
+                argv = ["--shape", "agents", "--hosts", str(hosts), "--seconds", str(a.seconds),
+                        "--threads", str(a.threads), "--skip-api"]  # fmt: skip
+                for g in map(int, a.writer_groups.split(",") if a.writer_groups else ()):
+                    mine = bench_writer(work, fleet, batches, a.threads, g)
+                    if a.against:
+                        old = writer_of_revision(work, a.against, argv, g)
+                        print(f"  groups of {g}: process CPU per batch this tree / {a.against} "
+                              f"= {mine.cpu_per_batch_s / old.cpu_per_batch_s:.2f}")  # fmt: skip
                 h = bench_agents(work, fleet, batches, a.threads, clients, w)
                 if a.against:
                     old = bench_agents(work, fleet, batches, a.threads, clients, w, rev=a.against)
