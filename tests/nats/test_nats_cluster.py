@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,20 @@ def test_shell_up_and_down(tmp_path: Path) -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_port_taken_before_the_server_binds_it_moves_the_cluster(tmp_path: Path) -> None:
+    """free_port's pick is free when chosen, not when the server binds it: a node that finds
+    it taken sends the whole cluster to new ports, and it still forms."""
+    cluster = NatsCluster(tmp_path)
+    held = socket.socket()
+    held.bind((cluster.host, cluster.ports[1][1]))  # node 1's route port, taken meanwhile
+    held.listen()
+    first = list(cluster.ports)
+    try:
+        with cluster:
+            assert cluster.ports != first
+            asyncio.run(_ping(cluster.url))
+    finally:
+        held.close()
+    assert "address already in use" in cluster.log(1).read_text()
