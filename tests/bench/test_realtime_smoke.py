@@ -25,6 +25,8 @@ from fleetlens.fixtures.sim.stream import split_by_host
 from fleetlens.batch import CT_ARROW, decode_batch, encode_batch
 from fleetlens.topology import from_spec
 
+pytestmark = pytest.mark.serial  # measures the replay's lags against the wall clock
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "realtime.py"
 NUM = r"(\d+(?:\.\d+)?)"
 

@@ -15,6 +15,8 @@ from fleetlens.fixtures.nats import NatsCluster
 nats = pytest.importorskip("nats")
 from nats.js.api import StreamConfig  # noqa: E402
 
+pytestmark = pytest.mark.serial  # kill -9 of a NATS node, waited on against a deadline
+
 
 async def _publish(url: str, subject: str, n: int, start: int) -> None:
     nc = await nats.connect(url.split(","))

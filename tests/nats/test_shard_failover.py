@@ -20,6 +20,8 @@ from fleetlens.stream import Publisher
 
 pytest.importorskip("nats")
 
+pytestmark = pytest.mark.serial  # kills and restarts a shard against a deadline
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
