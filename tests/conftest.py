@@ -5,13 +5,16 @@ the machine side by side (pytest-xdist) and the others alone.
 A test is serial when it carries ``root`` (it builds network namespaces: the lab's timing
 bounds flake when another heavy job runs beside it) or ``serial`` (it measures against a
 clock, kills and restarts servers, or spawns many processes). Tests that skip unless root or
-use the lab fabric fixture get ``root`` here, so that no test building the lab can slip into
-the parallel phase by lacking the marker.
+use the lab fabric fixture get ``root`` here, and tests in a module that builds a lab itself
+(``lab_fabric(``, ``lab_stack(``) get ``serial``, so that no test building the lab can slip
+into the parallel phase by lacking a marker.
 """
 
 from __future__ import annotations
 
 import os
+from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,7 @@ needs_root = pytest.mark.skipif(
 
 PHASES = ("all", "parallel", "serial")
 LAB_FIXTURES = {"lab", "clean_lab"}
+LAB_BUILDERS = ("lab_fabric(", "lab_stack(")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,12 +45,20 @@ def _needs_root(item: pytest.Item) -> bool:
     return any(r.startswith("needs root") for r in reasons)
 
 
+@cache
+def _builds_a_lab(module: Path) -> bool:
+    text = module.read_text(encoding="utf-8")
+    return any(b in text for b in LAB_BUILDERS)
+
+
 # First, so that the root markers added here count for -m "not root" too.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _needs_root(item) and not item.get_closest_marker("root"):
             item.add_marker(pytest.mark.root)
+        if _builds_a_lab(item.path) and not item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.serial)
     phase = config.getoption("--phase")
     if phase == "all":
         return
