@@ -18,6 +18,7 @@ tree=$(.venv/bin/python scripts/package_tree.py)
 .venv/bin/mypy --cache-dir build/mypy-cache ext/linkpass/harness
 # Two phases, each with the caller's arguments (tests/conftest.py says which test goes where):
 # the tests that may share the machine on 2 workers, then the lab and clock-bound ones alone.
+# The workers take whole modules (loadscope), so a module's collector or cluster starts once.
 # A phase that selects nothing (exit 5) is fine when the other ran tests; with -x or
 # --maxfail a failed first phase ends the run, as does Ctrl-C. The log ends with both phases' summaries.
 logs=$(mktemp -d)
@@ -25,7 +26,7 @@ trap 'rm -rf "$logs"' EXIT
 codes=()
 for phase in parallel serial; do
   workers=()
-  [ "$phase" = parallel ] && workers=(-n 2)
+  [ "$phase" = parallel ] && workers=(-n 2 --dist loadscope)
   set +e
   .venv/bin/python -m pytest -q "${workers[@]}" --phase="$phase" "$@" | tee "$logs/$phase"
   code=${PIPESTATUS[0]}
