@@ -25,8 +25,6 @@ from fleetlens.fixtures.sim.stream import split_by_host
 from fleetlens.batch import CT_ARROW, decode_batch, encode_batch
 from fleetlens.topology import from_spec
 
-pytestmark = pytest.mark.serial  # measures the replay's lags against the wall clock
-
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "realtime.py"
 NUM = r"(\d+(?:\.\d+)?)"
 
@@ -63,6 +61,7 @@ def test_shifted_body_is_the_window_moved_in_time() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # replays at wall-clock pace and measures its lags
 def test_smoke_run_prints_measured_lags(tmp_path: Path) -> None:
     args = ["--hosts", "64", "--minutes", "0.25", "--baseline-minutes", "0.1", "--windows", "3",
             "--sample-s", "1", "--cache", str(tmp_path / "cache"),
