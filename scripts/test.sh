@@ -20,7 +20,8 @@ tree=$(.venv/bin/python scripts/package_tree.py)
 # the tests that may share the machine on 2 workers, then the lab and clock-bound ones alone.
 # The workers take whole modules (loadscope), so a module's collector or cluster starts once.
 # A phase that selects nothing (exit 5) is fine when the other ran tests; with -x or
-# --maxfail a failed first phase ends the run, as does Ctrl-C. The log ends with both phases' summaries.
+# --maxfail a failed first phase ends the run, as does Ctrl-C (exit 2, also xdist's -x).
+# The log ends with the serial phase's durations and summary, then both phases' summaries.
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 codes=()
