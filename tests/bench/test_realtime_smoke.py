@@ -61,6 +61,7 @@ def test_shifted_body_is_the_window_moved_in_time() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # replays at wall-clock pace and measures its lags
 def test_smoke_run_prints_measured_lags(tmp_path: Path) -> None:
     args = ["--hosts", "64", "--minutes", "0.25", "--baseline-minutes", "0.1", "--windows", "3",
             "--sample-s", "1", "--cache", str(tmp_path / "cache"),

@@ -40,6 +40,8 @@ from deploy_helpers import (
 from fleetlens.fixtures.collector import start_collector, stop_process
 from prometheus_client.parser import text_string_to_metric_families
 
+pytestmark = pytest.mark.serial  # as root it builds the lab fabric
+
 # FLEETLENS_DEPLOY_NO_LAB=1 takes the non-root path as root too (to check it).
 IS_ROOT = os.geteuid() == 0 and not os.environ.get("FLEETLENS_DEPLOY_NO_LAB")
 # Four leaves: on two, every flow over leaf0->spine1 also crosses spine1->leaf1, so the link

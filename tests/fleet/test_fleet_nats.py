@@ -31,6 +31,8 @@ fleet_mod = pytest.importorskip("fleetlens.api.fleet")
 procs = pytest.importorskip("fleetlens.fixtures.collector")
 sim = pytest.importorskip("fleetlens.fixtures.sim")
 
+pytestmark = pytest.mark.serial  # a 3-node NATS cluster and the fleet tier held to deadlines
+
 SHARDS = 3
 ROUNDS = 10
 # Delays count once a host's clock is synced (clockgate.py, a window or two in), and

@@ -49,6 +49,7 @@ async def _read_all(url: str, stream: str) -> list[bytes]:
     return out
 
 
+@pytest.mark.serial  # kill -9 of a node; the re-election is waited on against a deadline
 def test_r3_stream_survives_a_node_kill(tmp_path: Path) -> None:
     with NatsCluster(tmp_path) as nc:
         assert len(nc.urls) == 3 and all(p is not None for p in nc.procs)

@@ -31,6 +31,8 @@ from fleetlens.stream import CONTENT_TYPE, MSG_ID, Publisher, subject
 
 pytest.importorskip("nats")
 
+pytestmark = pytest.mark.serial  # kills a nats-server mid-stream, waited on against a deadline
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
