@@ -76,13 +76,14 @@ def alarm_llr(cfg: TriangulateConfig, window_s: float) -> float:
 
 def background(
     fit: LossFit, inc: Incidence, sent: np.ndarray, lost: np.ndarray, need: float
-) -> float:
+) -> tuple[float, float, float]:
     """The background loss per hop: lost / hop-packets over every row, then without the rows
-    of the chosen links whose loss reaches ``need`` against that (0 with nothing sent)."""
+    of the chosen links whose loss reaches ``need`` against that (0 with nothing sent); with
+    the lost packets and hop-packets it is the ratio of."""
     h = inc.hops()
     hs, lo = float(sent @ h), float(lost.sum())
     if hs <= 0:
-        return 0.0
+        return 0.0, 0.0, 0.0
     s_l = fit.sent[fit.links]
     reach = inc.hop_factors(sent)[1][fit.links]
     heavy = fit.links[poisson_llr(fit.rate * s_l, lo / hs * reach * s_l) >= need]
@@ -90,7 +91,18 @@ def background(
         rows = inc.rows_of(heavy)
         hs -= float(sent[rows] @ h[rows])
         lo -= float(lost[rows].sum())
-    return max(lo, 0.0) / hs if hs > 0 else 0.0
+    lo, hs = max(lo, 0.0), max(hs, 0.0)
+    return (lo / hs if hs > 0 else 0.0), lo, hs
+
+
+def learned_floor(cfg: TriangulateConfig, lost: float, hop_sent: float) -> float:
+    """The per-link loss the fits and the gate take as normal: ``background_loss``, lowered
+    to what the long horizon's counts bound the background per hop by (``lost`` of
+    ``hop_sent`` hop-packets: the Poisson upper bound at ``loss_llr``), never below
+    ``background_loss_min``."""
+    c = cfg.loss_llr
+    upper = (lost + c + math.sqrt(c * c + 2.0 * lost * c)) / hop_sent if hop_sent > 0 else math.inf
+    return min(cfg.background_loss, max(upper, cfg.background_loss_min))
 
 
 def beyond_others_llr(
@@ -161,21 +173,29 @@ class LossEvidence:
     def __init__(self, cfg: TriangulateConfig, n_links: int) -> None:
         self.cfg = cfg
         self.q = cfg.background_loss  # the last fit's background per hop
+        self.support = (0.0, 0.0)  # the lost packets and hop-packets it was learned from
         self.link_q = np.full(n_links, cfg.background_loss)  # and per link (its rows' rate)
         self.cusum = np.zeros(n_links)
 
     def gate(
-        self, fit: LossFit, inc: Incidence, sent: np.ndarray, lost: np.ndarray, window_s: float
+        self,
+        fit: LossFit,
+        inc: Incidence,
+        sent: np.ndarray,
+        lost: np.ndarray,
+        window_s: float,
+        floor: float,
     ) -> LossFit:
-        """``fit`` with only its links whose loss is significant against their rows'
-        background, their ``llr`` replaced by the LLR of that test and the per-link
-        background rate attached."""
+        """``fit`` (made with ``floor`` as its per-link background) with only its links whose
+        loss is significant against their rows' background, their ``llr`` replaced by the LLR
+        of that test and the per-link background rate attached."""
         cfg = self.cfg
-        self.q = background(fit, inc, sent, lost, cfg.loss_llr)
+        self.q, *support = background(fit, inc, sent, lost, cfg.loss_llr)
+        self.support = (support[0], support[1])
         hops, reach = inc.hop_factors(sent)
-        self.link_q = np.maximum(self.q * hops, cfg.background_loss)
+        self.link_q = np.maximum(self.q * hops, floor)
         s_l = fit.sent[fit.links]
-        e_l = np.maximum(self.q * reach[fit.links], cfg.background_loss) * s_l
+        e_l = np.maximum(self.q * reach[fit.links], floor) * s_l
         level = alarm_llr(cfg, window_s)
         llr = poisson_llr(fit.rate * s_l, e_l)
         keep = llr >= level
