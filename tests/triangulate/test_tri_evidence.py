@@ -43,23 +43,39 @@ def test_the_alarm_level_is_the_stated_rate_per_test() -> None:
 
 
 def test_the_spread_rows_null_is_poisson_without_spread_rows() -> None:
+    none = np.empty(0)
     for y, mu in [(30.0, 10.0), (5.0, 0.1), (3.0, 4.0)]:
-        got = chernoff_llr(y, mu, np.empty(0), np.empty(0))
+        got = chernoff_llr(y, mu, none, none, none, none)
         assert got == pytest.approx(float(poisson_llr(np.array([y]), np.array([mu]))[0]))
 
 
 def test_the_spread_rows_null_bounds_the_path_draws_tail() -> None:
-    """Background plus 12 rows, each crossing a lossy candidate (1 of 3) or not: the
-    returned LLR is a Chernoff bound, so ``P(X >= y) <= exp(-llr)`` at every y (sampled
-    tail), and far below the Poisson LLR against the same mean (which alarms at the level)."""
+    """Background plus 12 rows of 1500 packets, each crossing a 1 % candidate (1 of 3) or
+    not: the returned LLR is a Chernoff bound, so ``P(X >= y) <= exp(-llr)`` at every y
+    (sampled tail), and far below the Poisson LLR against the same mean (which alarms at the
+    level)."""
     rng = np.random.default_rng(28)
-    mu, lam, pi = 2.0, np.full(12, 15.0), np.full(12, 1 / 3)
-    n = 200_000
-    x = rng.poisson(mu, n) + rng.poisson(lam * (rng.random((n, 12)) < pi)).sum(axis=1)
+    mu, n, a, pi = 2.0, np.full(12, 1500.0), np.full(12, 0.01), np.full(12, 1 / 3)
+    k = np.zeros(12)
+    draws = 200_000
+    via = rng.random((draws, 12)) < pi
+    x = rng.poisson(mu, draws) + rng.binomial(1500, np.where(via, 0.01, 0.0)).sum(axis=1)
     for y in (80.0, 100.0, 130.0, 160.0):
-        assert (x >= y).mean() <= math.exp(-chernoff_llr(y, mu, lam, pi)), y
-    assert chernoff_llr(130.0, mu, lam, pi) < alarm_llr(CFG, 1.0)
+        assert (x >= y).mean() <= math.exp(-chernoff_llr(y, mu, n, k, a, pi)), y
+    assert chernoff_llr(130.0, mu, n, k, a, pi) < alarm_llr(CFG, 1.0)
     assert float(poisson_llr(np.array([130.0]), np.array([mu + 60.0]))[0]) > alarm_llr(CFG, 1.0)
+
+
+def test_rows_through_a_dead_link_add_no_spread_to_the_null() -> None:
+    """Rows whose known path crosses a link at rate 1 lose exactly their packets: 2000 of
+    them, plus 40 lost beyond a background of 4, stand out (as 40 against 4 alone would),
+    where a Poisson of mean 2004 would hide the 40 in its spread of ~45."""
+    none = np.empty(0)
+    alone = chernoff_llr(44.0, 4.0, none, none, none, none)
+    dead = chernoff_llr(2044.0, 4.0, np.array([2000.0]), np.ones(1), np.zeros(1), np.zeros(1))
+    assert dead == pytest.approx(alone, rel=1e-6)
+    assert alone > alarm_llr(CFG, 1.0)
+    assert float(poisson_llr(np.array([2044.0]), np.array([2004.0]))[0]) < 1.0
 
 
 def _spread_into_one_nic(nic_loss: float) -> tuple[LossFit, LossFit]:
