@@ -10,7 +10,7 @@ against the background its flows show anyway:
   ``h`` links loses ~``h · q`` (an intra-leaf row crosses 2, an inter-leaf row of a
   leaf-spine 4). ``q`` is the maximum-likelihood rate of that model: lost / (sent · h) summed
   over every row, then again without the rows of the chosen links that the fit's own
-  threshold (``loss_llr``) calls lossy even against it (a fault must not raise the
+  threshold (``loss_llr``) calls lossy against the rest's rate (a fault must not raise the
   background it is tested against). Not over the rows crossing *no* chosen link: on
   background loss alone the fit picks dozens of links, and the rows left are those that
   happened to lose nothing (q read 2.6x low on the simulator, and background links passed);
@@ -21,7 +21,11 @@ against the background its flows show anyway:
   link's weighted packets, ``w_rl`` 1 on a known path and 1/N over N ECMP candidates;
   ``K_l`` from ``Incidence.hop_factors``: the mean hop count of its rows on known paths,
   N times it on spread ones, since the fit explains a spread row's loss by N times the
-  rate on one candidate), floored at ``background_loss · S_l`` (the fits' floor per row).
+  rate on one candidate), floored at the fits' per-link floor times ``S_l``: the
+  configured ``background_loss``, lowered once the long horizon's counts bound the
+  background per hop below it (``learned_floor``). The lab runs with 1e-3 against a measured
+  ~1e-5 per hop; held at 1e-3, a 1 % fault on a 400-probe uplink (4 lost a second against
+  0.4 expected) could not pass the level before its sixth window;
   One background rate per *row* instead (the first version) held only while every row
   crossed as many links on known paths: at 1024 hosts on 2-3 leaves a fabric link carries
   only 4-hop rows (1e5-1e7 packets) against a row rate averaged with 2-hop intra-leaf rows,
@@ -34,14 +38,15 @@ against the background its flows show anyway:
   1 s windows and 1e-3). A bound, and the decayed counts are less dispersed than Poisson, so
   the rate of links passing per link-hour is at most the stated one; a ``faulty`` verdict
   needs two consecutive windows (``fault_windows``) on top;
-- and an access link whose rows also cross other chosen links, only if its rows' loss
-  stands out (the same alpha) of what the background and those links' fitted rates explain,
-  each spread row's path a hidden draw (``beyond_others_llr``): a row takes one real path, so
-  its share of a lossy spine is the spine's rate or nothing, not the even split the fit
-  gives it, and over a few rows that draw varies far past Poisson. Without it, a NIC whose
-  incoming rows crossed a 1 % spine downlink more often than 1/3 had its access link
-  `faulty` at 3.3e-4 (simulator sweep, host 3L 3S, paths unknown). A link sharing no rows
-  with the others passes it whenever it passes the first test.
+- and a link whose rows also cross other links that pass that test, only if its rows'
+  loss stands out (the same alpha) of what the background and those links' fitted rates
+  explain, each spread row's path a hidden draw and each row's loss binomial
+  (``beyond_others_llr``): a row takes one real path, so its share of a lossy spine is the
+  spine's rate or nothing, not the even split the fit gives it, and over a few rows that
+  draw varies far past Poisson. Without it, a NIC whose incoming rows crossed a 1 % spine
+  downlink more often than 1/3 had its access link `faulty` at 3.3e-4 (simulator sweep,
+  host 3L 3S, paths unknown). A link sharing no rows with the others passes it whenever it
+  passes the first test.
 
 The rate a link's weighted counts (``LossFit.sent``, ``.lost``) show with no fault, ``q · H_l``
 (``H_l`` the mean hop count of its rows), goes with the gated fit (``LossFit.background``):

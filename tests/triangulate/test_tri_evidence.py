@@ -114,6 +114,28 @@ def test_an_access_fault_beside_a_spread_fault_is_still_found() -> None:
     assert list(gated.links) == [2, 3]
 
 
+def test_a_fault_that_is_the_windows_only_loss_does_not_raise_its_own_background() -> None:
+    """The lab's rail 3L4S uplink in one window: 5 lost of 400 probes on one link (rows
+    0-9, known path over fabric link 0), 20 clean rows elsewhere (link 1), nothing else
+    lost. Against the rate of all rows those 5 read as ~0.9 expected, not heavy, and the
+    background they raised hid them; against the other rows' rate (none lost) they are
+    heavy, the background is 0 and the link passes against the floor."""
+    routes = RouteTable(2)
+    r0 = routes.add(b"via0", np.array([0]), np.ones(1))
+    r1 = routes.add(b"via1", np.array([1]), np.ones(1))
+    n = 30
+    inc = Incidence(np.full(n, 2), np.full(n, 2), np.where(np.arange(n) < 10, r0, r1), routes, 2)
+    sent = np.full(n, 40.0)
+    lost = np.zeros(n)
+    lost[:5] = 1.0
+    S, lost_l = inc.link_sums(sent), inc.link_sums(lost)
+    fit = LossFit(np.array([0]), np.array([5.0 / 400]), np.zeros(1), S, lost_l)
+    ev = LossEvidence(CFG, 2)
+    gated = ev.gate(fit, inc, sent, lost, 1.0, 1e-4)
+    assert ev.q == 0.0
+    assert list(gated.links) == [0]
+
+
 @pytest.mark.parametrize(("base_loss", "seconds"), [(1e-4, 40), (1e-5, 30)])
 def test_background_loss_raises_no_alarm(base_loss: float, seconds: int) -> None:
     steps = drive(FABRIC, (), seconds=seconds, seed=28, base_loss=base_loss)
