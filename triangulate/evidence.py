@@ -240,7 +240,8 @@ class LossEvidence:
         llr = poisson_llr(fit.rate * s_l, e_l)
         keep = llr >= level
         passed = keep.copy()  # the others of the second test: links significant themselves
-        for i in np.flatnonzero(passed).tolist():  # few links
+        # alone, a link's second test is the Poisson one on all its rows' loss (>= the first)
+        for i in np.flatnonzero(passed).tolist() if passed.sum() > 1 else []:  # few links
             beyond = beyond_others_llr(fit, inc, sent, lost, i, float(e_l[i]), passed)
             llr[i] = min(llr[i], beyond)
         keep = llr >= level
