@@ -10,7 +10,10 @@ class TriangulateConfig:
     """Thresholds of every stage; the defaults are what the tests and bench/ assert against."""
 
     # loss tomography
-    background_loss: float = 1e-6  # per-link loss the fit treats as normal (null hypothesis)
+    # per-link loss the fits treat as normal (null hypothesis) until the long horizon's counts
+    # bound the background lower (evidence.learned_floor), and never below the second
+    background_loss: float = 1e-6
+    background_loss_min: float = 1e-6
     # a lossy link must also be significant against the background its flows show (learned
     # per fit, floored at background_loss) at this false-alarm rate per link and hour of
     # windows, for each of the three fits (see evidence.py)

@@ -39,7 +39,7 @@ from .attribution import Attributor, Finding
 from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
 from .ecmp import ecmp_groups
-from .evidence import LossEvidence
+from .evidence import LossEvidence, learned_floor
 from .horizon import DecayedCounts, WindowSums
 from .identify import Ambiguity, observed_groups, widen
 from .incidence import Incidence
@@ -93,6 +93,7 @@ class Triangulator:
         self.slow = DecayedCounts(self.cfg.loss_decay_s)
         self.onset = WindowSums(self.cfg.loss_onset_windows, p.n_links)
         self.onset_ev = LossEvidence(self.cfg, p.n_links)  # its own background and heal test
+        self.floor = self.cfg.background_loss  # the fits' per-link background (learned_floor)
         self.sending = np.zeros(p.n_nics)
         self._sample: _DelaySample | None = None
         self._seen: tuple = (b"", frozenset())  # see _observed
@@ -131,12 +132,13 @@ class Triangulator:
         inc, sent, lost, S_fast, lossy = self._with_acks(f, S, lossy_now)
         fast = fit_incidence(
             inc, sent, lost, S_fast,
-            cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
+            self.floor, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
         )  # fmt: skip
-        fast = self.loss_ev.gate(fast, inc, sent, lost, _window_s(f))
+        fast = self.loss_ev.gate(fast, inc, sent, lost, _window_s(f), self.floor)
         if inc is not f.inc:
             fast = _forward_counts(fast, f, S)
         extra = self._horizon_loss(f, fast, S, self.slow, self.loss_ev, gamma, lossy_all)
+        self.floor = learned_floor(cfg, *self.loss_ev.support)  # from the next fit on
         onset = self._horizon_loss(f, fast, S, self.onset, self.onset_ev, None, lossy_onset)
         for lk, got in onset.items():  # the stronger evidence of the two horizons
             if got[1] > extra.get(lk, (0.0, -1.0))[1]:
@@ -232,9 +234,9 @@ class Triangulator:
             sums = h.link_sums(f, inc, aligned, S, gamma)
         fit = fit_incidence(
             inc, h.sent, h.lost, sums,
-            cfg.background_loss, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
+            self.floor, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
         )  # fmt: skip
-        fit = ev.gate(fit, inc, h.sent, h.lost, _window_s(f))
+        fit = ev.gate(fit, inc, h.sent, h.lost, _window_s(f), self.floor)
         only = ~np.isin(fit.links, fast.links)
         links, rate, llr = fit.links[only], fit.rate[only], fit.llr[only]
         healed = ev.healed(links, rate, fast.sent[links], fast.lost[links])
