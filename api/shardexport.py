@@ -39,7 +39,6 @@ from fleetlens.records import WINDOW_SCHEMA
 MINUTE_NS = 60_000_000_000
 PARTS_THROUGH = b"fleetlens.parts_through"  # a minute file's metadata: the parts it covers
 _PART = re.compile(r"^shard=(\d+)\.part-(\d+)\.parquet$")
-_MINUTE = re.compile(r"^shard=(\d+)\.parquet$")
 
 
 def minute_dir(minute_ns: int) -> str:
@@ -87,8 +86,8 @@ class MinuteExport:
         """Write the touched minutes that are closed (``everything``: all, at shutdown), then
         the open minutes' new windows as parts; the number of minute files written."""
         with self._lock:
-            closed = {m for m in self._dirty if m + MINUTE_NS + self.settle_ns <= now_ns}
-            due = (set(self._dirty) if everything else closed) | self._now
+            due = {m for m in self._dirty if everything or m + MINUTE_NS + self.settle_ns <= now_ns}
+            due |= self._now
             self._dirty.difference_update(due)
             self._now.clear()
             fresh, self._fresh = self._fresh, []
@@ -129,25 +128,33 @@ def readable(directory: Path) -> list[Path]:
     that together hold each stored window once: every minute file, and the parts that no
     minute file of their shard covers."""
     out: list[Path] = []
-    for d in sorted({f.parent for f in directory.glob("**/*.parquet")}):
+    parts: dict[Path, list[tuple[int, int, Path]]] = {}  # directory -> (shard, seq, file)
+    for f in sorted(directory.glob("**/*.parquet")):
+        if p := _PART.match(f.name):
+            parts.setdefault(f.parent, []).append((int(p[1]), int(p[2]), f))
+        else:  # minute files, and files of another layout (written by hand): read as they are
+            out.append(f)
+    seen = set(out)
+    for d, listed in parts.items():
+        # Only the minutes with parts (the open ones) need their file's footer read.
         through: dict[int, int] = {}
-        parts: list[tuple[int, int, Path]] = []
-        for f in sorted(d.glob("*.parquet")):
-            if m := _MINUTE.match(f.name):
-                through[int(m[1])] = _covers(f)
-                out.append(f)
-            elif p := _PART.match(f.name):
-                parts.append((int(p[1]), int(p[2]), f))
-            else:  # a file of another layout (written by hand): read as it is
-                out.append(f)
-        out += [f for shard, seq, f in parts if seq > through.get(shard, 0)]
+        for s in {s for s, _, _ in listed}:
+            minute = d / f"shard={s}.parquet"
+            through[s] = _covers(minute)
+            if through[s] and minute not in seen:  # written since the listing: read it too
+                out.append(minute)
+        out += [f for shard, seq, f in listed if seq > through[shard]]
     return out
 
 
 def _covers(minute_file: Path) -> int:
-    """The highest part sequence a minute file covers (0: none, or a file that says nothing).
-    A file replaced since it was listed says what its successor covers, which covers more."""
-    meta = pq.read_schema(minute_file).metadata or {}
+    """The highest part sequence a minute file covers (0: none, no file yet, or a file that
+    says nothing). A file replaced since it was listed says what its successor covers, which
+    covers more."""
+    try:
+        meta = pq.read_schema(minute_file).metadata or {}
+    except FileNotFoundError:
+        return 0
     return int(meta.get(PARTS_THROUGH, b"0"))
 
 
