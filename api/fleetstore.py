@@ -22,6 +22,7 @@ A window older than ``keep_ns`` that triangulation has not judged yet is gone: t
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from collections.abc import Callable
@@ -151,15 +152,14 @@ class FleetStore(Store):
     ) -> pa.Table:
         params = {"since": since_ns, "until": until_ns}
         cur = self.read()
-        if without is None:
-            return self._over_parquet(sql._FLOW_TOTALS_SQL.format(cut=""), lambda text: (
-                cur.sql(text, params=params).to_arrow_table()))  # fmt: skip
-        cur.register("_cut", without)
+        text = sql._FLOW_TOTALS_SQL.format(cut="" if without is None else sql._CUT_SQL)
+        if without is not None:
+            cur.register("_cut", without)
         try:
-            return self._over_parquet(sql._FLOW_TOTALS_SQL.format(cut=sql._CUT_SQL), lambda text: (
-                cur.sql(text, params=params).to_arrow_table()))  # fmt: skip
+            return self._over_parquet(text, lambda t: cur.sql(t, params=params).to_arrow_table())
         finally:
-            cur.unregister("_cut")
+            if without is not None:
+                cur.unregister("_cut")
 
     def host_stalls(self, since_ns: int, until_ns: int, rule: sql.StallRule) -> pa.Table:
         params = {
@@ -193,13 +193,14 @@ class FleetStore(Store):
     def _over_parquet(self, text: str, run: Callable[[str], T]) -> T:
         """``run`` on the collector's SQL with its raw ``windows`` table read from the shards'
         files, listed again when one vanished meanwhile (its shard replaced or deleted it)."""
-        for listing in range(LISTINGS):
-            try:
-                return run(re.sub(r"FROM windows\b", f"FROM {self._source()}", text))
-            except (duckdb.IOException, FileNotFoundError):
-                if listing == LISTINGS - 1:
-                    raise
-        raise AssertionError("unreachable")
+
+        def listed() -> T:
+            return run(re.sub(r"FROM windows\b", f"FROM {self._source()}", text))
+
+        for _ in range(LISTINGS - 1):
+            with contextlib.suppress(duckdb.IOException, FileNotFoundError):
+                return listed()
+        return listed()
 
     def _source(self) -> str:
         files = [str(f) for d in self.parquet for f in readable(Path(d))]
