@@ -76,9 +76,8 @@ class Partitions:
         groups: dict[str, list[str]] = {}
         for host, nics in topology.nics_by_host.items():
             leaves = sorted({n.leaf for n in nics}, key=order.__getitem__)
-            groups.setdefault(leaves[0] if len(leaves) == 1 else f"pod-{leaves[0]}", []).append(
-                host
-            )
+            group = leaves[0] if len(leaves) == 1 else f"pod-{leaves[0]}"
+            groups.setdefault(group, []).append(host)
         for group, hosts in groups.items():
             parts = -(-len(hosts) // HOSTS_PER_PARTITION)
             for h in hosts:
