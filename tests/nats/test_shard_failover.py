@@ -14,12 +14,13 @@ import duckdb
 import pytest
 from collector_waits import until
 from fleetlens.fixtures.nats import NatsCluster
-from nats_helpers import HOSTS, pending, publish, start_shard, stored_ids
+from nats_helpers import HOSTS, metric_sum, pending, publish, start_shard, stored_ids
 
 from fleetlens.stream import Publisher
 
 pytest.importorskip("nats")
 
+STORED = "fleetlens_shard_batches_stored"
 pytestmark = pytest.mark.serial  # kills and restarts a shard against a deadline
 
 
@@ -65,7 +66,7 @@ def test_kill9_of_a_shard_stores_every_batch_exactly_once(
     feed = Feed(cluster.url, first=0)
     try:
         c1 = shards[1].client()
-        until(lambda: sum_stored(c1.metrics_text()) > 0, 30, "shard 1 storing")
+        until(lambda: metric_sum(c1.metrics_text(), STORED) > 0, 30, "shard 1 storing")
         time.sleep(1)
         port = int(shards[1].url.rsplit(":", 1)[1])
         shards[1].stop(signal.SIGKILL)  # mid-stream: its group in flight is never acknowledged
@@ -95,8 +96,8 @@ def test_a_paused_shard_drains_its_backlog_and_shows_its_lag(
     try:
         ids = [publish(pub, h, 100)[0] for h in HOSTS]
         c = shard.client()
-        stored = lambda: _metric(c.metrics_text(), "fleetlens_shard_batches_stored")  # noqa: E731
-        until(lambda: sum_stored(c.metrics_text()) == len(ids), 30, "stored")
+        stored = lambda: metric_sum(c.metrics_text(), STORED)  # noqa: E731
+        until(lambda: stored() == len(ids), 30, "stored")
         shard.proc.send_signal(signal.SIGSTOP)
         try:
             for k in range(101, 111):
@@ -109,7 +110,7 @@ def test_a_paused_shard_drains_its_backlog_and_shows_its_lag(
             shard.proc.send_signal(signal.SIGCONT)
         ages, backlog = [], []
         deadline = time.monotonic() + 30
-        while sum_stored(text := c.metrics_text()) < len(ids) or not ages or max(ages) < 10:
+        while metric_sum(text := c.metrics_text(), STORED) < len(ids) or not ages or max(ages) < 10:
             ages.append(_metric(text, "fleetlens_shard_partition_oldest_unacked_seconds"))
             backlog.append(_metric(text, "fleetlens_shard_partition_pending_messages"))
             assert time.monotonic() < deadline, f"not drained: {stored()} of {len(ids)}"
@@ -121,8 +122,3 @@ def test_a_paused_shard_drains_its_backlog_and_shows_its_lag(
         shard.stop()
         pub.close()
     assert sorted(stored_ids([shard.db])) == sorted(ids)
-
-
-def sum_stored(text: str) -> float:
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith("fleetlens_shard_batches_stored"))  # fmt: skip
