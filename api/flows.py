@@ -12,6 +12,11 @@ The whole period is aggregated once instead, sorted, and kept for ``TTL_S`` unde
 (since, until); pages are slices of it. Pages of one period therefore come from one snapshot
 (stable order, consistent X-Total-Count) even while windows keep arriving. One period is kept
 at a time (one audit pages at a time; its memory is ~100 bytes a flow plus paths as ints).
+
+A period that is still live (its end later than the longest a window may wait for its last
+upload, ``triangulate_max_wait_ns`` ago) is aggregated afresh by every first page (offset 0),
+so a caller polling it sees the windows stored since; the later pages of one paging still
+read the snapshot its first page took.
 """
 
 from __future__ import annotations
@@ -38,13 +43,14 @@ _lock = threading.Lock()
 _last: _Entry | None = None
 
 
-def _period(c: Collector, since: int, until: int) -> pa.Table:
+def _period(c: Collector, since: int, until: int, first_page: bool) -> pa.Table:
     global _last
     key = (id(c.store), since, until)
     now = time.monotonic()
+    live = until > time.time_ns() - c.settings.triangulate_max_wait_ns
     with _lock:
         hit = _last if _last is not None and _last.key == key and _last.expires > now else None
-    if hit is not None:
+    if hit is not None and not (live and first_page):
         return hit.table
     t = c.store.flow_totals(since, until)
     with _lock:
@@ -56,7 +62,7 @@ def flows(
     c: Collector, since: int, until: int, limit: int, offset: int
 ) -> tuple[int, list[FlowOut]]:
     """(total flows in the period, one page ordered by src NIC, dst NIC, source port)."""
-    t = _period(c, since, until)
+    t = _period(c, since, until, first_page=offset == 0)
     page = t.slice(offset, limit) if offset < t.num_rows else t.slice(0, 0)
     paths = c.store.decode_paths(page["path"]).to_pylist()  # after fetching the rows
     rows = page.drop_columns(["path"]).to_pylist()

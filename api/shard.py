@@ -26,18 +26,21 @@ wrote, then acknowledges the group and hands the new batches to the ``CommitSink
 so a shard's batches that are committed but not covered by its mark are at most its one
 group in flight. A shard taking a partition over first waits until the consumer has nothing
 unacknowledged (the old owner's group comes back after ``ack_wait``), then writes the mark
-with itself as owner (compare-and-set: from then on the old owner's mark update fails, so it
-never acknowledges that group), skips every message at or below the mark it took over (already
-stored) and notes ``handover.<old>.<partition>`` = that mark. The old owner reconciles when it
-restarts, or at once when its mark update fails (a paused shard resuming): it reads the first
-``fetch`` messages of the partition after the handover mark (its group in flight can only be
-those) and deletes from its file every one of them it stored, then re-exports the minutes
-they touched. So: a batch is in exactly one shard's file once the old owner has reconciled;
-until then (an old owner that is down) its file may hold one group per partition it lost that
-another shard stored too. Within a shard, redeliveries are dropped by the batch-id table, and
-retries of a publisher within the stream's duplicate window by JetStream itself. A shard that
-crashes between its takeover mark and its handover note (both within milliseconds) leaves the
-old owner's group unreconciled: the one window of the design where a group may be in two files.
+with itself as owner and the old owner as ``from`` (compare-and-set: from then on the old
+owner's mark update fails, so it never acknowledges that group), notes
+``handover.<old>.<partition>`` = the mark it took over, and skips every message at or below it
+(already stored). A mark still naming ``from`` is a handover not yet noted (its shard died
+right after the compare-and-set): whoever acquires the partition next writes the note first,
+and the new owner's first advance, which drops ``from``, comes only after its note. The old
+owner reconciles when it restarts, or at once when its mark update fails (a paused shard
+resuming): from the note, or from the mark itself while it names this shard as ``from``, it
+reads the first ``fetch`` messages of the partition after the handover mark (its group in
+flight can only be those) and deletes from its file every one of them it stored, then
+re-exports the minutes they touched. So: a batch is in exactly one shard's file once the old
+owner has reconciled; until then (an old owner that is down) its file may hold one group per
+partition it lost that another shard stored too. Within a shard, redeliveries are dropped by
+the batch-id table, and retries of a publisher within the stream's duplicate window by
+JetStream itself.
 """
 
 from __future__ import annotations
@@ -286,12 +289,16 @@ class Shard:
     async def _acquire(self, p: str, lease_rev: int) -> None:
         from nats.js.errors import KeyWrongLastSequenceError
 
-        await self._reconcile(p)  # our own note from an earlier loss of p comes first
         got = await self._get(self._marks, f"mark.{p}")
-        seq, prev, rev = (0, None, 0) if got is None else (*_mark(got.value), got.revision)
+        mark = _Mark(0, None) if got is None else _Mark.parse(got.value)
+        seq, prev, rev = mark.seq, mark.shard, 0 if got is None else got.revision
+        if mark.taken_from is not None:  # a handover whose new owner died before its note
+            await self._note_handover(p, mark.taken_from, seq)
+        await self._reconcile(p)  # our own note from an earlier loss of p comes first
+        took = prev is not None and prev != self.cfg.index
         try:
             owned = _Owned(lease_rev, base=seq)
-            doc = _mark_doc(seq, self.cfg.index)
+            doc = _Mark(seq, self.cfg.index, prev if took else None).doc()
             if got is None:
                 owned.mark_rev = await self._marks.create(f"mark.{p}", doc)
             else:
@@ -299,8 +306,9 @@ class Shard:
         except KeyWrongLastSequenceError:  # the old owner moved its mark meanwhile: next round
             await self._leases.delete(f"lease.{p}")
             return
-        if prev is not None and prev != self.cfg.index:
-            await self._marks.put(f"handover.{prev}.{p}", str(seq).encode())
+        if took:
+            assert prev is not None
+            await self._note_handover(p, prev, seq)
             self.counters.takeovers += 1
             log.warning("shard %d: took %s over from shard %d at mark %d", self.cfg.index, p,
                         prev, seq)  # fmt: skip
@@ -472,7 +480,7 @@ class Shard:
         """The mark past a committed group; False (stop, reconcile) if another shard took p."""
         from nats.js.errors import KeyWrongLastSequenceError
 
-        doc = _mark_doc(seq, self.cfg.index)
+        doc = _Mark(seq, self.cfg.index).doc()
         try:
             owned.mark_rev = await _retrying(
                 lambda: self._marks.update(f"mark.{p}", doc, last=owned.mark_rev),
@@ -497,20 +505,30 @@ class Shard:
         for p in self.partitions.all():
             await _retrying(functools.partial(self._reconcile, p))
 
+    async def _note_handover(self, p: str, old: int, seq: int) -> None:
+        await _retrying(lambda: self._marks.put(f"handover.{old}.{p}", str(seq).encode()))
+
     async def _reconcile(self, p: str) -> None:
         """Delete what another shard stored after taking ``p`` over from this one."""
         key = f"handover.{self.cfg.index}.{p}"
         got = await self._get(self._marks, key)
-        if got is None:
-            return
-        batches = await self._after(p, int(got.value), self.cfg.fetch)
+        if got is not None:
+            seq = int(got.value)
+        else:  # no note: a mark naming this shard as ``from`` is one not yet written
+            mark = await self._get(self._marks, f"mark.{p}")
+            parsed = None if mark is None else _Mark.parse(mark.value)
+            if parsed is None or parsed.taken_from != self.cfg.index:
+                return
+            seq = parsed.seq
+        batches = await self._after(p, seq, self.cfg.fetch)
         gone = await asyncio.wrap_future(
             self.c.writer.submit_call(lambda st: st.forget_batches(batches))
         )
         self.counters.reconciled += len(gone)
         if self.export is not None:
             self.export.forgotten(gone)  # their minutes are written again
-        await self._marks.delete(key)
+        if got is not None:
+            await self._marks.delete(key)
         log.warning("shard %d: reconciled %s: %d batches were stored by its new owner",
                     self.cfg.index, p, len(gone))  # fmt: skip
 
@@ -610,13 +628,24 @@ def _me(index: int) -> bytes:
     return str(index).encode()
 
 
-def _mark_doc(seq: int, shard: int) -> bytes:
-    return json.dumps({"seq": seq, "shard": shard}).encode()
+@dataclass(frozen=True)
+class _Mark:
+    """A partition's mark: the highest stream sequence stored, by which shard; ``taken_from``
+    on the document a takeover writes, until the new owner's first advance."""
 
+    seq: int
+    shard: int | None
+    taken_from: int | None = None
 
-def _mark(value: bytes) -> tuple[int, int]:
-    doc = json.loads(value)
-    return int(doc["seq"]), int(doc["shard"])
+    def doc(self) -> bytes:
+        d = {"seq": self.seq, "shard": self.shard}
+        return json.dumps(d if self.taken_from is None else {**d, "from": self.taken_from}).encode()
+
+    @staticmethod
+    def parse(value: bytes) -> _Mark:
+        d = json.loads(value)
+        old = d.get("from")
+        return _Mark(int(d["seq"]), int(d["shard"]), None if old is None else int(old))
 
 
 async def _retrying(
