@@ -20,7 +20,6 @@ from nats_helpers import HOSTS, PARTS, metric_sum, pending, publish, start_shard
 from fleetlens.stream import Publisher
 
 pytest.importorskip("nats")
-pytestmark = pytest.mark.serial  # shards waiting out each other's leases
 
 
 def _kv(url: str, op: str, key: str, value: bytes = b"") -> bytes | None:
