@@ -36,7 +36,10 @@ Printed per minute of the replay:
   and RSS (now and peak), the wall seconds its clock and triangulation loops ran
   (``fleetlens_loop_duration_seconds``), the mean batches per writer transaction
   (``fleetlens_writer_commit_group_batches``: a commit's fixed cost is paid per group), and the
-  replayer's own CPU (cores of its client processes: near one core each, it limits).
+  replayer's own CPU (cores of its client processes: near one core each, it limits);
+- where the writer process's memory goes at the minute's end (``fleetlens_memory_bytes``,
+  ``api/memory.py``): its RSS, DuckDB's buffer pool, Arrow's pool, the look-back held for the
+  loops, the ingest bodies held, glibc's heap in use and freed but kept.
 
 The baseline in the same command is the same replay into an ingest-only collector
 (``--ingest-only``: no clock solve, no triangulation, no retention) for ``--baseline-minutes``,
