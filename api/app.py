@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fleetlens.api import flows as fq
+from fleetlens.api import memory
 from fleetlens.api import models as m
 from fleetlens.api import queries as q
 from fleetlens.api.config import MINUTE_NS
@@ -33,7 +34,7 @@ from fleetlens.api.ingest import (
     ingest_authorizer,
     verify_token,
 )
-from fleetlens.api.metrics import EXPOSITION_TYPE
+from fleetlens.api.metrics import EXPOSITION_TYPE, MemoryGauges
 from fleetlens.api.registry import RegistryUnavailable
 from fleetlens.api.service import Collector
 from fleetlens.api.timeparse import TimeParamError, parse_duration, parse_instant
@@ -230,6 +231,8 @@ _INGEST_ERRORS: dict[int | str, dict[str, Any]] = {
 
 def _ingest_routes(app: CollectorApp, c: Collector, ingest_auth, agent_auth) -> None:
     lean = app.ingest = Ingest(InProcess(c), ingest_authorizer(c.settings))
+    held = (c.store, c.feed.recent.held_bytes, lambda: lean.held_bytes)
+    c.metrics.add_collector(MemoryGauges(lambda: memory.usage(*held)))
 
     # The OpenAPI document's route: CollectorApp serves the requests on the lean path first.
     @app.post("/v1/ingest", response_model=m.IngestOut, dependencies=[ingest_auth],

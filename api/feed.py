@@ -84,6 +84,11 @@ class RecentWindows:
             )
         return table
 
+    def held_bytes(self) -> int:
+        """Bytes of the rows held (``api/memory.py``)."""
+        with self._lock:
+            return sum(t.nbytes for parts in self._rows.values() for t in parts)
+
     def at(self, start_ns: int, without: tuple[str, ...] = ()) -> pa.Table | None:
         """The generation starting at ``start_ns`` (as ``Store.window_at``), or None."""
         return self.between(start_ns, start_ns, without)

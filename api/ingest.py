@@ -155,6 +155,7 @@ class Ingest:
         # decoded on the event loop; a body past INLINE_DECODE_BYTES (a large JSON batch:
         # seconds) goes to one decoding thread, so it never stalls the other connections.
         self._decoder: ThreadPoolExecutor | None = None  # started on first use
+        self.held_bytes = 0  # bodies read and not answered yet (their batches are views)
 
     async def handle(
         self, headers: Mapping[str, str], body: AsyncIterator[bytes]
@@ -165,25 +166,35 @@ class Ingest:
             self.b.reject("auth")
             auth = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
             raise Refused(status, detail, "authorization", auth)
-        async with self._decoding:
-            raw = await self._read_body(headers.get("content-length"), body)
-            ctype = headers.get("content-type", "")
+        held = 0
+        try:
+            async with self._decoding:
+                raw = await self._read_body(headers.get("content-length"), body)
+                held = len(raw)
+                self.held_bytes += held
+                ctype = headers.get("content-type", "")
+                batch = await self._checked(raw, ctype)
+                arrow = raw if content_format(ctype) == "arrow" else None
+                del raw  # a large JSON body is not kept while its batch waits for the commit
+            return {
+                "batch_id": batch.batch_id, "host_id": batch.host_id, "windows": batch.rows,
+                "stored": await self._store(batch, arrow),
+            }  # fmt: skip
+        finally:
+            self.held_bytes -= held
+
+    async def _checked(self, raw: bytes, ctype: str) -> Batch:
+        """The body decoded and checked, or :class:`Refused` naming what is wrong."""
+        try:
             try:
-                try:
-                    batch = await self._decoded(raw, ctype)
-                except BatchError as e:
-                    if e.reason != "unknown_nic" or not await self._known_changed():
-                        raise
-                    batch = await self._decoded(raw, ctype)  # against the NICs known now
+                return await self._decoded(raw, ctype)
             except BatchError as e:
-                self.b.reject(e.reason)
-                raise Refused(_BATCH_STATUS.get(e.reason, 422), str(e), e.field) from None
-            arrow = raw if content_format(ctype) == "arrow" else None
-            del raw  # a large JSON body is not kept while its batch waits for the commit
-        return {
-            "batch_id": batch.batch_id, "host_id": batch.host_id, "windows": batch.rows,
-            "stored": await self._store(batch, arrow),
-        }  # fmt: skip
+                if e.reason != "unknown_nic" or not await self._known_changed():
+                    raise
+                return await self._decoded(raw, ctype)  # against the NICs known now
+        except BatchError as e:
+            self.b.reject(e.reason)
+            raise Refused(_BATCH_STATUS.get(e.reason, 422), str(e), e.field) from None
 
     async def _known_changed(self) -> bool:
         try:

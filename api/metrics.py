@@ -136,6 +136,21 @@ class WriterCounters(Collector):
         )
 
 
+class MemoryGauges(Collector):
+    """``fleetlens_memory_bytes{part}``: where the resident memory goes (``memory.py``)."""
+
+    def __init__(self, parts: Callable[[], dict[str, int]]) -> None:
+        self._parts = parts
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        g = GaugeMetricFamily("fleetlens_memory_bytes",
+                              "Collector memory by part (rss: the whole process)",
+                              labels=["part"])  # fmt: skip
+        for part, value in self._parts().items():
+            g.add_metric([part], value)
+        yield g
+
+
 class Metrics:
     def __init__(
         self,

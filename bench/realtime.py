@@ -36,7 +36,10 @@ Printed per minute of the replay:
   and RSS (now and peak), the wall seconds its clock and triangulation loops ran
   (``fleetlens_loop_duration_seconds``), the mean batches per writer transaction
   (``fleetlens_writer_commit_group_batches``: a commit's fixed cost is paid per group), and the
-  replayer's own CPU (cores of its client processes: near one core each, it limits).
+  replayer's own CPU (cores of its client processes: near one core each, it limits);
+- where the writer process's memory goes at the minute's end (``fleetlens_memory_bytes``,
+  ``api/memory.py``): its RSS, DuckDB's buffer pool, Arrow's pool, the look-back held for the
+  loops, the ingest bodies held, glibc's heap in use and freed but kept.
 
 The baseline in the same command is the same replay into an ingest-only collector
 (``--ingest-only``: no clock solve, no triangulation, no retention) for ``--baseline-minutes``,
@@ -274,9 +277,11 @@ def scrape(url: str) -> dict[str, float]:
     for ln in _get(url + "/metrics").decode().splitlines():
         if ln.startswith(("fleetlens_triangulated_window_age_seconds",
                           "fleetlens_loop_duration_seconds_sum",
-                          "fleetlens_writer_commit_group_batches_")):  # fmt: skip
+                          "fleetlens_writer_commit_group_batches_",
+                          "fleetlens_memory_bytes")):  # fmt: skip
             name, value = ln.rsplit(" ", 1)
-            out[name.replace('{loop="', ":").rstrip('"}')] = float(value)
+            name = name.replace('{loop="', ":").replace('{part="', ":")
+            out[name.rstrip('"}')] = float(value)
     return out
 
 
@@ -306,6 +311,7 @@ class Minute:
     loops_s: dict[str, float]
     replayer_cores: float
     group_batches: float  # batches per writer transaction (mean)
+    memory: dict[str, float]  # the collector's memory parts at the minute's end, MiB
 
 
 @dataclass
@@ -328,7 +334,7 @@ class Watch:
         self.clock.append((now, clock_age_s(self.col.url)))
 
     def minute(self, lo: int, hi: int, cpu_s: float, loops_s: dict[str, float],
-               replayer_s: float, group: float) -> Minute:  # fmt: skip
+               replayer_s: float, group: float, memory: dict[str, float]) -> Minute:  # fmt: skip
         rec = np.concatenate(self.records) if self.records else np.zeros(0, RECORD)
         r, now = self.r, time.time_ns()
         due = r.t0_ns + (np.arange(r.seconds)[:, None] + 1) * SEC + np.array(r.offsets_ns)
@@ -351,7 +357,7 @@ class Watch:
         return Minute(
             float(np.percentile(lag, 50)), float(np.percentile(lag, 99)), float(lag.max()),
             stored, n_due, backlog, _nanpct(v, 50), _nanmax(v), _nanpct(c, 50), _nanmax(c),
-            cpu_s / span, rss, peak, loops_s, replayer_s / span, group,
+            cpu_s / span, rss, peak, loops_s, replayer_s / span, group, memory,
         )  # fmt: skip
 
 
@@ -374,6 +380,9 @@ def print_minute(i: int, m: Minute, loops: bool) -> None:
           f"loops {loop_s or 'off'}; {m.group_batches:.1f} batches per commit; replayer "
           f"{m.replayer_cores:.2f} cores",
           flush=True)  # fmt: skip
+    if m.memory:
+        parts = ", ".join(f"{k} {v:,.0f}" for k, v in m.memory.items())
+        print(f"    memory (MiB, writer's process): {parts}", flush=True)
 
 
 def replay(work: Path, cache: Path, meta: dict, minutes: float, clients: int, loops: bool,
@@ -428,8 +437,10 @@ def _run(col: CollectorProcess, r: Replay, clients: int, loops: bool, sample_s: 
             g = "fleetlens_writer_commit_group_batches_"
             commits = loops1.get(g + "count", 0.0) - loops0.get(g + "count", 0.0)
             group = (loops1.get(g + "sum", 0.0) - loops0.get(g + "sum", 0.0)) / max(commits, 1)
+            mem = {k.split(":")[1]: v / 2**20 for k, v in loops1.items()
+                   if k.startswith("fleetlens_memory_bytes")}  # fmt: skip
             m = w.minute(lo, hi, tree_cpu_s(col.pid) - cpu0, loop_s,
-                         sum(_cpu(p) for p in procs) - rep0, group)  # fmt: skip
+                         sum(_cpu(p) for p in procs) - rep0, group, mem)  # fmt: skip
             minutes.append(m)
             print_minute(len(minutes), m, loops)
             lo = hi
