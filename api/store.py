@@ -15,6 +15,7 @@ method works on it (the audit reads per-flow totals that way, from a copy of a l
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -25,7 +26,15 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-from fleetlens.api.codec import BLOB_COLUMNS, LinkDict, blob_to_list, from_storage, to_storage
+from fleetlens.api.codec import (
+    LIST_COLUMNS,
+    LinkDict,
+    PathDict,
+    blob_to_list,
+    decode_path,
+    from_storage,
+    to_storage,
+)
 from fleetlens.api.config import HOUR_NS, MINUTE_NS
 
 from fleetlens.batch import Batch
@@ -36,8 +45,9 @@ CREATE TABLE IF NOT EXISTS windows (
     src_nic VARCHAR, dst_nic VARCHAR, sport INTEGER, start_ns BIGINT, duration_ns BIGINT,
     sent INTEGER, received INTEGER, pure INTEGER,
     owd_min_ns DOUBLE, owd_p50_ns DOUBLE, owd_p99_ns DOUBLE, owd_max_ns DOUBLE,
-    hull_t_ns BLOB, hull_owd_ns BLOB, ts_source VARCHAR, path BLOB);
+    hull_t_ns BLOB, hull_owd_ns BLOB, ts_source VARCHAR, path INTEGER);
 CREATE TABLE IF NOT EXISTS link_dict (idx INTEGER PRIMARY KEY, link_id VARCHAR);
+CREATE TABLE IF NOT EXISTS path_dict (id INTEGER PRIMARY KEY, links INTEGER[]);
 CREATE TABLE IF NOT EXISTS rollup (
     id INTEGER PRIMARY KEY, watermark_ns BIGINT, raw_floor_ns BIGINT);
 CREATE TABLE IF NOT EXISTS batches (
@@ -69,6 +79,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 # its old rows: unknown) when a collector opens it; a read-only open reads nulls instead.
 MIGRATIONS = (("windows", "acks_lost", "INTEGER"),)
 _ADDED_WINDOW_COLS = {col: sql_type for table, col, sql_type in MIGRATIONS if table == "windows"}
+log = logging.getLogger("fleetlens.api.store")
 
 
 # Per-minute aggregate of windows per NIC pair. Percentiles of percentiles are not exact:
@@ -249,7 +260,55 @@ def connect(
         con.execute(SCHEMA)
         for table, column, sql_type in MIGRATIONS:
             con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
+        if _column_types(con)["path"] == "BLOB":
+            _migrate_path_ids(con, path)
     return con
+
+
+def _column_types(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    sql = ("SELECT column_name, data_type FROM information_schema.columns "
+           "WHERE table_name = 'windows' ORDER BY ordinal_position")  # fmt: skip
+    return dict(con.execute(sql).fetchall())
+
+
+def _migrate_path_ids(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A file from before the path dictionary (``path`` a BLOB of packed link indices): its
+    distinct paths go into ``path_dict`` and the windows table is rewritten with their ids,
+    in one transaction (a crash leaves the old file, migrated again at the next open)."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        blobs = con.sql(
+            "SELECT DISTINCT path FROM windows WHERE path IS NOT NULL"
+        ).to_arrow_table()["path"]
+        paths = PathDict(pa.array([], pa.list_(pa.int32())))
+        ids, new = paths.encode(blob_to_list(blobs, pa.int32()))
+        _insert_paths(con, 0, new)
+        con.register("_path_ids", pa.table({"blob": blobs.combine_chunks(), "id": ids}))
+        cols = ", ".join("p.id AS path" if c == "path" else f"w.{c}" for c in _column_types(con))
+        con.execute(f"CREATE TABLE windows_ids AS SELECT {cols} FROM windows w "
+                    "LEFT JOIN _path_ids p ON w.path = p.blob ORDER BY w.rowid")  # fmt: skip
+        con.unregister("_path_ids")
+        rows = con.execute("SELECT count(*) FROM windows_ids").fetchall()[0][0]
+        con.execute("DROP TABLE windows")
+        con.execute("ALTER TABLE windows_ids RENAME TO windows")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    log.warning("%s: windows table migrated to path ids: %d rows, %d distinct paths",
+                path, rows, len(paths))  # fmt: skip
+
+
+def _insert_paths(con: duckdb.DuckDBPyConnection, first_id: int, paths: pa.Array) -> None:
+    """Paths new to ``path_dict`` (lists of link indices), their ids from ``first_id`` on."""
+    if not len(paths):
+        return
+    ids = pa.array(range(first_id, first_id + len(paths)), pa.int32())
+    con.register("_new_paths", pa.table({"id": ids, "links": paths}))
+    try:
+        con.execute("INSERT INTO path_dict SELECT id, links FROM _new_paths")
+    finally:
+        con.unregister("_new_paths")
 
 
 class Store:
@@ -266,10 +325,8 @@ class Store:
         self.path = Path(path)
         self.con = connect(self.path, threads, memory_limit, read_only)
         self._local = threading.local()
-        self.links = self._load_links()
-        self._window_cols = {r[0] for r in self.con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'windows'"
-        ).fetchall()}  # fmt: skip
+        self.links, self.paths = self._load_links(), self._load_paths()
+        self._window_cols = set(_column_types(self.con))
         row = self.con.execute("SELECT watermark_ns, raw_floor_ns FROM rollup").fetchone()
         # Every window that started before `watermark_ns` is in windows_minute; windows_raw
         # holds every window that started at or after `raw_floor_ns` (<= watermark).
@@ -278,6 +335,19 @@ class Store:
     def _load_links(self) -> LinkDict:
         rows = self.con.execute("SELECT link_id FROM link_dict ORDER BY idx").fetchall()
         return LinkDict([r[0] for r in rows])
+
+    def _load_paths(self) -> PathDict:
+        exists = self.con.execute(  # a read-only file from before the path dictionary: none
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'path_dict'"
+        ).fetchall()[0][0]
+        if not exists:
+            return PathDict(pa.array([], pa.list_(pa.int32())))
+        got = self.con.sql("SELECT links FROM path_dict ORDER BY id").to_arrow_table()
+        return PathDict(got["links"].combine_chunks().cast(pa.list_(pa.int32())))
+
+    def _reload_dicts(self) -> None:
+        """After a rollback: forget the link ids and paths the failed transaction added."""
+        self.links, self.paths = self._load_links(), self._load_paths()
 
     def close(self) -> None:
         self.con.close()
@@ -322,7 +392,7 @@ class Store:
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
-            self.links = self._load_links()  # forget link ids added by the failed transaction
+            self._reload_dicts()
             raise
         # A batch is "stored" by this call only where its id was new and it is the first copy.
         return [b.batch_id in new and first_pos[b.batch_id] == i for i, b in enumerate(batches)]
@@ -354,7 +424,8 @@ class Store:
         return gone
 
     def _insert_windows(self, table: pa.Table) -> None:
-        stored, new_links = to_storage(table, self.links)
+        path_base = len(self.paths)
+        stored, new_links, new_paths = to_storage(table, self.links, self.paths)
         if new_links:
             base = len(self.links.ids) - len(new_links)
             fresh = pa.table({"idx": pa.array(range(base, base + len(new_links)), pa.int32()),
@@ -364,6 +435,7 @@ class Store:
                 self.con.execute("INSERT INTO link_dict SELECT idx, link_id FROM _new_links")
             finally:
                 self.con.unregister("_new_links")
+        _insert_paths(self.con, path_base, new_paths)
         self.con.register("_incoming", stored)
         try:
             self.con.execute(f"INSERT INTO windows SELECT {_INSERT_COLS} FROM _incoming")
@@ -379,10 +451,10 @@ class Store:
         thread). The list columns named in ``without`` come back null, unread: clock sync needs
         no paths and triangulation no hulls, and on a reference-fleet window (6 M rows) each
         costs 0.5-2 s to read and decode."""
-        if not set(without) <= set(BLOB_COLUMNS):
+        if not set(without) <= set(LIST_COLUMNS):
             raise ValueError(f"only list columns can be left out, not {sorted(without)}")
         cols = ", ".join(
-            f"NULL::BLOB AS {n}" if n in without
+            f"NULL::{'INTEGER' if n == 'path' else 'BLOB'} AS {n}" if n in without
             else n if n in self._window_cols
             else f"NULL::{_ADDED_WINDOW_COLS[n]} AS {n}"  # read-only, from before a migration
             for n in WINDOW_SCHEMA.names
@@ -390,7 +462,7 @@ class Store:
         rel = self.read().sql(f"SELECT {cols} FROM windows WHERE {where}", params=params)
         rows = rel.to_arrow_table()
         # Decode after fetching: the dictionary is then at least as new as the rows read.
-        return from_storage(rows, self.links)
+        return from_storage(rows, self.links, self.paths)
 
     # ---- reads (any thread) -----------------------------------------------------------------
     def newest_window_start(self) -> int | None:
@@ -511,8 +583,8 @@ class Store:
         inside [since_ns, until_ns): ``windows``, ``sent``, ``received``, the smallest and the
         median window-minimum one-way delay (``owd_min_ns``, ``owd_min_median_ns``), the
         median of the window medians (``owd_p50_ns``) and the ``path`` that carried most of
-        those windows (ties: the newest; null: none carried one), still in storage form
-        (decode it with :meth:`decode_paths`). Ordered by src_nic, dst_nic, sport. Reads raw
+        those windows (ties: the newest; null: none carried one), still in storage form (a path id;
+        decode it with :meth:`decode_paths`). Ordered by src_nic, dst_nic, sport. Reads raw
         windows only: periods before ``raw_floor_ns`` come back short.
 
         ``without``: host-seconds whose windows are left out (columns ``side`` 'src'|'dst',
@@ -548,9 +620,9 @@ class Store:
         return self.read().sql(_HOST_STALLS_SQL, params=params).to_arrow_table()
 
     def decode_paths(self, stored: pa.Array | pa.ChunkedArray) -> pa.Array:
-        """A ``path`` column as stored (link-dictionary indices) -> lists of link ids. Call it
-        after reading the rows: the dictionary is then at least as new as they are."""
-        return self.links.decode(blob_to_list(stored, pa.int32()))
+        """A ``path`` column as stored (path ids) -> lists of link ids. Call it after reading
+        the rows: the dictionaries are then at least as new as they are."""
+        return decode_path(stored, self.links, self.paths)
 
     def insert_windows_raw(self, table: pa.Table) -> None:
         """Bulk insert without a batch id (benchmarks and retention tests)."""
@@ -560,7 +632,7 @@ class Store:
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
-            self.links = self._load_links()
+            self._reload_dicts()
             raise
 
     def register_host(self, host: str, nics: list[dict[str, str]], meta: dict[str, Any]) -> None:

@@ -379,7 +379,7 @@ def bench_stages(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], 
     writer, the future resolved), the storage layout, DuckDB (insert and commit of groups of
     ``group`` batches) and the commit hook (metrics, arrivals). HTTP parsing, body reading and
     the answer are what the HTTP run's CPU per batch has beyond their sum."""
-    from fleetlens.api.codec import LinkDict, to_storage
+    from fleetlens.api.codec import LinkDict, PathDict, to_storage
     from fleetlens.api.config import Settings
     from fleetlens.api.service import Collector
 
@@ -402,8 +402,10 @@ def bench_stages(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], 
           lambda b: c.check_context(b, now), decoded)  # fmt: skip
     groups = [decoded[i : i + group] for i in range(0, len(decoded), group)]
     layout = "storage layout (codec.to_storage)"
-    links = LinkDict([])  # the store's own stays as the writer left it
-    timed(layout, lambda g: to_storage(pa.concat_tables([b.windows for b in g]), links), groups)
+    # the store's own stay as the writer left them
+    links, paths = LinkDict([]), PathDict(pa.array([], pa.list_(pa.int32())))
+    timed(layout, lambda g: to_storage(pa.concat_tables([b.windows for b in g]), links, paths),
+          groups)  # fmt: skip
     t0 = time.process_time()
     for g in groups:
         c.store.insert_batches(g, time.time_ns())
@@ -446,10 +448,12 @@ def generate_store(db: Path, rows: int) -> tuple[str, str, int]:
     store = Store(db)
     t0 = time.perf_counter()
     flow = f"(i % {FLOWS})"
-    # Storage layout of fleetlens.api.codec: hulls as packed int64 BLOBs, path as int32 indices
-    # into link_dict. Hull bytes vary per row (hex of the values) so nothing compresses away.
+    # Storage layout of fleetlens.api.codec: hulls as packed int64 BLOBs, path as an id into
+    # path_dict (lists of link_dict indices). Hull bytes vary per row (hex of the values) so
+    # nothing compresses away.
     hops = ("a->leaf0", "leaf0->spine1", "spine1->leaf3", "leaf3->b")
     store.con.executemany("INSERT INTO link_dict VALUES (?, ?)", list(enumerate(hops)))
+    store.con.execute("INSERT INTO path_dict VALUES (0, [0, 1, 2, 3])")
     start = f"({T0} + (i // {FLOWS}) * 1000000000)"
     store.con.execute(f"""
         INSERT INTO windows SELECT
@@ -459,8 +463,7 @@ def generate_store(db: Path, rows: int) -> tuple[str, str, int]:
           200, 200 - (i % 3)::INTEGER, 90,
           2000.0 + (i % 97), 3000.0 + (i % 89), 6000.0 + (i % 83), 8000.0 + (i % 79),
           unhex(printf('%016x%016x', {start}, {start} + 500000000)),
-          unhex(printf('%016x%016x', 2000 + i % 97, 2010 + i % 89)), 'software',
-          from_hex('00000000010000000200000003000000')
+          unhex(printf('%016x%016x', 2000 + i % 97, 2010 + i % 89)), 'software', 0
         FROM range({rows}) t(i)""")  # fmt: skip
     store.con.execute("CHECKPOINT")
     t1 = time.perf_counter()
