@@ -1,21 +1,28 @@
 """How window rows are laid out in DuckDB, and back.
 
 DuckDB's LIST columns cost more to insert than all other columns together
-(``bench/collector_bench.py`` measures the writer both ways). So the three list columns are
-stored as BLOBs, converted without a per-row Python loop:
+(``bench/collector_bench.py`` measures the writer both ways), and strings repeated on every row
+cost more than ids. So no window column is stored as a list or a string, and the conversions
+run without a per-row Python loop:
 
 - ``hull_t_ns`` / ``hull_owd_ns``: the int64 values little-endian, back to back (the Arrow
   list's value buffer reinterpreted as a binary array: same bytes, offsets × 8);
 - ``path``: one int32 id per row into the ``path_dict`` table (id -> the path's list of int32
   indices into ``link_dict``): a flow reports the same path every window, so the windows table
   holds a 4-byte id where it held a list (DuckDB CPU per agent batch 733 -> 549 us,
-  ``bench/duckdb_layout.py``). A null path (unknown) stays null.
+  ``bench/duckdb_layout.py``). A null path (unknown) stays null;
+- ``src_nic``, ``dst_nic``: int32 ids into ``nic_dict`` (id -> NIC id, its host), and
+  ``ts_source`` into ``ts_source_dict``: a fleet has ~10^4 NICs and every row names two.
+  Reads name them again (strings out): rows read whole through :func:`from_storage`
+  (``pc.take`` on the dictionary), aggregates in SQL joined to ``nic_dict``.
 
-Files written before the path dictionary stored ``path`` as the packed int32 link indices (a
-BLOB); ``blob_to_list`` still reads them (a read-only open of such a file).
+Files written before the dictionaries stored ``path`` as the packed int32 link indices (a
+BLOB) and NICs as strings; a read-only open of such a file still reads them as they are.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -66,28 +73,41 @@ def blob_to_list(arr: pa.Array | pa.ChunkedArray, value_type: pa.DataType) -> pa
     return pa.ListArray.from_arrays(rel, values, mask=mask)
 
 
-class LinkDict:
-    """Link id <-> int32 index; owned by the writer (it adds), read by everyone.
+class NameDict:
+    """Name (a string) <-> int32 id; owned by the writer (it adds), read by everyone.
 
-    Lookups dictionary-encode the batch first (C++) and map only its distinct link ids through
-    a Python dict: a fleet has ~10^5 links and hashing all of them per batch would dominate."""
+    Lookups dictionary-encode the batch first (C++) and map only its distinct names through a
+    Python dict: a fleet has ~10^4 NICs and ~10^5 links, and hashing all of them per batch
+    would dominate."""
 
     def __init__(self, ids: list[str]) -> None:
         self.ids = pa.array(ids, pa.string())
-        self._index = {lk: i for i, lk in enumerate(ids)}
+        self._index = {name: i for i, name in enumerate(ids)}
+
+    def encode_names(self, names: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, list[str]]:
+        """(one id per name, null where it is; names new to the dictionary, already appended)."""
+        enc = _plain(names).dictionary_encode()
+        distinct = enc.dictionary.to_pylist()
+        new = [name for name in distinct if name not in self._index]
+        if new:
+            for name in new:
+                self._index[name] = len(self._index)
+            self.ids = pa.concat_arrays([self.ids, pa.array(new, pa.string())])
+        lookup = np.fromiter((self._index[n] for n in distinct), np.int32, len(distinct))
+        return pc.take(pa.array(lookup, pa.int32()), enc.indices), new
+
+    def decode_names(self, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """Ids -> names (null stays null)."""
+        return pc.take(self.ids, _plain(ids))
+
+
+class LinkDict(NameDict):
+    """Link id <-> int32 index (``link_dict``), and paths as lists of them."""
 
     def encode(self, path: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, list[str]]:
         """(path as index lists, link ids new to the dictionary, already appended)."""
         path = _plain(path)
-        enc = path.flatten().dictionary_encode()
-        distinct = enc.dictionary.to_pylist()
-        new = [lk for lk in distinct if lk not in self._index]
-        if new:
-            for lk in new:
-                self._index[lk] = len(self._index)
-            self.ids = pa.concat_arrays([self.ids, pa.array(new, pa.string())])
-        lookup = np.fromiter((self._index[lk] for lk in distinct), np.int32, len(distinct))
-        idx = pa.array(lookup[enc.indices.to_numpy()], pa.int32())
+        idx, new = self.encode_names(path.flatten())
         offsets = pc.subtract(path.offsets, path.offsets[0])
         mask = pc.is_null(path) if path.null_count else None
         return pa.ListArray.from_arrays(offsets, idx, mask=mask), new
@@ -305,36 +325,77 @@ class PathDict:
         )
 
 
-def to_storage(
-    t: pa.Table, links: LinkDict, paths: PathDict
-) -> tuple[pa.Table, list[str], pa.Array]:
-    """(the rows in storage form, link ids new to ``links``, paths new to ``paths`` as link
-    index lists: their ids follow the dictionary's previous length)."""
-    idx, new_links = links.encode(t["path"])
-    path, new_paths = paths.encode(idx)
+NAMED = ("src_nic", "dst_nic", "ts_source")  # string columns stored as dictionary ids
+
+
+@dataclass
+class Dicts:
+    """The dictionaries of the windows table: ``link_dict``, ``path_dict``, ``nic_dict``
+    (src_nic and dst_nic) and ``ts_source_dict``."""
+
+    links: LinkDict = field(default_factory=lambda: LinkDict([]))
+    paths: PathDict = field(default_factory=lambda: PathDict(pa.array([], pa.list_(pa.int32()))))
+    nics: NameDict = field(default_factory=lambda: NameDict([]))
+    sources: NameDict = field(default_factory=lambda: NameDict([]))
+
+
+@dataclass
+class Added:
+    """What :func:`to_storage` appended to each dictionary, and the id each addition starts at
+    (the dictionary's length before)."""
+
+    links: tuple[int, list[str]]
+    paths: tuple[int, pa.Array]
+    nics: tuple[int, list[str]]
+    sources: tuple[int, list[str]]
+
+
+def to_storage(t: pa.Table, d: Dicts) -> tuple[pa.Table, Added]:
+    """The rows in storage form, and the dictionary entries they added."""
+    bases = len(d.links.ids), len(d.paths), len(d.nics.ids), len(d.sources.ids)
+    idx, new_links = d.links.encode(t["path"])
+    path, new_paths = d.paths.encode(idx)
+    src, _ = d.nics.encode_names(t["src_nic"])
+    dst, _ = d.nics.encode_names(t["dst_nic"])
+    source, new_sources = d.sources.encode_names(t["ts_source"])
+    stored = {"path": path, "src_nic": src, "dst_nic": dst, "ts_source": source}
     cols = [
-        path if n == "path" else list_to_blob(t[n]) if n in BLOB_COLUMNS else t[n]
+        stored[n] if n in stored else list_to_blob(t[n]) if n in BLOB_COLUMNS else t[n]
         for n in WINDOW_SCHEMA.names
     ]
-    return pa.Table.from_arrays(cols, names=WINDOW_SCHEMA.names), new_links, new_paths
+    new_nics = d.nics.ids.slice(bases[2]).to_pylist()
+    added = Added((bases[0], new_links), (bases[1], new_paths), (bases[2], new_nics),
+                  (bases[3], new_sources))  # fmt: skip
+    return pa.Table.from_arrays(cols, names=WINDOW_SCHEMA.names), added
 
 
-def decode_path(stored: pa.Array | pa.ChunkedArray, links: LinkDict, paths: PathDict) -> pa.Array:
+def decode_path(stored: pa.Array | pa.ChunkedArray, d: Dicts) -> pa.Array:
     """A stored ``path`` column -> lists of link ids: path ids, or (a file from before the path
     dictionary, read-only) packed link indices."""
     arr = _plain(stored)
     if pa.types.is_integer(arr.type):
-        return links.decode(paths.decode(arr))
+        return d.links.decode(d.paths.decode(arr))
     if pa.types.is_null(arr.type):
         return pa.nulls(len(arr), pa.list_(pa.string()))
-    return links.decode(blob_to_list(arr, pa.int32()))
+    return d.links.decode(blob_to_list(arr, pa.int32()))
 
 
-def from_storage(t: pa.Table, links: LinkDict, paths: PathDict) -> pa.Table:
+def decode_names(stored: pa.Array | pa.ChunkedArray, names: NameDict) -> pa.Array:
+    """A stored NIC or ts_source column -> strings: ids, or (a file from before the NIC
+    dictionary, read-only) the strings themselves."""
+    arr = _plain(stored)
+    return names.decode_names(arr) if pa.types.is_integer(arr.type) else arr
+
+
+def from_storage(t: pa.Table, d: Dicts) -> pa.Table:
     cols = []
     for f in WINDOW_SCHEMA:
         if f.name == "path":
-            cols.append(decode_path(t[f.name], links, paths))
+            cols.append(decode_path(t[f.name], d))
+        elif f.name == "ts_source":
+            cols.append(decode_names(t[f.name], d.sources))
+        elif f.name in NAMED:
+            cols.append(decode_names(t[f.name], d.nics))
         elif f.name in BLOB_COLUMNS:
             cols.append(blob_to_list(t[f.name], pa.int64()))
         else:

@@ -1,8 +1,10 @@
-"""The windows table's layout (issue 29 point 2): ``path`` as one id per row into ``path_dict``.
+"""The windows table's layout (issue 29 point 2): ``path`` as one id per row into ``path_dict``,
+``src_nic``, ``dst_nic`` and ``ts_source`` as ids into ``nic_dict`` and ``ts_source_dict``.
 
 Pins that the path dictionary is exact (every row decodes to the path it was stored with, a
-hash collision included), bounded (storing the same flows again adds no path), and that a file
-written by the layout before it opens with every row and answers the same."""
+hash collision included), that the dictionaries stay bounded (storing the same flows again adds
+nothing), and that a file written by the layout before them opens with every row and answers
+every read the same."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 from collector_helpers import make_windows
 from fleetlens.api import codec
 from fleetlens.api.codec import LinkDict, PathDict, list_to_blob
-from fleetlens.api.store import Store
+from fleetlens.api.store import StallRule, Store
 
 from fleetlens.topology import leaf_spine
 
@@ -71,7 +73,8 @@ def test_a_hash_collision_keeps_ids_exact(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def _windows() -> pa.Table:
-    t = pa.concat_tables([make_windows(TOPO, h, T0, n_windows=3, seed=i)
+    lossy = frozenset({TOPO.links[0].id})  # some flows lose probes: host stalls to cut
+    t = pa.concat_tables([make_windows(TOPO, h, T0, n_windows=3, lossy_links=lossy, seed=i)
                           for i, h in enumerate(TOPO.hosts)])  # fmt: skip
     path = t["path"].combine_chunks()  # some unknown paths: they stay null
     unknown = pa.array(np.arange(len(path)) % 7 == 0)
@@ -89,16 +92,16 @@ def test_the_windows_table_stores_path_ids_and_the_dictionary_stays_bounded(
         store.insert_windows_raw(t)
         n_paths = store.con.execute("SELECT count(*) FROM path_dict").fetchall()[0][0]
         distinct = set(map(tuple, t["path"].drop_null().to_pylist()))
-        assert n_paths == len(store.paths) == len(distinct)
-        (kind,) = store.con.execute(
-            "SELECT data_type FROM information_schema.columns "
-            "WHERE table_name = 'windows' AND column_name = 'path'"
-        ).fetchall()[0]
-        assert kind == "INTEGER"
+        assert n_paths == len(store.dicts.paths) == len(distinct)
+        types = _types(store)
+        assert {types[c] for c in ("src_nic", "dst_nic", "ts_source", "path")} == {"INTEGER"}
+        n_nics = store.con.execute("SELECT count(*) FROM nic_dict").fetchall()[0][0]
+        assert n_nics == len(TOPO.nics)
         later = t.set_column(t.schema.get_field_index("start_ns"), "start_ns",
                              pa.compute.add(t["start_ns"], 10 * 10**9))  # fmt: skip
         store.insert_windows_raw(later)  # the same flows again: no new path
         assert store.con.execute("SELECT count(*) FROM path_dict").fetchall()[0][0] == n_paths
+        assert store.con.execute("SELECT count(*) FROM nic_dict").fetchall()[0][0] == n_nics
         back = store.read_windows().sort_by(
             [
                 ("start_ns", "ascending"),
@@ -116,11 +119,17 @@ def test_the_windows_table_stores_path_ids_and_the_dictionary_stays_bounded(
         store.close()
     reopened = Store(tmp_path / "s.duckdb")  # the dictionary is read back: same ids
     try:
-        assert len(reopened.paths) == n_paths
+        assert len(reopened.dicts.paths) == n_paths
         reopened.insert_windows_raw(later.slice(0, 50))
         assert reopened.con.execute("SELECT count(*) FROM path_dict").fetchall()[0][0] == n_paths
     finally:
         reopened.close()
+
+
+def _types(store: Store) -> dict[str, str]:
+    sql = ("SELECT column_name, data_type FROM information_schema.columns "
+           "WHERE table_name = 'windows'")  # fmt: skip
+    return dict(store.con.execute(sql).fetchall())
 
 
 def _old_file(db: Path, t: pa.Table) -> None:
@@ -141,14 +150,25 @@ def _old_file(db: Path, t: pa.Table) -> None:
     con.close()
 
 
-def _answers(store: Store, src: str, dst: str) -> tuple:
-    totals = store.flow_totals(T0, T0 + 10 * 10**9)
-    paths = store.decode_paths(totals["path"]).to_pylist()
-    history = store.pair_series(src, dst, T0, T0 + 10 * 10**9, 10**9)
-    windows = store.read_windows().sort_by(
-        [(n, "ascending") for n in ("start_ns", "src_nic", "dst_nic", "sport")]
-    )
-    return totals.drop_columns(["path"]).to_pylist(), paths, history, windows.to_pylist()
+def _answers(store: Store, src: str, dst: str) -> dict[str, object]:
+    """Every read of the windows table, in the REST API's terms (strings out)."""
+    until = T0 + 10 * 10**9
+    totals = store.flow_totals(T0, until)
+    # every host-second with a loss is a burst: the cut leaves some of them out
+    stalls = store.host_stalls(T0, until, StallRule(loss=0.001, spread=0.01, max_share=1.0))
+    cut = store.flow_totals(T0, until, without=stalls.filter(stalls["excluded"]))
+    order = ("start_ns", "src_nic", "dst_nic", "sport")
+    windows = store.read_windows().sort_by([(n, "ascending") for n in order])
+    return {
+        "totals": totals.drop_columns(["path"]).to_pylist(),
+        "paths": store.decode_paths(totals["path"]).to_pylist(),
+        "stalls": stalls.sort_by([(n, "ascending") for n in ("side", "host", "sec")]).to_pylist(),
+        "cut": cut.drop_columns(["path"]).to_pylist(),
+        "history": store.pair_series(src, dst, T0, until, 10**9),
+        "first_seen": store.first_window_per_host(T0 - 1),
+        "links": store.links_on_paths([src, dst], T0),
+        "windows": windows.to_pylist(),
+    }
 
 
 def test_a_file_of_the_previous_layout_migrates_with_every_row(
@@ -160,6 +180,8 @@ def test_a_file_of_the_previous_layout_migrates_with_every_row(
     try:
         ref.insert_windows_raw(t)
         want = _answers(ref, src, dst)
+        assert want["stalls"] and len(want["cut"]) < len(want["totals"]) and want["history"]
+        assert want["links"] and len(want["first_seen"]) == len(TOPO.hosts)
     finally:
         ref.close()
     old = tmp_path / "old.duckdb"
@@ -174,6 +196,9 @@ def test_a_file_of_the_previous_layout_migrates_with_every_row(
     try:
         assert f"{t.num_rows} rows" in caplog.text
         assert _answers(store, src, dst) == want
+        assert set(_types(store).values()) >= {"INTEGER"} and _types(store)["src_nic"] == "INTEGER"
+        hosts = store.con.execute("SELECT DISTINCT host_id FROM nic_dict").fetchall()
+        assert sorted(h for (h,) in hosts) == sorted(TOPO.hosts)
         store.insert_windows_raw(make_windows(TOPO, "h00", T0 + 20 * 10**9))  # and writes on
         assert store.con.execute("SELECT count(*) FROM windows").fetchall()[0][0] > t.num_rows
     finally:
