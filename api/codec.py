@@ -96,6 +96,10 @@ class NameDict:
         lookup = np.fromiter((self._index[n] for n in distinct), np.int32, len(distinct))
         return pc.take(pa.array(lookup, pa.int32()), enc.indices), new
 
+    def id_of(self, name: str) -> int:
+        """The id of ``name``, -1 if it was never stored."""
+        return self._index.get(name, -1)
+
     def decode_names(self, ids: pa.Array | pa.ChunkedArray) -> pa.Array:
         """Ids -> names (null stays null)."""
         return pc.take(self.ids, _plain(ids))

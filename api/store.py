@@ -208,8 +208,8 @@ class NicSql:
 
     cut: str  # appended to a WHERE: leave out the host-seconds of `_cut`
     stall_windows: str  # the windows of [$since, $until] with their hosts `sh`, `dh`
-    src: str  # the raw window column values of NIC names $src and $dst
-    dst: str
+    src: str  # the raw window column values of NIC names $src and $dst ($src_id, $dst_id:
+    dst: str  # their ids, -1 for a NIC never stored)
     flows: str  # flow totals ({sql}) with names, ordered by src_nic, dst_nic, sport
     first_seen: str  # host -> its first window start after ?
     nics_in: str  # a condition on `{col}`: a NIC of the list parameter ?
@@ -226,8 +226,8 @@ BY_ID = NicSql(
            s.host_id AS sh, d.host_id AS dh
     FROM windows w JOIN nic_dict s ON s.id = w.src_nic JOIN nic_dict d ON d.id = w.dst_nic
     WHERE w.start_ns >= $since AND w.start_ns + w.duration_ns <= $until""",
-    src="(SELECT id FROM nic_dict WHERE nic_id = $src)",
-    dst="(SELECT id FROM nic_dict WHERE nic_id = $dst)",
+    src="$src_id",
+    dst="$dst_id",
     flows="""
 SELECT * FROM (
     SELECT s.nic_id AS src_nic, d.nic_id AS dst_nic, f.* EXCLUDE (src_nic, dst_nic)
@@ -696,6 +696,9 @@ class Store:
             "raw_lo": split, "split": split, "min_lo": since_ns // MINUTE_NS * MINUTE_NS,
             "minute": MINUTE_NS,
         }  # fmt: skip
+        if self.nic_sql is BY_ID:  # ids looked up here: a subquery in the filter read 1.4x slower
+            nics = self.dicts.nics
+            params.update(src_id=nics.id_of(src), dst_id=nics.id_of(dst))
         return self.read().execute(pair_series_sql(self.nic_sql), params).fetchall()
 
     def flow_totals(
