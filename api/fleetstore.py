@@ -10,8 +10,9 @@ partitions' rows in its own DuckDB file and exports closed minutes as Parquet. S
   (``keep_ns``: the look-back and the longest settling wait, with room to spare); the
   triangulation feed and the clock round read them through the ``Store`` methods they call;
 - history (``/v1/flows`` totals, pair series, host stalls) is DuckDB over the shards' Parquet
-  files (every ``--parquet`` directory, ``WINDOW_SCHEMA`` columns with ``path`` as lists of
-  link ids), with the collector's own SQL: closed minutes and the open minute's parts
+  files (every ``--parquet`` directory, ``WINDOW_SCHEMA`` columns: NICs by name, ``path`` as
+  lists of link ids), with the collector's own SQL in its by-name form (``store.BY_NAME``):
+  closed minutes and the open minute's parts
   (``shardexport.readable``), so it reaches the shards' last export, seconds ago. A file
   listed and then replaced or deleted by its shard fails the query, which is run again on a
   new listing.
@@ -152,7 +153,7 @@ class FleetStore(Store):
     ) -> pa.Table:
         params = {"since": since_ns, "until": until_ns}
         cur = self.read()
-        text = sql._FLOW_TOTALS_SQL.format(cut="" if without is None else sql._CUT_SQL)
+        text = sql.flow_totals_sql(sql.BY_NAME, without is not None)
         if without is not None:
             cur.register("_cut", without)
         try:
@@ -167,7 +168,7 @@ class FleetStore(Store):
             "spread": rule.spread, "max_share": rule.max_share,
         }  # fmt: skip
         cur = self.read()
-        return self._over_parquet(sql._HOST_STALLS_SQL, lambda text: (
+        return self._over_parquet(sql.host_stalls_sql(sql.BY_NAME), lambda text: (
             cur.sql(text, params=params).to_arrow_table()))  # fmt: skip
 
     def pair_series(
@@ -179,7 +180,7 @@ class FleetStore(Store):
             "raw_lo": since_ns, "split": since_ns, "min_lo": since_ns,
             "minute": sql.MINUTE_NS,
         }  # fmt: skip
-        text = sql._PAIR_SERIES_SQL.replace(
+        text = sql.pair_series_sql(sql.BY_NAME).replace(
             "FROM windows_minute", "FROM (SELECT * FROM windows_minute WHERE false)"
         )
         cur = self.read()
@@ -211,8 +212,11 @@ class FleetStore(Store):
 
 
 _EMPTY = (
-    "(SELECT src_nic, dst_nic, sport, start_ns, duration_ns, sent, received, owd_min_ns, "
-    "owd_p50_ns, owd_p99_ns, owd_max_ns, NULL::VARCHAR[] AS path FROM windows WHERE false)"
+    "(SELECT NULL::VARCHAR AS src_nic, NULL::VARCHAR AS dst_nic, NULL::INTEGER AS sport, "
+    "NULL::BIGINT AS start_ns, NULL::BIGINT AS duration_ns, NULL::INTEGER AS sent, "
+    "NULL::INTEGER AS received, NULL::DOUBLE AS owd_min_ns, NULL::DOUBLE AS owd_p50_ns, "
+    "NULL::DOUBLE AS owd_p99_ns, NULL::DOUBLE AS owd_max_ns, NULL::VARCHAR[] AS path "
+    "WHERE false)"
 )
 
 

@@ -14,7 +14,9 @@ method works on it (the audit reads per-flow totals that way, from a copy of a l
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -25,7 +27,18 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-from fleetlens.api.codec import BLOB_COLUMNS, LinkDict, blob_to_list, from_storage, to_storage
+from fleetlens.api.codec import (
+    LIST_COLUMNS,
+    Added,
+    Dicts,
+    LinkDict,
+    NameDict,
+    PathDict,
+    blob_to_list,
+    decode_path,
+    from_storage,
+    to_storage,
+)
 from fleetlens.api.config import HOUR_NS, MINUTE_NS
 
 from fleetlens.batch import Batch
@@ -33,11 +46,14 @@ from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, DrainEntry, V
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS windows (
-    src_nic VARCHAR, dst_nic VARCHAR, sport INTEGER, start_ns BIGINT, duration_ns BIGINT,
+    src_nic INTEGER, dst_nic INTEGER, sport INTEGER, start_ns BIGINT, duration_ns BIGINT,
     sent INTEGER, received INTEGER, pure INTEGER,
     owd_min_ns DOUBLE, owd_p50_ns DOUBLE, owd_p99_ns DOUBLE, owd_max_ns DOUBLE,
-    hull_t_ns BLOB, hull_owd_ns BLOB, ts_source VARCHAR, path BLOB);
+    hull_t_ns BLOB, hull_owd_ns BLOB, ts_source INTEGER, path INTEGER);
 CREATE TABLE IF NOT EXISTS link_dict (idx INTEGER PRIMARY KEY, link_id VARCHAR);
+CREATE TABLE IF NOT EXISTS path_dict (id INTEGER PRIMARY KEY, links INTEGER[]);
+CREATE TABLE IF NOT EXISTS nic_dict (id INTEGER PRIMARY KEY, nic_id VARCHAR, host_id VARCHAR);
+CREATE TABLE IF NOT EXISTS ts_source_dict (id INTEGER PRIMARY KEY, ts_source VARCHAR);
 CREATE TABLE IF NOT EXISTS rollup (
     id INTEGER PRIMARY KEY, watermark_ns BIGINT, raw_floor_ns BIGINT);
 CREATE TABLE IF NOT EXISTS batches (
@@ -69,18 +85,20 @@ CREATE TABLE IF NOT EXISTS jobs (
 # its old rows: unknown) when a collector opens it; a read-only open reads nulls instead.
 MIGRATIONS = (("windows", "acks_lost", "INTEGER"),)
 _ADDED_WINDOW_COLS = {col: sql_type for table, col, sql_type in MIGRATIONS if table == "windows"}
+log = logging.getLogger("fleetlens.api.store")
 
 
-# Per-minute aggregate of windows per NIC pair. Percentiles of percentiles are not exact:
-# p50 is the median of window medians (merged as a window-weighted mean), p99 the largest
-# window p99 (an upper bound).
+# Per-minute aggregate of windows per NIC pair (named: windows_minute holds NIC ids as strings).
+# Percentiles of percentiles are not exact: p50 is the median of window medians (merged as a
+# window-weighted mean), p99 the largest window p99 (an upper bound).
 def _aggregate_sql(source: str, where: str) -> str:
     return f"""
 INSERT INTO windows_minute
-SELECT src_nic, dst_nic, (start_ns // {MINUTE_NS}) * {MINUTE_NS} AS minute_ns, count(*),
+SELECT s.nic_id, d.nic_id, (start_ns // {MINUTE_NS}) * {MINUTE_NS} AS minute_ns, count(*),
        sum(sent), sum(received), sum(pure), min(owd_min_ns), median(owd_p50_ns),
        max(owd_p99_ns), max(owd_max_ns)
-FROM {source} WHERE {where} GROUP BY ALL
+FROM {source} w JOIN nic_dict s ON s.id = w.src_nic JOIN nic_dict d ON d.id = w.dst_nic
+WHERE {where} GROUP BY ALL
 ON CONFLICT (src_nic, dst_nic, minute_ns) DO UPDATE SET
     owd_p50_ns = (coalesce(owd_p50_ns, EXCLUDED.owd_p50_ns) * windows
                   + coalesce(EXCLUDED.owd_p50_ns, owd_p50_ns) * EXCLUDED.windows)
@@ -114,13 +132,7 @@ most AS (
     FROM used GROUP BY src_nic, dst_nic, sport)
 SELECT t.*, m.path
 FROM totals t LEFT JOIN most m USING (src_nic, dst_nic, sport)
-ORDER BY src_nic, dst_nic, sport
 """
-_CUT_SQL = """
-  AND (split_part(src_nic, '/', 1), start_ns // 1000000000) NOT IN (
-      SELECT host, sec FROM _cut WHERE side = 'src')
-  AND (split_part(dst_nic, '/', 1), start_ns // 1000000000) NOT IN (
-      SELECT host, sec FROM _cut WHERE side = 'dst')"""
 
 
 @dataclass(frozen=True)
@@ -142,10 +154,7 @@ class StallRule:
 
 # The bursts of StallRule per host, side (src: sending, dst: receiving) and second.
 _HOST_STALLS_SQL = """
-WITH w AS (
-    SELECT src_nic, dst_nic, sent, received, start_ns // 1000000000 AS sec,
-           split_part(src_nic, '/', 1) AS sh, split_part(dst_nic, '/', 1) AS dh
-    FROM windows WHERE start_ns >= $since AND start_ns + duration_ns <= $until),
+WITH w AS ({stall_windows}),
 secs AS (SELECT greatest(count(DISTINCT sec), 1) AS n FROM w),
 side AS (
     SELECT 'dst' AS side, dh AS host, sec, sum(sent - received) / sum(sent) AS loss,
@@ -172,7 +181,7 @@ WITH raw AS (
            sum(sent) AS sent, sum(received) AS received, min(owd_min_ns) AS mn,
            median(owd_p50_ns) AS p50, max(owd_p99_ns) AS p99, max(owd_max_ns) AS mx
     FROM windows
-    WHERE src_nic = $src AND dst_nic = $dst AND start_ns >= $raw_lo AND start_ns < $until
+    WHERE src_nic = {src} AND dst_nic = {dst} AND start_ns >= $raw_lo AND start_ns < $until
     GROUP BY 1),
 agg AS (
     SELECT $since + (greatest(minute_ns, $since) - $since) // $step * $step AS t,
@@ -191,6 +200,85 @@ GROUP BY t ORDER BY t
 """
 
 
+@dataclass(frozen=True)
+class NicSql:
+    """The parts of the read queries that depend on how the windows name NICs: by id into
+    ``nic_dict`` (the store's layout), or by name (the shards' Parquet files, which the fleet
+    tier reads with the same queries, and a store file read-only from before the ids)."""
+
+    cut: str  # appended to a WHERE: leave out the host-seconds of `_cut`
+    stall_windows: str  # the windows of [$since, $until] with their hosts `sh`, `dh`
+    src: str  # the raw window column values of NIC names $src and $dst ($src_id, $dst_id:
+    dst: str  # their ids, -1 for a NIC never stored)
+    flows: str  # flow totals ({sql}) with names, ordered by src_nic, dst_nic, sport
+    first_seen: str  # host -> its first window start after ?
+    nics_in: str  # a condition on `{col}`: a NIC of the list parameter ?
+
+
+BY_ID = NicSql(
+    cut="""
+  AND (src_nic, start_ns // 1000000000) NOT IN (
+      SELECT n.id, c.sec FROM _cut c JOIN nic_dict n ON n.host_id = c.host WHERE c.side = 'src')
+  AND (dst_nic, start_ns // 1000000000) NOT IN (
+      SELECT n.id, c.sec FROM _cut c JOIN nic_dict n ON n.host_id = c.host WHERE c.side = 'dst')""",
+    stall_windows="""
+    SELECT w.src_nic, w.dst_nic, w.sent, w.received, w.start_ns // 1000000000 AS sec,
+           s.host_id AS sh, d.host_id AS dh
+    FROM windows w JOIN nic_dict s ON s.id = w.src_nic JOIN nic_dict d ON d.id = w.dst_nic
+    WHERE w.start_ns >= $since AND w.start_ns + w.duration_ns <= $until""",
+    src="$src_id",
+    dst="$dst_id",
+    flows="""
+SELECT * FROM (
+    SELECT s.nic_id AS src_nic, d.nic_id AS dst_nic, f.* EXCLUDE (src_nic, dst_nic)
+    FROM ({sql}) f JOIN nic_dict s ON s.id = f.src_nic JOIN nic_dict d ON d.id = f.dst_nic)
+ORDER BY src_nic, dst_nic, sport""",
+    first_seen="""
+SELECT n.host_id, min(first) FROM (
+    SELECT src_nic, min(start_ns) AS first FROM windows
+    WHERE start_ns > ? AND src_nic IS NOT NULL GROUP BY 1) JOIN nic_dict n ON n.id = src_nic
+GROUP BY 1""",
+    nics_in="{col} IN (SELECT id FROM nic_dict WHERE list_contains(?, nic_id))",
+)
+BY_NAME = NicSql(
+    cut="""
+  AND (split_part(src_nic, '/', 1), start_ns // 1000000000) NOT IN (
+      SELECT host, sec FROM _cut WHERE side = 'src')
+  AND (split_part(dst_nic, '/', 1), start_ns // 1000000000) NOT IN (
+      SELECT host, sec FROM _cut WHERE side = 'dst')""",
+    stall_windows="""
+    SELECT src_nic, dst_nic, sent, received, start_ns // 1000000000 AS sec,
+           split_part(src_nic, '/', 1) AS sh, split_part(dst_nic, '/', 1) AS dh
+    FROM windows WHERE start_ns >= $since AND start_ns + duration_ns <= $until""",
+    src="$src",
+    dst="$dst",
+    flows="SELECT * FROM ({sql}) ORDER BY src_nic, dst_nic, sport",
+    first_seen="""
+SELECT split_part(src_nic, '/', 1) AS h, min(start_ns) FROM windows
+WHERE start_ns > ? AND src_nic IS NOT NULL GROUP BY 1""",
+    nics_in="list_contains(?, {col})",
+)
+
+
+def flow_totals_sql(nic: NicSql, cut: bool) -> str:
+    return nic.flows.format(sql=_FLOW_TOTALS_SQL.format(cut=nic.cut if cut else ""))
+
+
+def host_stalls_sql(nic: NicSql) -> str:
+    return _HOST_STALLS_SQL.format(stall_windows=nic.stall_windows)
+
+
+def pair_series_sql(nic: NicSql) -> str:
+    return _PAIR_SERIES_SQL.format(src=nic.src, dst=nic.dst)
+
+
+# Delete the stored rows of the windows in `_gone` (named NICs).
+_FORGET_SQL = """
+DELETE FROM windows w USING (
+    SELECT s.id AS src, d.id AS dst, g.sport, g.start_ns FROM _gone g
+    JOIN nic_dict s ON s.nic_id = g.src_nic JOIN nic_dict d ON d.nic_id = g.dst_nic) g
+WHERE w.src_nic = g.src AND w.dst_nic = g.dst AND w.sport = g.sport AND w.start_ns = g.start_ns
+"""
 _INSERT_COLS = ", ".join(WINDOW_SCHEMA.names)
 _I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
 _CLOCK_SCHEMA = pa.schema(
@@ -249,7 +337,102 @@ def connect(
         con.execute(SCHEMA)
         for table, column, sql_type in MIGRATIONS:
             con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
+        types = _column_types(con)
+        if {types[c] for c in ("src_nic", "dst_nic", "ts_source", "path")} != {"INTEGER"}:
+            _migrate_layout(con, path)
     return con
+
+
+def _column_types(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    sql = ("SELECT column_name, data_type FROM information_schema.columns "
+           "WHERE table_name = 'windows' ORDER BY ordinal_position")  # fmt: skip
+    return dict(con.execute(sql).fetchall())
+
+
+def _migrate_layout(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A file from before the dictionaries (``path`` a BLOB of packed link indices, NIC ids
+    and ts_source strings): the distinct values go into ``path_dict``, ``nic_dict`` and
+    ``ts_source_dict``, and the windows table is rewritten with their ids, in one transaction
+    (a crash leaves the old file, migrated again at the next open)."""
+    types = _column_types(con)
+    joins, ids = [], {}
+    con.execute("BEGIN TRANSACTION")
+    try:
+        if types["path"] == "BLOB":
+            blobs = con.sql(
+                "SELECT DISTINCT path FROM windows WHERE path IS NOT NULL"
+            ).to_arrow_table()["path"]
+            paths = Dicts().paths
+            got, new = paths.encode(blob_to_list(blobs, pa.int32()))
+            _insert_paths(con, 0, new)
+            con.register("_path_ids", pa.table({"blob": blobs.combine_chunks(), "id": got}))
+            joins.append("LEFT JOIN _path_ids p ON p.blob = w.path")
+            ids["path"] = "p.id"
+        if types["src_nic"] == "VARCHAR":
+            both = "SELECT src_nic FROM windows UNION SELECT dst_nic FROM windows"
+            host = ", split_part(name, '/', 1)"
+            con.execute(_NEW_NAMES_SQL.format(table="nic_dict", names=both, host=host))
+            joins += ["LEFT JOIN nic_dict s ON s.nic_id = w.src_nic",
+                      "LEFT JOIN nic_dict d ON d.nic_id = w.dst_nic"]  # fmt: skip
+            ids.update(src_nic="s.id", dst_nic="d.id")
+        if types["ts_source"] == "VARCHAR":
+            sources = "SELECT ts_source FROM windows"
+            con.execute(_NEW_NAMES_SQL.format(table="ts_source_dict", names=sources, host=""))
+            joins.append("LEFT JOIN ts_source_dict t ON t.ts_source = w.ts_source")
+            ids["ts_source"] = "t.id"
+        cols = ", ".join(f"{ids[c]} AS {c}" if c in ids else f"w.{c}" for c in types)
+        con.execute(f"CREATE TABLE windows_ids AS SELECT {cols} FROM windows w "
+                    f"{' '.join(joins)} ORDER BY w.rowid")  # fmt: skip
+        rows = con.execute("SELECT count(*) FROM windows_ids").fetchall()[0][0]
+        con.execute("DROP TABLE windows")
+        con.execute("ALTER TABLE windows_ids RENAME TO windows")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            con.unregister("_path_ids")
+    log.warning("%s: windows table migrated to dictionary ids (%s): %d rows",
+                path, ", ".join(ids), rows)  # fmt: skip
+
+
+# The distinct names of a query (column `name`) new to a dictionary table, ids following on.
+_NEW_NAMES_SQL = """
+INSERT INTO {table}
+SELECT (SELECT count(*) FROM {table}) + row_number() OVER (ORDER BY name) - 1, name{host}
+FROM (SELECT DISTINCT name FROM ({names}) q(name) WHERE name IS NOT NULL)
+"""
+
+
+def _insert_paths(con: duckdb.DuckDBPyConnection, first_id: int, paths: pa.Array) -> None:
+    """Paths new to ``path_dict`` (lists of link indices), their ids from ``first_id`` on."""
+    if not len(paths):
+        return
+    ids = pa.array(range(first_id, first_id + len(paths)), pa.int32())
+    con.register("_new_paths", pa.table({"id": ids, "links": paths}))
+    try:
+        con.execute("INSERT INTO path_dict SELECT id, links FROM _new_paths")
+    finally:
+        con.unregister("_new_paths")
+
+
+def _insert_names(
+    con: duckdb.DuckDBPyConnection, table: str, added: tuple[int, list[str]], host: bool = False
+) -> None:
+    """Names new to a dictionary table (``added``: the first id, the names); ``host``: with the
+    host of each NIC id (``host/ifname``)."""
+    first, names = added
+    if not names:
+        return
+    rows = pa.table({"id": pa.array(range(first, first + len(names)), pa.int32()),
+                     "name": pa.array(names, pa.string())})  # fmt: skip
+    con.register("_new_names", rows)
+    try:
+        extra = ", split_part(name, '/', 1)" if host else ""
+        con.execute(f"INSERT INTO {table} SELECT id, name{extra} FROM _new_names")
+    finally:
+        con.unregister("_new_names")
 
 
 class Store:
@@ -266,18 +449,34 @@ class Store:
         self.path = Path(path)
         self.con = connect(self.path, threads, memory_limit, read_only)
         self._local = threading.local()
-        self.links = self._load_links()
-        self._window_cols = {r[0] for r in self.con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'windows'"
-        ).fetchall()}  # fmt: skip
+        self.dicts = self._load_dicts()
+        types = _column_types(self.con)
+        self._window_cols = set(types)
+        # A read-only file from before the NIC dictionary names NICs in its rows.
+        self.nic_sql = BY_ID if types["src_nic"] == "INTEGER" else BY_NAME
         row = self.con.execute("SELECT watermark_ns, raw_floor_ns FROM rollup").fetchone()
         # Every window that started before `watermark_ns` is in windows_minute; windows_raw
         # holds every window that started at or after `raw_floor_ns` (<= watermark).
         self.watermark_ns, self.raw_floor_ns = row if row else (0, 0)
 
-    def _load_links(self) -> LinkDict:
-        rows = self.con.execute("SELECT link_id FROM link_dict ORDER BY idx").fetchall()
-        return LinkDict([r[0] for r in rows])
+    def _load_dicts(self) -> Dicts:
+        """The dictionaries as stored (a read-only file from before one: empty)."""
+        have = {r[0] for r in self.con.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}  # fmt: skip
+
+        def names(sql: str, table: str) -> list[str]:
+            return [r[0] for r in self.con.execute(sql).fetchall()] if table in have else []
+
+        d = Dicts(
+            links=LinkDict(names("SELECT link_id FROM link_dict ORDER BY idx", "link_dict")),
+            nics=NameDict(names("SELECT nic_id FROM nic_dict ORDER BY id", "nic_dict")),
+            sources=NameDict(names(
+                "SELECT ts_source FROM ts_source_dict ORDER BY id", "ts_source_dict")),
+        )  # fmt: skip
+        if "path_dict" in have:
+            got = self.con.sql("SELECT links FROM path_dict ORDER BY id").to_arrow_table()
+            d.paths = PathDict(got["links"].combine_chunks().cast(pa.list_(pa.int32())))
+        return d
 
     def close(self) -> None:
         self.con.close()
@@ -322,7 +521,7 @@ class Store:
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
-            self.links = self._load_links()  # forget link ids added by the failed transaction
+            self.dicts = self._load_dicts()  # forget what the failed transaction added
             raise
         # A batch is "stored" by this call only where its id was new and it is the first copy.
         return [b.batch_id in new and first_pos[b.batch_id] == i for i, b in enumerate(batches)]
@@ -341,9 +540,7 @@ class Store:
                     continue
                 con.register("_gone", b.windows.select(["src_nic", "dst_nic", "sport", "start_ns"]))
                 try:
-                    con.execute("DELETE FROM windows w USING _gone g WHERE w.src_nic = g.src_nic "
-                                "AND w.dst_nic = g.dst_nic AND w.sport = g.sport AND "
-                                "w.start_ns = g.start_ns")  # fmt: skip
+                    con.execute(_FORGET_SQL)
                 finally:
                     con.unregister("_gone")
                 gone.append(b)
@@ -354,16 +551,8 @@ class Store:
         return gone
 
     def _insert_windows(self, table: pa.Table) -> None:
-        stored, new_links = to_storage(table, self.links)
-        if new_links:
-            base = len(self.links.ids) - len(new_links)
-            fresh = pa.table({"idx": pa.array(range(base, base + len(new_links)), pa.int32()),
-                              "link_id": pa.array(new_links, pa.string())})  # fmt: skip
-            self.con.register("_new_links", fresh)
-            try:
-                self.con.execute("INSERT INTO link_dict SELECT idx, link_id FROM _new_links")
-            finally:
-                self.con.unregister("_new_links")
+        stored, added = to_storage(table, self.dicts)
+        self._save_added(added)
         self.con.register("_incoming", stored)
         try:
             self.con.execute(f"INSERT INTO windows SELECT {_INSERT_COLS} FROM _incoming")
@@ -374,15 +563,22 @@ class Store:
         finally:
             self.con.unregister("_incoming")
 
+    def _save_added(self, added: Added) -> None:
+        """The dictionary entries a batch added, in its transaction."""
+        _insert_names(self.con, "link_dict", added.links)
+        _insert_paths(self.con, *added.paths)
+        _insert_names(self.con, "nic_dict", added.nics, host=True)
+        _insert_names(self.con, "ts_source_dict", added.sources)
+
     def _select_windows(self, where: str, params: list, without: tuple[str, ...] = ()) -> pa.Table:
         """Windows matching a SQL condition of this module, decoded back to WINDOW_SCHEMA (any
         thread). The list columns named in ``without`` come back null, unread: clock sync needs
         no paths and triangulation no hulls, and on a reference-fleet window (6 M rows) each
         costs 0.5-2 s to read and decode."""
-        if not set(without) <= set(BLOB_COLUMNS):
+        if not set(without) <= set(LIST_COLUMNS):
             raise ValueError(f"only list columns can be left out, not {sorted(without)}")
         cols = ", ".join(
-            f"NULL::BLOB AS {n}" if n in without
+            f"NULL::{'INTEGER' if n == 'path' else 'BLOB'} AS {n}" if n in without
             else n if n in self._window_cols
             else f"NULL::{_ADDED_WINDOW_COLS[n]} AS {n}"  # read-only, from before a migration
             for n in WINDOW_SCHEMA.names
@@ -390,7 +586,7 @@ class Store:
         rel = self.read().sql(f"SELECT {cols} FROM windows WHERE {where}", params=params)
         rows = rel.to_arrow_table()
         # Decode after fetching: the dictionary is then at least as new as the rows read.
-        return from_storage(rows, self.links)
+        return from_storage(rows, self.dicts)
 
     # ---- reads (any thread) -----------------------------------------------------------------
     def newest_window_start(self) -> int | None:
@@ -408,11 +604,8 @@ class Store:
 
     def first_window_per_host(self, after_ns: int) -> dict[str, int]:
         """Host -> the start of the first window it sent, of those starting after ``after_ns``."""
-        sql = (
-            "SELECT split_part(src_nic, '/', 1) AS h, min(start_ns) FROM windows "
-            "WHERE start_ns > ? AND src_nic IS NOT NULL GROUP BY 1"
-        )
-        return {h: t for h, t in self.read().execute(sql, [after_ns]).fetchall()}
+        rows = self.read().execute(self.nic_sql.first_seen, [after_ns]).fetchall()
+        return {h: t for h, t in rows}
 
     def read_windows(self, *, without: tuple[str, ...] = ()) -> pa.Table:
         """Every stored window (the list columns named in ``without`` come back null, unread)."""
@@ -433,7 +626,8 @@ class Store:
     def links_on_paths(self, nics: list[str], since_ns: int) -> set[str]:
         """Links on the paths of windows since ``since_ns`` between two of ``nics``."""
         t = self._select_windows(
-            "start_ns >= ? AND list_contains(?, src_nic) AND list_contains(?, dst_nic)",
+            f"start_ns >= ? AND {self.nic_sql.nics_in.format(col='src_nic')} "
+            f"AND {self.nic_sql.nics_in.format(col='dst_nic')}",
             [since_ns, nics, nics],
         )
         return set(pc.unique(t["path"].combine_chunks().flatten()).to_pylist())
@@ -502,7 +696,10 @@ class Store:
             "raw_lo": split, "split": split, "min_lo": since_ns // MINUTE_NS * MINUTE_NS,
             "minute": MINUTE_NS,
         }  # fmt: skip
-        return self.read().execute(_PAIR_SERIES_SQL, params).fetchall()
+        if self.nic_sql is BY_ID:  # ids looked up here: a subquery in the filter read 1.4x slower
+            nics = self.dicts.nics
+            params.update(src_id=nics.id_of(src), dst_id=nics.id_of(dst))
+        return self.read().execute(pair_series_sql(self.nic_sql), params).fetchall()
 
     def flow_totals(
         self, since_ns: int, until_ns: int, without: pa.Table | None = None
@@ -511,8 +708,8 @@ class Store:
         inside [since_ns, until_ns): ``windows``, ``sent``, ``received``, the smallest and the
         median window-minimum one-way delay (``owd_min_ns``, ``owd_min_median_ns``), the
         median of the window medians (``owd_p50_ns``) and the ``path`` that carried most of
-        those windows (ties: the newest; null: none carried one), still in storage form
-        (decode it with :meth:`decode_paths`). Ordered by src_nic, dst_nic, sport. Reads raw
+        those windows (ties: the newest; null: none carried one), still in storage form (a path id;
+        decode it with :meth:`decode_paths`). Ordered by src_nic, dst_nic, sport. Reads raw
         windows only: periods before ``raw_floor_ns`` come back short.
 
         ``without``: host-seconds whose windows are left out (columns ``side`` 'src'|'dst',
@@ -527,11 +724,11 @@ class Store:
         """
         params = {"since": since_ns, "until": until_ns}
         cur = self.read()
+        sql = flow_totals_sql(self.nic_sql, without is not None)
         if without is None:
-            return cur.sql(_FLOW_TOTALS_SQL.format(cut=""), params=params).to_arrow_table()
+            return cur.sql(sql, params=params).to_arrow_table()
         cur.register("_cut", without)
         try:
-            sql = _FLOW_TOTALS_SQL.format(cut=_CUT_SQL)
             return cur.sql(sql, params=params).to_arrow_table()
         finally:
             cur.unregister("_cut")
@@ -545,12 +742,12 @@ class Store:
             "since": since_ns, "until": until_ns, "stall_loss": rule.loss,
             "spread": rule.spread, "max_share": rule.max_share,
         }  # fmt: skip
-        return self.read().sql(_HOST_STALLS_SQL, params=params).to_arrow_table()
+        return self.read().sql(host_stalls_sql(self.nic_sql), params=params).to_arrow_table()
 
     def decode_paths(self, stored: pa.Array | pa.ChunkedArray) -> pa.Array:
-        """A ``path`` column as stored (link-dictionary indices) -> lists of link ids. Call it
-        after reading the rows: the dictionary is then at least as new as they are."""
-        return self.links.decode(blob_to_list(stored, pa.int32()))
+        """A ``path`` column as stored (path ids) -> lists of link ids. Call it after reading
+        the rows: the dictionaries are then at least as new as they are."""
+        return decode_path(stored, self.dicts)
 
     def insert_windows_raw(self, table: pa.Table) -> None:
         """Bulk insert without a batch id (benchmarks and retention tests)."""
@@ -560,7 +757,7 @@ class Store:
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
-            self.links = self._load_links()
+            self.dicts = self._load_dicts()
             raise
 
     def register_host(self, host: str, nics: list[dict[str, str]], meta: dict[str, Any]) -> None:

@@ -379,7 +379,7 @@ def bench_stages(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], 
     writer, the future resolved), the storage layout, DuckDB (insert and commit of groups of
     ``group`` batches) and the commit hook (metrics, arrivals). HTTP parsing, body reading and
     the answer are what the HTTP run's CPU per batch has beyond their sum."""
-    from fleetlens.api.codec import LinkDict, to_storage
+    from fleetlens.api.codec import Dicts, to_storage
     from fleetlens.api.config import Settings
     from fleetlens.api.service import Collector
 
@@ -402,8 +402,8 @@ def bench_stages(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], 
           lambda b: c.check_context(b, now), decoded)  # fmt: skip
     groups = [decoded[i : i + group] for i in range(0, len(decoded), group)]
     layout = "storage layout (codec.to_storage)"
-    links = LinkDict([])  # the store's own stays as the writer left it
-    timed(layout, lambda g: to_storage(pa.concat_tables([b.windows for b in g]), links), groups)
+    dicts = Dicts()  # the store's own stay as the writer left them
+    timed(layout, lambda g: to_storage(pa.concat_tables([b.windows for b in g]), dicts), groups)
     t0 = time.process_time()
     for g in groups:
         c.store.insert_batches(g, time.time_ns())
@@ -446,21 +446,28 @@ def generate_store(db: Path, rows: int) -> tuple[str, str, int]:
     store = Store(db)
     t0 = time.perf_counter()
     flow = f"(i % {FLOWS})"
-    # Storage layout of fleetlens.api.codec: hulls as packed int64 BLOBs, path as int32 indices
-    # into link_dict. Hull bytes vary per row (hex of the values) so nothing compresses away.
+    # Storage layout of fleetlens.api.codec: hulls as packed int64 BLOBs, path as an id into
+    # path_dict (lists of link_dict indices), NICs and ts_source as ids into nic_dict and
+    # ts_source_dict (NIC h<i>/eth<j> is id 8 i + j). Hull bytes vary per row (hex of the
+    # values) so nothing compresses away.
     hops = ("a->leaf0", "leaf0->spine1", "spine1->leaf3", "leaf3->b")
     store.con.executemany("INSERT INTO link_dict VALUES (?, ?)", list(enumerate(hops)))
+    store.con.execute("INSERT INTO path_dict VALUES (0, [0, 1, 2, 3])")
+    store.con.execute("INSERT INTO ts_source_dict VALUES (0, 'software')")
+    store.con.execute(f"""
+        INSERT INTO nic_dict SELECT i, 'h' || lpad((i // 8)::VARCHAR, 3, '0') || '/eth' || (i % 8),
+                                    'h' || lpad((i // 8)::VARCHAR, 3, '0')
+        FROM range({HOSTS * 8}) t(i)""")  # fmt: skip
     start = f"({T0} + (i // {FLOWS}) * 1000000000)"
     store.con.execute(f"""
         INSERT INTO windows SELECT
-          'h' || lpad(({flow} // 10 % {HOSTS})::VARCHAR, 3, '0') || '/eth' || ({flow} % 8),
-          'h' || lpad((({flow} * 7919 + 1) % {HOSTS})::VARCHAR, 3, '0') || '/eth' || ({flow} % 8),
+          ({flow} // 10 % {HOSTS}) * 8 + {flow} % 8,
+          (({flow} * 7919 + 1) % {HOSTS}) * 8 + {flow} % 8,
           33000 + ({flow} % 16)::INTEGER, {start}, 1000000000,
           200, 200 - (i % 3)::INTEGER, 90,
           2000.0 + (i % 97), 3000.0 + (i % 89), 6000.0 + (i % 83), 8000.0 + (i % 79),
           unhex(printf('%016x%016x', {start}, {start} + 500000000)),
-          unhex(printf('%016x%016x', 2000 + i % 97, 2010 + i % 89)), 'software',
-          from_hex('00000000010000000200000003000000')
+          unhex(printf('%016x%016x', 2000 + i % 97, 2010 + i % 89)), 0, 0, 0
         FROM range({rows}) t(i)""")  # fmt: skip
     store.con.execute("CHECKPOINT")
     t1 = time.perf_counter()

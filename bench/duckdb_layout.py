@@ -7,11 +7,16 @@ store's layout (``codec.to_storage``), inserted into a bare table of a fresh fil
 ``--group`` batches, one DuckDB thread, the closing checkpoint counted. Each variant prints its
 CPU per batch, its file size and the ratio to the first (DuckDB's defaults):
 
-- ``default``: the file opened directly (122,880-row row groups, checkpoint vacuum on);
-- ``store``: as ``api/store.py`` attaches it (``ROW_GROUP_ROWS``, no vacuum);
-- ``store+path_id`` / ``store+nic_ids`` / ``store+both``: ``path`` and / or ``src_nic``,
-  ``dst_nic``, ``ts_source`` as int32 ids (dictionary-encoded per run: what a path or NIC
-  dictionary would store; the lookup itself is not timed).
+- ``default``: the file opened directly (122,880-row row groups, checkpoint vacuum on), in
+  the layout before the dictionaries: ``path`` a BLOB of packed link indices, NICs and
+  ``ts_source`` strings;
+- ``no_dicts``: that layout as ``api/store.py`` attaches the file (``ROW_GROUP_ROWS``, no
+  vacuum);
+- ``path_ids``: ``path`` an int32 id into ``path_dict``, NICs still strings;
+- ``store``: the store's layout, ``src_nic``, ``dst_nic``, ``ts_source`` ids too.
+
+The interning itself (``codec.to_storage``) is not timed here: ``collector_bench.py
+--stages`` prints it as the storage layout stage.
 """
 
 from __future__ import annotations
@@ -25,19 +30,17 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 from collector_bench import AGENT_BATCH_ROWS, Fleet, make_batches
-from fleetlens.api.codec import LinkDict, to_storage
+from fleetlens.api.codec import NAMED, Dicts, list_to_blob, to_storage
 from fleetlens.api.store import ROW_GROUP_ROWS
 
 _SQL = {pa.string(): "VARCHAR", pa.binary(): "BLOB", pa.int32(): "INTEGER",
         pa.int64(): "BIGINT", pa.float64(): "DOUBLE"}  # fmt: skip
 
 
-def _as_ids(t: pa.Table, names: tuple[str, ...]) -> pa.Table:
-    for n in names:
-        ids = pc.dictionary_encode(t[n]).combine_chunks().indices.cast(pa.int32())
-        t = t.set_column(t.schema.get_field_index(n), n, ids)
+def _with(t: pa.Table, cols: dict[str, pa.Array | pa.ChunkedArray]) -> pa.Table:
+    for n, col in cols.items():
+        t = t.set_column(t.schema.get_field_index(n), n, col)
     return t
 
 
@@ -78,13 +81,17 @@ def main() -> int:
     fleet = Fleet(a.hosts)
     n = int(a.seconds * a.hosts)
     batches = make_batches(n * AGENT_BATCH_ROWS, AGENT_BATCH_ROWS, 1, a.hosts, fleet)
-    stored = to_storage(pa.concat_tables([t for _, t in batches]), LinkDict([]))[0]
+    windows = pa.concat_tables([t for _, t in batches])
+    dicts = Dicts()
+    stored = to_storage(windows, dicts)[0]
+    names = {n: windows[n] for n in NAMED}
+    blob = list_to_blob(dicts.links.encode(windows["path"])[0])
+    no_dicts = _with(stored, {**names, "path": blob})
     variants = {
-        "default": (stored, False),
+        "default": (no_dicts, False),
+        "no_dicts": (no_dicts, True),
+        "path_ids": (_with(stored, names), True),
         "store": (stored, True),
-        "store+path_id": (_as_ids(stored, ("path",)), True),
-        "store+nic_ids": (_as_ids(stored, ("src_nic", "dst_nic", "ts_source")), True),
-        "store+both": (_as_ids(stored, ("path", "src_nic", "dst_nic", "ts_source")), True),
     }
     rows = a.group * AGENT_BATCH_ROWS
     base = 0.0

@@ -1,0 +1,209 @@
+"""The windows table's layout (issue 29 point 2): ``path`` as one id per row into ``path_dict``,
+``src_nic``, ``dst_nic`` and ``ts_source`` as ids into ``nic_dict`` and ``ts_source_dict``.
+
+Pins that the path dictionary is exact (every row decodes to the path it was stored with, a
+hash collision included), that the dictionaries stay bounded (storing the same flows again adds
+nothing), and that a file written by the layout before them opens with every row and answers
+every read the same."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from collector_helpers import make_windows
+from fleetlens.api import codec
+from fleetlens.api.codec import LinkDict, PathDict, list_to_blob
+from fleetlens.api.store import StallRule, Store
+
+from fleetlens.topology import leaf_spine
+
+TOPO = leaf_spine(hosts=4, nics=2, leaves=2, spines=2)
+T0 = 1_700_000_000 * 10**9
+LISTS = pa.list_(pa.int32())
+
+# The store file as the release before path ids wrote it (api/store.py SCHEMA at 4fe8623, with
+# the acks_lost migration applied): path a BLOB of int32 link_dict indices, packed.
+OLD_SCHEMA = """
+CREATE TABLE windows (
+    src_nic VARCHAR, dst_nic VARCHAR, sport INTEGER, start_ns BIGINT, duration_ns BIGINT,
+    sent INTEGER, received INTEGER, pure INTEGER,
+    owd_min_ns DOUBLE, owd_p50_ns DOUBLE, owd_p99_ns DOUBLE, owd_max_ns DOUBLE,
+    hull_t_ns BLOB, hull_owd_ns BLOB, ts_source VARCHAR, path BLOB, acks_lost INTEGER);
+CREATE TABLE link_dict (idx INTEGER PRIMARY KEY, link_id VARCHAR);
+CREATE TABLE rollup (id INTEGER PRIMARY KEY, watermark_ns BIGINT, raw_floor_ns BIGINT);
+CREATE TABLE batches (
+    batch_id VARCHAR PRIMARY KEY, host_id VARCHAR, rows INTEGER, received_ns BIGINT);
+CREATE TABLE windows_minute (
+    src_nic VARCHAR, dst_nic VARCHAR, minute_ns BIGINT, windows BIGINT,
+    sent BIGINT, received BIGINT, pure BIGINT,
+    owd_min_ns DOUBLE, owd_p50_ns DOUBLE, owd_p99_ns DOUBLE, owd_max_ns DOUBLE,
+    PRIMARY KEY (src_nic, dst_nic, minute_ns));
+"""
+
+
+def test_path_ids_round_trip_nulls_and_empty_paths() -> None:
+    paths = PathDict(pa.array([], LISTS))
+    rows = pa.array([[1, 2], None, [], [2, 1], [1, 2], None, [5, 6, 7]], LISTS)
+    ids, new = paths.encode(rows)
+    assert ids.null_count == 2 and ids[0] == ids[4]
+    assert len(set(ids.drop_null().to_pylist())) == 4 == len(new) == len(paths)
+    assert paths.decode(ids).to_pylist() == rows.to_pylist()
+    again, new = paths.encode(rows.slice(2))  # known paths: the same ids, nothing new
+    assert again.to_pylist() == ids.slice(2).to_pylist() and len(new) == 0
+    reloaded = PathDict(paths.paths)  # as the store loads path_dict: id i at position i
+    assert reloaded.encode(rows)[0].to_pylist() == ids.to_pylist()
+
+
+def test_a_hash_collision_keeps_ids_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "_hash_rows", lambda mat: np.zeros(len(mat), np.uint64))
+    paths = PathDict(pa.array([], LISTS))
+    rows = pa.array([[1], [2], [1], [3], None, [2]], LISTS)
+    ids, _ = paths.encode(rows)
+    assert ids.to_pylist() == [0, 1, 0, 2, None, 1]
+    more = pa.array([[3], [4], [1]], LISTS)
+    assert paths.encode(more)[0].to_pylist() == [2, 3, 0]
+    reloaded = PathDict(paths.paths)
+    assert reloaded.encode(paths.paths)[0].to_pylist() == [0, 1, 2, 3]
+    assert reloaded.decode(pa.array([3, 0], pa.int32())).to_pylist() == [[4], [1]]
+
+
+def _windows() -> pa.Table:
+    lossy = frozenset({TOPO.links[0].id})  # some flows lose probes: host stalls to cut
+    t = pa.concat_tables([make_windows(TOPO, h, T0, n_windows=3, lossy_links=lossy, seed=i)
+                          for i, h in enumerate(TOPO.hosts)])  # fmt: skip
+    path = t["path"].combine_chunks()  # some unknown paths: they stay null
+    unknown = pa.array(np.arange(len(path)) % 7 == 0)
+    nulls = pa.nulls(len(path), path.type)
+    return t.set_column(t.schema.get_field_index("path"), "path",
+                        pa.compute.if_else(unknown, nulls, path))  # fmt: skip
+
+
+def test_the_windows_table_stores_path_ids_and_the_dictionary_stays_bounded(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    try:
+        t = _windows()
+        store.insert_windows_raw(t)
+        n_paths = store.con.execute("SELECT count(*) FROM path_dict").fetchall()[0][0]
+        distinct = set(map(tuple, t["path"].drop_null().to_pylist()))
+        assert n_paths == len(store.dicts.paths) == len(distinct)
+        types = _types(store)
+        assert {types[c] for c in ("src_nic", "dst_nic", "ts_source", "path")} == {"INTEGER"}
+        n_nics = store.con.execute("SELECT count(*) FROM nic_dict").fetchall()[0][0]
+        assert n_nics == len(TOPO.nics)
+        later = t.set_column(t.schema.get_field_index("start_ns"), "start_ns",
+                             pa.compute.add(t["start_ns"], 10 * 10**9))  # fmt: skip
+        store.insert_windows_raw(later)  # the same flows again: no new path
+        assert store.con.execute("SELECT count(*) FROM path_dict").fetchall()[0][0] == n_paths
+        assert store.con.execute("SELECT count(*) FROM nic_dict").fetchall()[0][0] == n_nics
+        back = store.read_windows().sort_by(
+            [
+                ("start_ns", "ascending"),
+                ("src_nic", "ascending"),
+                ("dst_nic", "ascending"),
+                ("sport", "ascending"),
+            ]
+        )
+        want = pa.concat_tables([t, later]).sort_by([("start_ns", "ascending"),
+                                                     ("src_nic", "ascending"),
+                                                     ("dst_nic", "ascending"),
+                                                     ("sport", "ascending")])  # fmt: skip
+        assert back["path"].to_pylist() == want["path"].to_pylist()
+    finally:
+        store.close()
+    reopened = Store(tmp_path / "s.duckdb")  # the dictionary is read back: same ids
+    try:
+        assert len(reopened.dicts.paths) == n_paths
+        reopened.insert_windows_raw(later.slice(0, 50))
+        assert reopened.con.execute("SELECT count(*) FROM path_dict").fetchall()[0][0] == n_paths
+    finally:
+        reopened.close()
+
+
+def _types(store: Store) -> dict[str, str]:
+    sql = ("SELECT column_name, data_type FROM information_schema.columns "
+           "WHERE table_name = 'windows'")  # fmt: skip
+    return dict(store.con.execute(sql).fetchall())
+
+
+def _old_file(db: Path, t: pa.Table) -> None:
+    """``t`` stored as the release before path ids stored it."""
+    links = LinkDict([])
+    idx, _ = links.encode(t["path"])
+    cols = {n: t[n] for n in t.column_names}
+    for n in ("hull_t_ns", "hull_owd_ns"):
+        cols[n] = list_to_blob(t[n])
+    cols["path"] = list_to_blob(idx)
+    con = duckdb.connect(str(db))
+    con.execute(OLD_SCHEMA)
+    con.register("_rows", pa.table(cols))
+    con.register("_ids", pa.table({"idx": pa.array(range(len(links.ids)), pa.int32()),
+                                   "link_id": links.ids}))  # fmt: skip
+    con.execute("INSERT INTO windows SELECT * FROM _rows")
+    con.execute("INSERT INTO link_dict SELECT * FROM _ids")
+    con.close()
+
+
+def _answers(store: Store, src: str, dst: str) -> dict[str, object]:
+    """Every read of the windows table, in the REST API's terms (strings out)."""
+    until = T0 + 10 * 10**9
+    totals = store.flow_totals(T0, until)
+    # every host-second with a loss is a burst: the cut leaves some of them out
+    stalls = store.host_stalls(T0, until, StallRule(loss=0.001, spread=0.01, max_share=1.0))
+    cut = store.flow_totals(T0, until, without=stalls.filter(stalls["excluded"]))
+    order = ("start_ns", "src_nic", "dst_nic", "sport")
+    windows = store.read_windows().sort_by([(n, "ascending") for n in order])
+    return {
+        "totals": totals.drop_columns(["path"]).to_pylist(),
+        "paths": store.decode_paths(totals["path"]).to_pylist(),
+        "stalls": stalls.sort_by([(n, "ascending") for n in ("side", "host", "sec")]).to_pylist(),
+        "cut": cut.drop_columns(["path"]).to_pylist(),
+        "history": store.pair_series(src, dst, T0, until, 10**9),
+        "first_seen": store.first_window_per_host(T0 - 1),
+        "links": store.links_on_paths([src, dst], T0),
+        "windows": windows.to_pylist(),
+    }
+
+
+def test_a_file_of_the_previous_layout_migrates_with_every_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = _windows()
+    src, dst = t["src_nic"][0].as_py(), t["dst_nic"][0].as_py()
+    ref = Store(tmp_path / "new.duckdb")
+    try:
+        ref.insert_windows_raw(t)
+        want = _answers(ref, src, dst)
+        assert want["stalls"] and len(want["cut"]) < len(want["totals"]) and want["history"]
+        assert want["links"] and len(want["first_seen"]) == len(TOPO.hosts)
+    finally:
+        ref.close()
+    old = tmp_path / "old.duckdb"
+    _old_file(old, t)
+    ro = Store(old, read_only=True)  # a read-only open reads the old layout as it is
+    try:
+        assert _answers(ro, src, dst) == want
+    finally:
+        ro.close()
+    with caplog.at_level(logging.WARNING, logger="fleetlens.api.store"):
+        store = Store(old)
+    try:
+        assert f"{t.num_rows} rows" in caplog.text
+        assert _answers(store, src, dst) == want
+        assert set(_types(store).values()) >= {"INTEGER"} and _types(store)["src_nic"] == "INTEGER"
+        hosts = store.con.execute("SELECT DISTINCT host_id FROM nic_dict").fetchall()
+        assert sorted(h for (h,) in hosts) == sorted(TOPO.hosts)
+        store.insert_windows_raw(make_windows(TOPO, "h00", T0 + 20 * 10**9))  # and writes on
+        assert store.con.execute("SELECT count(*) FROM windows").fetchall()[0][0] > t.num_rows
+    finally:
+        store.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fleetlens.api.store"):
+        Store(old).close()  # opening a migrated file again is a no-op
+    assert "migrated" not in caplog.text
