@@ -12,6 +12,13 @@ fabric (no drift wander, no drift steps), so shifting a window by ``Δ`` of true
 each sender's raw stamps by ``Δ·(1 + drift)`` and each one-way delay by ``(drift_dst −
 drift_src)·Δ``, exactly what the next windows would show.
 
+The look-back is handed over as the collector's ``RecentWindows`` holds it (``--arrival
+commit``, the default): one chunk per host's batch, hosts in the order they committed (a
+permutation per window); ``--arrival sorted`` hands each window as one chunk with its rows
+sorted by NIC pair, as the simulator writes them (the bench's shape before issue 29's last
+session: an engine that needs its rows grouped by pair looks cheaper there than in the
+collector).
+
 Prints per size: CPU seconds (all threads) of each round's solve, the growth from round 5 to
 the last round (and of the last 5 rounds' mean over rounds 5-9's), the worker's RSS before
 the first round and its peak; with ``--against REV``
@@ -90,7 +97,7 @@ def simulate(hosts: int, cache: Path) -> Path:
 class Windows:
     """Window generation ``r`` of the replay: base window ``r mod W``, shifted in time."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, arrival: str = "commit") -> None:
         with pa.memory_map(str(path)) as f:
             reader = pa.ipc.open_file(f)
             table = reader.read_all()
@@ -99,8 +106,21 @@ class Windows:
         self.base = [table.filter(pa.array(w == i)).drop(["window"]) for i in range(w.max() + 1)]
         self.period_ns = int(self.base[0]["duration_ns"][0].as_py()) * len(self.base)
         self.drift = {h: float(d) * 1e-9 for h, d in drift.items()}
+        self.arrival = arrival
 
     def __call__(self, r: int) -> pa.Table:
+        t = self._shifted(r)
+        if self.arrival == "sorted":
+            return t
+        # one chunk per host's batch (a sender's rows are together), hosts in commit order
+        host = pc.split_pattern(t["src_nic"], "/", max_splits=1)
+        names = pc.list_element(host, 0).combine_chunks().dictionary_encode().indices.to_numpy()
+        starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]])
+        ends = np.r_[starts[1:], names.size]
+        order = np.random.default_rng(r).permutation(starts.size)
+        return pa.concat_tables([t.slice(int(starts[i]), int(ends[i] - starts[i])) for i in order])
+
+    def _shifted(self, r: int) -> pa.Table:
         t = self.base[r % len(self.base)]
         shift = (r // len(self.base)) * self.period_ns
         if not shift:
@@ -142,7 +162,7 @@ def engine_class(engine_dir: str | None) -> Callable[[], Callable]:
 def worker(args: argparse.Namespace) -> None:
     from fleetlens.topology import from_spec
 
-    windows = Windows(Path(args.data))
+    windows = Windows(Path(args.data), args.arrival)
     topo = from_spec(spec(args.n_hosts))
     sync = engine_class(args.engine_dir)()
     back = LOOKBACK_NS // (windows.period_ns // len(windows.base))
@@ -178,9 +198,11 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def run_worker(hosts: int, data: Path, rounds: int, engine_dir: str | None, profile: bool) -> dict:
+def run_worker(
+    hosts: int, data: Path, args: argparse.Namespace, engine_dir: str | None, profile: bool
+) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--n-hosts", str(hosts), "--data", str(data),
-           "--rounds", str(rounds)]  # fmt: skip
+           "--rounds", str(args.rounds), "--arrival", args.arrival]  # fmt: skip
     if engine_dir:
         cmd += ["--engine-dir", engine_dir]
     if profile:
@@ -233,6 +255,9 @@ def main() -> None:
                     help="run REV only up to N hosts (the issue 26 engine peaks at 22 GB at "
                     "1024 hosts: more does not fit this VM)")  # fmt: skip
     ap.add_argument("--profile", action="store_true", help="cProfile the current engine")
+    ap.add_argument("--arrival", choices=("commit", "sorted"), default="commit",
+                    help="the look-back's rows: per host batch in commit order (the "
+                    "collector's), or each window sorted by pair in one chunk")  # fmt: skip
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n-hosts", type=int, help=argparse.SUPPRESS)
@@ -245,11 +270,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old = export(args.against, Path(tmp)) if args.against else None
         for hosts in (int(h) for h in args.hosts.split(",")):
-            print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds", flush=True)
+            print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds, {args.arrival} order",
+                  flush=True)  # fmt: skip
             data = simulate(hosts, args.cache)
-            new = summary("new", run_worker(hosts, data, args.rounds, None, args.profile))
+            new = summary("new", run_worker(hosts, data, args, None, args.profile))
             if old and hosts <= args.against_max_hosts:
-                was = summary(args.against, run_worker(hosts, data, args.rounds, old, False))
+                was = summary(args.against, run_worker(hosts, data, args, old, False))
                 first = 5 if args.rounds >= 5 else 1
                 print(f"  ratio {args.against}/new (mean rounds {first}-{args.rounds}): "
                       f"{was / new:.1f}x")  # fmt: skip

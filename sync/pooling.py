@@ -249,8 +249,11 @@ class HullPool:
 
     def _hulls(self, pts: HullPoints) -> tuple[HullPoints, _Hulls]:
         if self._memo is None or self._memo[0] is not pts:
-            h = _pair_hulls(pts)
-            red = replace(pts, src=h.src, dst=h.dst, t_raw=h.t_raw, owd_raw=h.owd_raw)
+            if pts.reduced:  # read as each pair's hull already (``hull_points(reduce=True)``)
+                h, red = _Hulls(pts.src, pts.dst, pts.t_raw, pts.owd_raw), pts
+            else:
+                h = _pair_hulls(pts)
+                red = replace(pts, src=h.src, dst=h.dst, t_raw=h.t_raw, owd_raw=h.owd_raw)
             ids = self.nic_numbers(pts)
             stable = _Hulls(ids[h.src], ids[h.dst], h.t_raw, h.owd_raw)
             code = stable.src << 32 | stable.dst
