@@ -19,6 +19,10 @@ sorted by NIC pair, as the simulator writes them (the bench's shape before issue
 session: an engine that needs its rows grouped by pair looks cheaper there than in the
 collector).
 
+Each engine runs in a process set up as the collector's (``keep_freed_memory``, as
+``fleetlens collector`` calls it: freed arrays stay in the heap for the next round instead of
+being faulted in again; ``--heap default`` leaves glibc's thresholds).
+
 Prints per size: CPU seconds (all threads) of each round's solve, the growth from round 5 to
 the last round (and of the last 5 rounds' mean over rounds 5-9's), the worker's RSS before
 the first round and its peak; with ``--against REV``
@@ -160,7 +164,11 @@ def engine_class(engine_dir: str | None) -> Callable[[], Callable]:
 
 
 def worker(args: argparse.Namespace) -> None:
+    from fleetlens.heap import keep_freed_memory
     from fleetlens.topology import from_spec
+
+    if args.heap == "collector":
+        keep_freed_memory()  # as the collector's process (api/cli.py)
 
     windows = Windows(Path(args.data), args.arrival)
     topo = from_spec(spec(args.n_hosts))
@@ -202,7 +210,8 @@ def run_worker(
     hosts: int, data: Path, args: argparse.Namespace, engine_dir: str | None, profile: bool
 ) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--n-hosts", str(hosts), "--data", str(data),
-           "--rounds", str(args.rounds), "--arrival", args.arrival]  # fmt: skip
+           "--rounds", str(args.rounds), "--arrival", args.arrival,
+           "--heap", args.heap]  # fmt: skip
     if engine_dir:
         cmd += ["--engine-dir", engine_dir]
     if profile:
@@ -258,6 +267,9 @@ def main() -> None:
     ap.add_argument("--arrival", choices=("commit", "sorted"), default="commit",
                     help="the look-back's rows: per host batch in commit order (the "
                     "collector's), or each window sorted by pair in one chunk")  # fmt: skip
+    ap.add_argument("--heap", choices=("collector", "default"), default="collector",
+                    help="the worker's heap set up as the collector's (keep_freed_memory) "
+                    "or glibc's defaults")  # fmt: skip
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n-hosts", type=int, help=argparse.SUPPRESS)
@@ -270,8 +282,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old = export(args.against, Path(tmp)) if args.against else None
         for hosts in (int(h) for h in args.hosts.split(",")):
-            print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds, {args.arrival} order",
-                  flush=True)  # fmt: skip
+            print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds, {args.arrival} order, "
+                  f"{args.heap} heap", flush=True)  # fmt: skip
             data = simulate(hosts, args.cache)
             new = summary("new", run_worker(hosts, data, args, None, args.profile))
             if old and hosts <= args.against_max_hosts:
