@@ -63,7 +63,10 @@ class RecentWindows:
                     continue
                 self._rows.setdefault(s, []).append(part)
             if self._rows:
-                old = [s for s in self._rows if s < max(self._rows) - self._keep_ns]
+                # one key per start: per host where agents' starts differ (the simulator's
+                # raw clocks), thousands of keys; the newest taken once, not once per key
+                newest = max(self._rows)
+                old = [s for s in self._rows if s < newest - self._keep_ns]
                 for s in old:
                     del self._rows[s]
                 if old:
