@@ -14,6 +14,7 @@ DuckDB.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Iterator
 
@@ -44,6 +45,11 @@ class RecentWindows:
     def __init__(self, stored_newest_ns: int | None, keep_ns: int) -> None:
         self._lock = threading.Lock()
         self._rows: dict[int, list[pa.Table]] = {}
+        # The held starts as a heap, oldest first, and the newest: pruning pops the old ones
+        # (one start per host where agents' starts differ, the simulator's raw clocks, so
+        # thousands are held; a scan of them per commit group was most of the upkeep).
+        self._starts: list[int] = []
+        self._newest: int | None = None
         # Generations up to here (stored before this collector ran, or pruned) are not held.
         self._upto = stored_newest_ns
         self._keep_ns = keep_ns
@@ -61,13 +67,15 @@ class RecentWindows:
             for s, part in parts:
                 if self._upto is not None and s <= self._upto:
                     continue
-                self._rows.setdefault(s, []).append(part)
-            if self._rows:
-                old = [s for s in self._rows if s < max(self._rows) - self._keep_ns]
-                for s in old:
-                    del self._rows[s]
-                if old:
-                    self._upto = max(old + ([self._upto] if self._upto is not None else []))
+                if s not in self._rows:
+                    heapq.heappush(self._starts, s)
+                    self._rows[s] = []
+                    self._newest = s if self._newest is None else max(self._newest, s)
+                self._rows[s].append(part)
+            while self._newest is not None and self._starts[0] < self._newest - self._keep_ns:
+                old = heapq.heappop(self._starts)
+                del self._rows[old]
+                self._upto = old if self._upto is None else max(self._upto, old)
 
     def between(self, lo_ns: int, hi_ns: int, without: tuple[str, ...] = ()) -> pa.Table | None:
         """The generations starting in [lo_ns, hi_ns] as ``Store.windows_between`` reads

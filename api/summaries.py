@@ -4,7 +4,7 @@ A summary is a ``WINDOW_SCHEMA`` table holding what the two engines read of the 
 nothing else:
 
 - **Clock sync** reads, per window generation, each directed NIC pair's lower hull of the
-  ``(t, owd_raw)`` points of all its flows (``fleetlens.sync``: ``HullPool.window_hulls``
+  ``(t, owd_raw)`` points of all its flows (``fleetlens.sync``: ``hull_points(..., reduce=True)``
   reduces the flows' hulls to that before any fit). A summary carries that pair hull once, on
   the pair's first row (its ``pure`` is the pair's total, the other rows' hulls are empty and
   their ``pure`` 0, so the solve drops them as having no pure pair). The hull of a union is
@@ -40,8 +40,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from fleetlens.sync.config import SyncConfig
-from fleetlens.sync.pooling import HullPool
 from fleetlens.sync.purity import hull_points
 
 from fleetlens.batch import CT_ARROW, META_BATCH_ID, META_HOST_ID, Batch, BatchError, decode_batch
@@ -82,12 +80,9 @@ def merge(parts: list[pa.Table]) -> pa.Table:
 
 def _one_generation(rows: pa.Table) -> pa.Table:
     """One window generation's rows: each directed pair's hull on its first row."""
-    pts = hull_points(rows)
-    red = HullPool(SyncConfig()).window_hulls(pts)  # the solve's own reduction
+    pts = hull_points(rows, reduce=True)  # the solve's own reduction, pairs in code order
     n = max(len(pts.nics), 1)
-    code = red.src * n + red.dst
-    order = np.argsort(code, kind="stable")  # a pair's points together, still in t order
-    code, t, y = code[order], red.t_raw[order], red.owd_raw[order]
+    code, t, y = pts.src * n + pts.dst, pts.t_raw, pts.owd_raw
     pairs, first, sizes = np.unique(code, return_index=True, return_counts=True)
     row_code = _row_codes(rows, pts.nics, n)
     # Each pair's carrier: its first row (rows of a pair the solve drops carry nothing).

@@ -12,12 +12,28 @@ fabric (no drift wander, no drift steps), so shifting a window by ``Δ`` of true
 each sender's raw stamps by ``Δ·(1 + drift)`` and each one-way delay by ``(drift_dst −
 drift_src)·Δ``, exactly what the next windows would show.
 
-Prints per size: CPU seconds (all threads) of each round's solve, the growth from round 5 to
-the last round (and of the last 5 rounds' mean over rounds 5-9's), the worker's RSS before
-the first round and its peak; with ``--against REV``
-the same for the ``sync/`` engine of git revision REV (exported into a temp dir and imported
-under another name, in its own process; up to ``--against-max-hosts``) and the ratio old/new
-of the mean of rounds 5-last.
+The look-back is kept and handed over as the collector keeps it (``--arrival commit``, the
+default): each window's rows arrive as one batch per host (its senders' rows), hosts in a new
+order each window, through ``api/feed.py``'s ``RecentWindows`` in commit groups of
+``--commit-group`` batches (``add_all``, on the collector's writer thread), and the round
+reads its look-back with ``between`` (as ``api/rounds.py`` does); that upkeep's CPU is counted
+per window beside the round's, with the ``RecentWindows`` of the same revision as the engine.
+``--arrival sorted`` hands each window as one chunk with its rows sorted by NIC pair, as the
+simulator writes them, and counts no upkeep (the bench's shape before issue 29's last
+session: an engine that needs its rows grouped by pair looks cheaper there than in the
+collector).
+
+Each engine runs in a process set up as the collector's (``keep_freed_memory``, as
+``fleetlens collector`` calls it: freed arrays stay in the heap for the next round instead of
+being faulted in again; ``--heap default`` leaves glibc's thresholds).
+
+Prints per size: CPU seconds (all threads) of each round's solve, the look-back's upkeep per
+window and their sum (the sync's CPU per window), the growth from round 5 to the last round
+(and of the last 5 rounds' mean over rounds 5-9's), the worker's RSS before the first round
+and its peak; with ``--against REV`` the same for the ``sync/`` engine and ``api/feed.py`` of
+git revision REV (exported into a temp dir and imported under other names, in its own
+process; up to ``--against-max-hosts``) and the ratios old/new of the means of rounds
+5-last, per window and of the round alone.
 ``--profile`` prints a cProfile of the current engine's rounds instead.
 
     nice -n 10 .venv/bin/python bench/sync_scale.py --hosts 256,1024,4096 --rounds 20 \\
@@ -28,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import json
 import os
 import pstats
@@ -40,6 +57,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +66,7 @@ import pyarrow.compute as pc
 ROOT = Path(__file__).resolve().parents[1]
 BASE_WINDOWS = 4  # simulated windows per size, replayed with shifted times
 LOOKBACK_NS = 2_000_000_000  # fleetlens.api.config.Settings.loop_lookback_ns
+RECENT_SPARE_NS = 1_000_000_000  # fleetlens.api.feed.RECENT_SPARE_NS
 COLUMNS = ["src_nic", "dst_nic", "start_ns", "duration_ns", "pure", "hull_t_ns",
            "hull_owd_ns", "ts_source"]  # fmt: skip
 
@@ -90,7 +109,7 @@ def simulate(hosts: int, cache: Path) -> Path:
 class Windows:
     """Window generation ``r`` of the replay: base window ``r mod W``, shifted in time."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, arrival: str = "commit") -> None:
         with pa.memory_map(str(path)) as f:
             reader = pa.ipc.open_file(f)
             table = reader.read_all()
@@ -99,8 +118,30 @@ class Windows:
         self.base = [table.filter(pa.array(w == i)).drop(["window"]) for i in range(w.max() + 1)]
         self.period_ns = int(self.base[0]["duration_ns"][0].as_py()) * len(self.base)
         self.drift = {h: float(d) * 1e-9 for h, d in drift.items()}
+        self.arrival = arrival
 
     def __call__(self, r: int) -> pa.Table:
+        """Window ``r`` as one table (the sorted shape)."""
+        return self._shifted(r)
+
+    def batches(self, r: int) -> list[pa.Table]:
+        """Window ``r`` as the hosts' batches (a sender's rows are together; ``WINDOW_SCHEMA``,
+        the columns the bench does not carry null), hosts in a new order each window."""
+        from fleetlens.records import WINDOW_SCHEMA
+
+        t = self._shifted(r)
+        t = pa.Table.from_arrays(
+            [t[f.name] if f.name in t.schema.names else pa.nulls(t.num_rows, f.type)
+             for f in WINDOW_SCHEMA], schema=WINDOW_SCHEMA,
+        )  # fmt: skip
+        host = pc.split_pattern(t["src_nic"], "/", max_splits=1)
+        names = pc.list_element(host, 0).combine_chunks().dictionary_encode().indices.to_numpy()
+        starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]])
+        ends = np.r_[starts[1:], names.size]
+        order = np.random.default_rng(r).permutation(starts.size)
+        return [t.slice(int(starts[i]), int(ends[i] - starts[i])) for i in order]
+
+    def _shifted(self, r: int) -> pa.Table:
         t = self.base[r % len(self.base)]
         shift = (r // len(self.base)) * self.period_ns
         if not shift:
@@ -139,22 +180,45 @@ def engine_class(engine_dir: str | None) -> Callable[[], Callable]:
     return fleetlens_sync_rev.HuygensSync
 
 
+def recent_class(engine_dir: str | None) -> Callable[[int | None, int], Any]:
+    """``RecentWindows`` of this tree, or of a revision's ``api/feed.py`` exported to
+    ``engine_dir`` (its imports are this tree's)."""
+    if engine_dir is None:
+        from fleetlens.api.feed import RecentWindows
+
+        return RecentWindows
+    spec_ = importlib.util.spec_from_file_location("fleetlens_feed_rev", f"{engine_dir}/feed.py")
+    assert spec_ is not None and spec_.loader is not None
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    return mod.RecentWindows
+
+
 def worker(args: argparse.Namespace) -> None:
+    from fleetlens.heap import keep_freed_memory
     from fleetlens.topology import from_spec
 
-    windows = Windows(Path(args.data))
+    if args.heap == "collector":
+        keep_freed_memory()  # as the collector's process (api/cli.py)
+
+    windows = Windows(Path(args.data), args.arrival)
     topo = from_spec(spec(args.n_hosts))
     sync = engine_class(args.engine_dir)()
     back = LOOKBACK_NS // (windows.period_ns // len(windows.base))
     recent: deque[pa.Table] = deque(maxlen=back + 1)
+    held = recent_class(args.engine_dir)(None, LOOKBACK_NS + RECENT_SPARE_NS)
     models: dict = {}
-    cpu, rss = [], []
+    cpu, upkeep, rss = [], [], []
     rss0 = _rss_mb()
     # process time, as the rounds are measured: other work on the box does not count
     prof = cProfile.Profile(time.process_time) if args.profile else None
     for r in range(args.rounds):
-        recent.append(windows(r))
-        table = pa.concat_tables(list(recent))
+        if args.arrival == "sorted":
+            recent.append(windows(r))
+            table, upkeep_s = pa.concat_tables(list(recent)), 0.0
+        else:
+            table, upkeep_s = _held_lookback(held, windows.batches(r), args.commit_group)
+        upkeep.append(upkeep_s)
         t0 = time.process_time()
         if prof:
             prof.enable()
@@ -165,12 +229,27 @@ def worker(args: argparse.Namespace) -> None:
         models = {m.host_id: m for m in out}
         rss.append(_rss_mb())
         synced = sum(m.synced for m in out)
-        print(f"    round {r + 1:3d}: {cpu[-1]:7.3f} s  synced {synced}/{len(out)}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"    round {r + 1:3d}: {cpu[-1]:7.3f} s  upkeep {upkeep[-1]:6.3f} s  synced "
+              f"{synced}/{len(out)}", file=sys.stderr, flush=True)  # fmt: skip
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if prof:
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
-    print(json.dumps({"cpu": cpu, "rss0": rss0, "rss": rss, "peak": peak}))
+    print(json.dumps({"cpu": cpu, "upkeep": upkeep, "rss0": rss0, "rss": rss, "peak": peak}))
+
+
+def _held_lookback(held: Any, batches: list[pa.Table], group: int) -> tuple[pa.Table, float]:
+    """The window's batches added to the held look-back in commit groups (the writer
+    thread's part), then the clock round's look-back read from it (``api/rounds.py``:
+    ``between`` over the look-back up to the newest start, paths left out); their CPU."""
+    hi = max(int(b["start_ns"][0].as_py()) for b in batches)
+    t0 = time.process_time()
+    for i in range(0, len(batches), group):
+        held.add_all(batches[i : i + group])
+    table = held.between(hi - LOOKBACK_NS, hi, ("path",))
+    spent = time.process_time() - t0
+    if table is None:
+        raise RuntimeError("the held look-back does not cover the round's")
+    return table, spent
 
 
 def _rss_mb() -> float:
@@ -178,9 +257,12 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def run_worker(hosts: int, data: Path, rounds: int, engine_dir: str | None, profile: bool) -> dict:
+def run_worker(
+    hosts: int, data: Path, args: argparse.Namespace, engine_dir: str | None, profile: bool
+) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--n-hosts", str(hosts), "--data", str(data),
-           "--rounds", str(rounds)]  # fmt: skip
+           "--rounds", str(args.rounds), "--arrival", args.arrival,
+           "--heap", args.heap, "--commit-group", str(args.commit_group)]  # fmt: skip
     if engine_dir:
         cmd += ["--engine-dir", engine_dir]
     if profile:
@@ -199,6 +281,9 @@ def export(rev: str, into: Path) -> str:
     with tarfile.open(tar) as tf:
         tf.extractall(into, filter="data")
     (into / "sync").rename(into / "fleetlens_sync_rev")
+    feed = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:api/feed.py"], check=True,
+                          stdout=subprocess.PIPE).stdout  # fmt: skip
+    (into / "feed.py").write_bytes(feed)  # its RecentWindows: the look-back's upkeep
     pyx = [str(p) for p in (into / "fleetlens_sync_rev").glob("*.pyx")]
     if pyx:  # its Cython kernels, built in place (needs the 'bench' extra's Cython)
         subprocess.run([sys.executable, "-m", "Cython.Build.Cythonize", "-i", "-3", "-q", *pyx],
@@ -207,9 +292,11 @@ def export(rev: str, into: Path) -> str:
 
 
 # ---- report -----------------------------------------------------------------------------
-def summary(label: str, res: dict) -> float:
-    """Print one engine's rounds; returns the mean from round 5 on (all rounds if fewer)."""
+def summary(label: str, res: dict) -> tuple[float, float]:
+    """Print one engine's rounds; returns the means from round 5 on (all rounds if fewer) of
+    the CPU per window (round and look-back upkeep) and of the round alone."""
     cpu = np.array(res["cpu"])
+    up = np.array(res["upkeep"])
     first = 5 if cpu.size >= 5 else 1
     tail = cpu[first - 1 :]
     grow = cpu[-1] / cpu[first - 1] if cpu[first - 1] > 0 else float("nan")
@@ -221,7 +308,12 @@ def summary(label: str, res: dict) -> float:
           f"{first + 4} {late:.2f}x; RSS {res['rss0']:.0f} MB before, "
           f"after round {first} {res['rss'][first - 1]:.0f} MB, after round {cpu.size} "
           f"{res['rss'][-1]:.0f} MB, peak {res['peak']:.0f} MB")  # fmt: skip
-    return float(tail.mean())
+    per = (cpu + up)[first - 1 :]
+    print(f"  {label}: look-back upkeep per window (CPU s) " + " ".join(f"{u:.3f}" for u in up))
+    print(f"  {label}: per window, round + upkeep: mean rounds {first}-{cpu.size} "
+          f"{per.mean():.3f} s (upkeep {up[first - 1 :].mean():.3f}), "
+          f"max {per.max():.3f} s")  # fmt: skip
+    return float(per.mean()), float(tail.mean())
 
 
 def main() -> None:
@@ -233,6 +325,14 @@ def main() -> None:
                     help="run REV only up to N hosts (the issue 26 engine peaks at 22 GB at "
                     "1024 hosts: more does not fit this VM)")  # fmt: skip
     ap.add_argument("--profile", action="store_true", help="cProfile the current engine")
+    ap.add_argument("--arrival", choices=("commit", "sorted"), default="commit",
+                    help="the look-back's rows: per host batch in commit order (the "
+                    "collector's), or each window sorted by pair in one chunk")  # fmt: skip
+    ap.add_argument("--commit-group", type=int, default=32, metavar="N",
+                    help="batches per commit group added to the held look-back")  # fmt: skip
+    ap.add_argument("--heap", choices=("collector", "default"), default="collector",
+                    help="the worker's heap set up as the collector's (keep_freed_memory) "
+                    "or glibc's defaults")  # fmt: skip
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n-hosts", type=int, help=argparse.SUPPRESS)
@@ -245,14 +345,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old = export(args.against, Path(tmp)) if args.against else None
         for hosts in (int(h) for h in args.hosts.split(",")):
-            print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds", flush=True)
+            print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds, {args.arrival} order, "
+                  f"{args.heap} heap", flush=True)  # fmt: skip
             data = simulate(hosts, args.cache)
-            new = summary("new", run_worker(hosts, data, args.rounds, None, args.profile))
+            new = summary("new", run_worker(hosts, data, args, None, args.profile))
             if old and hosts <= args.against_max_hosts:
-                was = summary(args.against, run_worker(hosts, data, args.rounds, old, False))
+                was = summary(args.against, run_worker(hosts, data, args, old, False))
                 first = 5 if args.rounds >= 5 else 1
                 print(f"  ratio {args.against}/new (mean rounds {first}-{args.rounds}): "
-                      f"{was / new:.1f}x")  # fmt: skip
+                      f"per window {was[0] / new[0]:.1f}x, "
+                      f"round alone {was[1] / new[1]:.1f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -333,45 +333,29 @@ cdef Py_ssize_t _chain_pts(const Pt *buf, Py_ssize_t m, Pt *out) noexcept nogil:
     return h
 
 
-cdef Py_ssize_t _runs_hull(
-    const int64_t[::1] t,
-    const int64_t[::1] y,
-    Py_ssize_t k0,
-    Py_ssize_t k1,
-    Pt *hull,
-    Pt *tmp,
-    int64_t[::1] ht,
-    int64_t[::1] hy,
-    Py_ssize_t w,
-) noexcept nogil:
-    """The lower hull of points ``k0..k1``, a few runs sorted by (t, y) (a pair's paths),
-    written to ``ht``/``hy`` from ``w`` on; returns its size. Each run is merged into the
-    hull of the runs before it and re-hulled: the points under no earlier hull are the only
-    ones that can be vertices, so this is the hull of all of them (the same vertices as one
-    sort and chain: the cross products of in-window differences are exact in doubles), at a
-    few hull points per merge instead of every point per merge pass."""
-    cdef Py_ssize_t h = 0, k = k0, r0, i, j, m
-    cdef Pt p
-    while k < k1:
+cdef Py_ssize_t _runs_hull(const Pt *pts, Py_ssize_t n, Pt *hull, Pt *tmp) noexcept nogil:
+    """The lower hull of ``pts[:n]``, a few runs sorted by (t, y) (a pair's paths), into
+    ``hull``; returns its size. Each run is merged into the hull of the runs before it and
+    re-hulled: the points under no earlier hull are the only ones that can be vertices, so
+    this is the hull of all of them (the same vertices as one sort and chain: the cross
+    products of in-window differences are exact in doubles), at a few hull points per merge
+    instead of every point per merge pass. ``hull`` and ``tmp`` hold ``n`` points each."""
+    cdef Py_ssize_t h = 0, k = 0, r0, i, j, m
+    while k < n:
         r0 = k
         k += 1
-        while k < k1 and (t[k - 1] < t[k] or (t[k - 1] == t[k] and y[k - 1] <= y[k])):
+        while k < n and _le(pts[k - 1], pts[k]):
             k += 1
         i, j, m = 0, r0, 0
         while i < h or j < k:
-            if j >= k or (i < h and (hull[i].t < t[j] or (hull[i].t == t[j] and hull[i].y <= y[j]))):
+            if j >= k or (i < h and _le(hull[i], pts[j])):
                 tmp[m] = hull[i]
                 i += 1
             else:
-                p.t = t[j]
-                p.y = y[j]
-                tmp[m] = p
+                tmp[m] = pts[j]
                 j += 1
             m += 1
         h = _chain_pts(tmp, m, hull)
-    for i in range(h):
-        ht[w + i] = hull[i].t
-        hy[w + i] = hull[i].y
     return h
 
 
@@ -406,7 +390,7 @@ def pair_hulls(
     out_t = np.empty(n, np.int64)
     out_y = np.empty(n, np.int64)
     cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
-    cdef Pt *mem = <Pt *>malloc(2 * width * sizeof(Pt))
+    cdef Pt *mem = <Pt *>malloc(3 * width * sizeof(Pt))
     if mem == NULL:
         raise MemoryError()
     try:
@@ -416,15 +400,120 @@ def pair_hulls(
                 end = start + 1
                 while end < n and src[end] == src[start] and dst[end] == dst[start]:
                     end += 1
-                h = _runs_hull(t, y, start, end, mem, mem + width, ot, oy, w)
-                for k in range(w, w + h):
-                    os[k] = src[start]
-                    od[k] = dst[start]
+                for k in range(start, end):
+                    mem[k - start].t = t[k]
+                    mem[k - start].y = y[k]
+                h = _runs_hull(mem, end - start, mem + width, mem + 2 * width)
+                _write_hull(mem + width, h, src[start], dst[start], os, od, ot, oy, w)
                 w += h
                 start = end
     finally:
         free(mem)
     return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy()
+
+
+cdef inline void _write_hull(
+    const Pt *hull, Py_ssize_t h, int64_t s, int64_t d, int64_t[::1] os, int64_t[::1] od,
+    int64_t[::1] ot, int64_t[::1] oy, Py_ssize_t w
+) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(h):
+        os[w + i] = s
+        od[w + i] = d
+        ot[w + i] = hull[i].t
+        oy[w + i] = hull[i].y
+
+
+def row_pair_hulls(
+    const unsigned char[::1] keep,
+    const int64_t[::1] src,
+    const int64_t[::1] dst,
+    const int64_t[::1] t_off,
+    const int64_t[::1] t_val,
+    const unsigned char[::1] t_ok,
+    const int64_t[::1] y_off,
+    const int64_t[::1] y_val,
+    const unsigned char[::1] y_ok,
+    Py_ssize_t n_nic,
+):
+    """Each directed pair's lower hull of the kept rows' points, straight from the list
+    buffers (as :func:`flatten_points` reads them): the same ``(src, dst, t, y)`` as
+    :func:`pair_hulls` of the flattened points, pairs in ascending ``src·n_nic + dst``, and
+    the null points left out (the last value returned, their count). The kept rows are put
+    in pair order by a stable two-pass counting sort (by ``dst``, then ``src``: O(rows +
+    NICs), whatever order the batches came in), so a pair's rows are read in their order and
+    its points are the same runs :func:`pair_hulls` merges. No copy of every point is made:
+    only the hulls (a fifth of the points) are written."""
+    cdef Py_ssize_t rows = keep.shape[0], r, k, i, total = 0, width = 1, m, w = 0, h, dy
+    cdef Py_ssize_t nulls = 0, kept = 0, a, b
+    cdef bint t_all = t_ok.shape[0] == 0, y_all = y_ok.shape[0] == 0
+    cnt_a = np.zeros(n_nic + 1, np.int64)
+    by_dst_a = np.empty(rows, np.int64)
+    order_a = np.empty(rows, np.int64)
+    cdef int64_t[::1] cnt = cnt_a, by_dst = by_dst_a, order = order_a
+    with nogil:
+        for r in range(rows):
+            if keep[r]:
+                cnt[dst[r] + 1] += 1
+                total += t_off[r + 1] - t_off[r]
+                kept += 1
+        for i in range(n_nic):
+            cnt[i + 1] += cnt[i]
+        for r in range(rows):
+            if keep[r]:
+                by_dst[cnt[dst[r]]] = r
+                cnt[dst[r]] += 1
+        for i in range(n_nic + 1):
+            cnt[i] = 0
+        for k in range(kept):
+            cnt[src[by_dst[k]] + 1] += 1
+        for i in range(n_nic):
+            cnt[i + 1] += cnt[i]
+        for k in range(kept):
+            r = by_dst[k]
+            order[cnt[src[r]]] = r
+            cnt[src[r]] += 1
+        # the widest pair (its points): the hull buffers' size
+        a = 0
+        while a < kept:
+            b, m = a, 0
+            while b < kept and src[order[b]] == src[order[a]] and dst[order[b]] == dst[order[a]]:
+                m += t_off[order[b] + 1] - t_off[order[b]]
+                b += 1
+            width = max(width, m)
+            a = b
+    out_s = np.empty(total, np.int64)
+    out_d = np.empty(total, np.int64)
+    out_t = np.empty(total, np.int64)
+    out_y = np.empty(total, np.int64)
+    cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
+    cdef Pt *mem = <Pt *>malloc(3 * width * sizeof(Pt))
+    if mem == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            a = 0
+            while a < kept:
+                b, m = a, 0
+                while b < kept and src[order[b]] == src[order[a]] and dst[order[b]] == dst[order[a]]:
+                    r = order[b]
+                    dy = y_off[r] - t_off[r]
+                    for k in range(t_off[r], t_off[r + 1]):
+                        if not ((t_all or t_ok[k]) and (y_all or y_ok[k + dy])):
+                            nulls += 1
+                            continue
+                        mem[m].t = t_val[k]
+                        mem[m].y = y_val[k + dy]
+                        m += 1
+                    b += 1
+                h = _runs_hull(mem, m, mem + width, mem + 2 * width)
+                r = order[a]
+                _write_hull(mem + width, h, src[r], dst[r], os, od, ot, oy, w)
+                w += h
+                a = b
+    finally:
+        free(mem)
+    return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy(), nulls
 
 
 def union_hulls(list parts, const int64_t[::1] cur):

@@ -249,8 +249,11 @@ class HullPool:
 
     def _hulls(self, pts: HullPoints) -> tuple[HullPoints, _Hulls]:
         if self._memo is None or self._memo[0] is not pts:
-            h = _pair_hulls(pts)
-            red = replace(pts, src=h.src, dst=h.dst, t_raw=h.t_raw, owd_raw=h.owd_raw)
+            if pts.reduced:  # read as each pair's hull already (``hull_points(reduce=True)``)
+                h, red = _Hulls(pts.src, pts.dst, pts.t_raw, pts.owd_raw), pts
+            else:
+                h = _pair_hulls(pts)
+                red = replace(pts, src=h.src, dst=h.dst, t_raw=h.t_raw, owd_raw=h.owd_raw)
             ids = self.nic_numbers(pts)
             stable = _Hulls(ids[h.src], ids[h.dst], h.t_raw, h.owd_raw)
             code = stable.src << 32 | stable.dst
@@ -396,14 +399,19 @@ def _intrusion(
     a0 = np.where(some, old.a.T, 0.0)
     dt = np.where(some, (t_ref - old.t_ref).astype(np.float64), 0.0)
     line0 = a0 + carry * dt  # each span's line at t = 0 of this window
-    use = have[edge]
-    e, up, tt, yy = edge[use], upper[use], t[use], y[use]
+    # The points come a directed pair at a time (one edge and side per run): each run's
+    # minimum by one reduceat, not a scatter per point. Edges not tracked are computed too
+    # (their line is 0) and left out below (not ``good``).
+    run = np.flatnonzero(np.r_[True, (edge[1:] != edge[:-1]) | (upper[1:] != upper[:-1])])
+    run_e, run_up = edge[run], upper[run]
+    side = np.where(upper, 1.0, -1.0)
     for k in range(n_spans):
-        r = yy - (line0[k, e] + carry[e] * tt)
-        lo_gap = np.full(n_e, np.inf)
-        np.minimum.at(lo_gap, e[up], r[up])  # upper points: distance above the line
+        r = y - (line0[k, edge] + carry[edge] * t)
+        gap = np.minimum.reduceat(side * r, run)  # upper points: distance above the line,
+        lo_gap = np.full(n_e, np.inf)  # lower points: distance below it
+        np.minimum.at(lo_gap, run_e[run_up], gap[run_up])
         hi_gap = np.full(n_e, np.inf)
-        np.minimum.at(hi_gap, e[~up], -r[~up])  # lower points: distance below it
+        np.minimum.at(hi_gap, run_e[~run_up], gap[~run_up])
         worst = np.maximum(m0 - lo_gap, m0 - hi_gap)  # -inf where a side is empty
         seen = np.isfinite(lo_gap) | np.isfinite(hi_gap)
         out[k] = np.where(good[k] & seen, np.maximum(worst, 0.0), np.nan)

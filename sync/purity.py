@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._csr import flatten_points
+from ._csr import flatten_points, row_pair_hulls
 
 
 def pure_mask(
@@ -35,7 +35,10 @@ def pure_mask(
 
 @dataclass
 class HullPoints:
-    """Every hull point of the usable rows, flattened (one entry per point).
+    """Every hull point of the usable rows, flattened (one entry per point), or only each
+    directed NIC pair's lower hull of them (``reduced``: pairs in ascending ``src·n + dst``,
+    a pair's hull in t order), with the rows kept to flatten any pairs' every point
+    (:meth:`of_pairs`).
 
     NICs are numbered in sorted id order, so ``src < dst`` compares ids as strings.
     """
@@ -47,6 +50,53 @@ class HullPoints:
     t_raw: np.ndarray  # (n,) int64, sender's raw clock
     owd_raw: np.ndarray  # (n,) int64, rx0_raw - tx0_raw
     dropped: dict[str, int] = field(default_factory=dict)
+    rows: _KeptRows | None = None  # set where reduced: the rows the hulls came from
+
+    @property
+    def reduced(self) -> bool:
+        return self.rows is not None
+
+    def of_pairs(self, codes: np.ndarray) -> HullPoints:
+        """Every point (not only the hulls) of the directed pairs ``src·n + dst`` in
+        ``codes`` (n: the NICs), in row order: what a soft-margin fit counts."""
+        n = len(self.nics)
+        if self.rows is None:
+            on = np.isin(self.src * n + self.dst, codes)
+            src, dst, t, y = self.src[on], self.dst[on], self.t_raw[on], self.owd_raw[on]
+        else:
+            src, dst, t, y, _ = self.rows.flatten(np.isin(self.rows.src * n + self.rows.dst, codes))
+        return HullPoints(self.nics, self.nic_host, src, dst, t, y)
+
+
+@dataclass
+class _KeptRows:
+    """A window's rows as the solve reads them: which are kept, their NIC numbers, and
+    their hull lists' buffers (:func:`_list_parts`)."""
+
+    keep: np.ndarray  # (rows,) bool
+    src: np.ndarray  # (rows,) int64 NIC number, -1 where invalid
+    dst: np.ndarray
+    t_parts: tuple[np.ndarray, np.ndarray, np.ndarray]
+    y_parts: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    def flatten(
+        self, among: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """The kept rows' (of those ``among``) points, null points left out, and how many
+        were null (:func:`flatten_points`)."""
+        keep = self.keep if among is None else self.keep & among
+        total = int((self.t_parts[0][1:] - self.t_parts[0][:-1])[keep].sum())
+        return flatten_points(self._mask(keep), self.src, self.dst, *self.t_parts,
+                              *self.y_parts, total)  # fmt: skip
+
+    def pair_hulls(self, n_nic: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """Each directed pair's lower hull of the kept rows' points (:func:`row_pair_hulls`)."""
+        return row_pair_hulls(self._mask(self.keep), self.src, self.dst, *self.t_parts,
+                              *self.y_parts, n_nic)  # fmt: skip
+
+    @staticmethod
+    def _mask(keep: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(keep).view(np.uint8)
 
 
 def complete_generations(
@@ -109,11 +159,26 @@ def _rows(windows: pa.Table, mask: np.ndarray) -> pa.Table:
     return windows.filter(pa.array(mask))
 
 
-def hull_points(windows: pa.Table) -> HullPoints:
+def hull_points(windows: pa.Table, reduce: bool = False) -> HullPoints:
     """Flatten the hulls of the rows worth using; count what was dropped and why (each row
     for the first reason that applies, in the order below). The rows are tested in place and
     the kept rows' points copied out of the list buffers in one pass (:func:`flatten_points`),
-    null points left out."""
+    null points left out. ``reduce``: only each directed pair's lower hull of those points,
+    read from the buffers in one pass without the flattened copy (:func:`row_pair_hulls`),
+    what the solve fits (``HullPool.window_hulls``)."""
+    rows, names, hosts, dropped = _kept_rows(windows)
+    if reduce:
+        src_p, dst_p, ht, hy, nulls = rows.pair_hulls(len(names))
+    else:
+        src_p, dst_p, ht, hy, nulls = rows.flatten()
+    if nulls:
+        dropped["null_hull_point"] = nulls
+    return HullPoints(names, hosts, src_p, dst_p, ht, hy, dropped, rows if reduce else None)
+
+
+def _kept_rows(windows: pa.Table) -> tuple[_KeptRows, list[str], list[str], dict[str, int]]:
+    """The rows' tests (:func:`hull_points`): the kept rows, the NIC ids they name (sorted)
+    and those NICs' hosts, and the dropped rows counted per reason."""
     dropped: dict[str, int] = {}
     keep = _count(None, _bool(pc.greater(windows["pure"], 0)), "no_pure_pair", dropped)
     n_t = pc.fill_null(pc.list_value_length(windows["hull_t_ns"]), -1).to_numpy()
@@ -137,14 +202,8 @@ def hull_points(windows: pa.Table) -> HullPoints:
     host_of = np.array([*(number[h] for h in hosts), -1], np.int64)  # [-1]: invalid id
     ok = (src >= 0) & (dst >= 0) & (host_of[src] != host_of[dst])
     keep = _count(keep, ok, "bad_nic_or_self_probe", dropped)
-    total = int(n_t[keep].sum())
-    src_p, dst_p, ht, hy, nulls = flatten_points(
-        np.ascontiguousarray(keep).view(np.uint8), src, dst,
-        *_list_parts(windows["hull_t_ns"]), *_list_parts(windows["hull_owd_ns"]), total,
-    )  # fmt: skip
-    if nulls:
-        dropped["null_hull_point"] = nulls
-    return HullPoints(names, hosts, src_p, dst_p, ht, hy, dropped)
+    parts = _list_parts(windows["hull_t_ns"]), _list_parts(windows["hull_owd_ns"])
+    return _KeptRows(keep, src, dst, *parts), names, hosts, dropped
 
 
 def _bool(x: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -149,7 +149,7 @@ class HuygensSync:
         prev: dict[str, ClockModel],
         gen: int | None,
     ) -> list[ClockModel]:
-        pts = hull_points(windows)
+        pts = hull_points(windows, reduce=True)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
             self.report = SolveReport(hosts=hosts, dropped=pts.dropped)
@@ -477,14 +477,16 @@ def _edge_owd(
 
 def _edge_points(pts: HullPoints, geo: _EdgeGeometry, tm: _TimeMap, edges: np.ndarray) -> Points:
     """Every point of the window on the given edges (not only the pairs' hulls), as
-    ``(edge, upper, t, y)``: what a soft-margin fit counts."""
-    lo, hi = np.minimum(pts.src, pts.dst), np.maximum(pts.src, pts.dst)
-    edge = np.searchsorted(geo.key_codes, lo * len(pts.nics) + hi)  # every pair has a hull
-    on = np.isin(edge, edges)
-    src, dst = pts.src[on], pts.dst[on]
-    t = _fleet_t(pts.t_raw[on], src, tm.nic_h, tm.theta, tm.drift, tm.t_ref)
-    upper, y = _edge_owd(pts.owd_raw[on], src, dst, tm.lat)
-    return edge[on], upper, t, y
+    ``(edge, upper, t, y)``: what a soft-margin fit counts. Only those edges' rows are
+    flattened (:meth:`HullPoints.of_pairs`)."""
+    n = len(pts.nics)
+    lo, hi = geo.key_codes[edges] // n, geo.key_codes[edges] % n
+    sub = pts.of_pairs(np.r_[lo * n + hi, hi * n + lo])
+    src, dst = sub.src, sub.dst
+    edge = np.searchsorted(geo.key_codes, np.minimum(src, dst) * n + np.maximum(src, dst))
+    t = _fleet_t(sub.t_raw, src, tm.nic_h, tm.theta, tm.drift, tm.t_ref)
+    upper, y = _edge_owd(sub.owd_raw, src, dst, tm.lat)
+    return edge, upper, t, y
 
 
 def _fleet_t(

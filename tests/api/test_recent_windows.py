@@ -92,3 +92,32 @@ def test_pruned_generations_are_read_from_the_store() -> None:
     recent.add(gen(T0 + SEC))  # a late batch for a pruned generation stays the store's
     assert recent.at(T0 + SEC) is None
     assert recent.between(T0 + 2 * SEC, T0 + 4 * SEC) is not None
+
+
+def test_per_host_starts_are_held_and_pruned_as_one_look_back() -> None:
+    """Agents that stamp their windows' starts on their own clocks (the simulator's) give
+    one held start per host and generation: a commit group of them is added at once, the
+    look-back answers every host's rows between two starts, and whole generations are
+    pruned once they are ``keep_ns`` behind the newest start, whatever their hosts' jitter."""
+    hosts, keep = 40, 2 * SEC
+    recent = RecentWindows(None, keep_ns=keep)
+    jitter = [(h * 7_919_993) % (100 * 1_000_000) for h in range(hosts)]  # within 100 ms
+
+    def batch(w: int, h: int) -> pa.Table:
+        cols = {f.name: pa.nulls(3, f.type) for f in WINDOW_SCHEMA}
+        cols["start_ns"] = pa.array([T0 + w * SEC + jitter[h]] * 3, pa.int64())
+        cols["src_nic"] = pa.array([f"h{h}/eth{i}" for i in range(3)])
+        return pa.table(cols, schema=WINDOW_SCHEMA)
+
+    for w in range(6):
+        order = [(7 * i + w) % hosts for i in range(hosts)]  # a new commit order each window
+        for g in range(0, hosts, 16):
+            recent.add_all([batch(w, h) for h in order[g : g + 16]])
+        newest = T0 + w * SEC + max(jitter)
+        assert min(recent._rows) >= newest - keep  # pruned: nothing older than keep_ns held
+        assert len(recent._rows) <= 3 * hosts  # at most the generations within keep_ns
+        lo = T0 + max(w - 1, 0) * SEC
+        got = recent.between(lo, newest)
+        assert got is not None
+        want = [batch(v, h) for v in range(max(w - 1, 0), w + 1) for h in range(hosts)]
+        assert _sorted(got).equals(_sorted(pa.concat_tables(want)))

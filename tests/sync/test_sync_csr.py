@@ -1,9 +1,10 @@
 """The sync's grouped (CSR) kernels against their references: the per-group hulls equal
-:func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every part's
-points, the edge fits over each direction's hull the fits over all its points, the slope walk
-the bisection's optimum, the network solve's refilled Laplacian scipy's summed one and its
-written-out CG scipy's iterates, the one-pass flattening of a window's rows their points row
-by row, the bucketed median numpy's, and the one-pass time and delay mapping of points their
+:func:`fleetlens.hull.lower_hull_rows` of each group, a union's hull the hull of every
+part's points, the edge fits over each direction's hull the fits over all its points, the
+slope walk the bisection's optimum, the network solve's refilled Laplacian scipy's summed
+one and its written-out CG scipy's iterates, the one-pass flattening of a window's rows
+their points row by row, the pair hulls read from the rows' buffers those of the flattened
+points, the bucketed median numpy's, and the one-pass time and delay mapping of points their
 numpy forms."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fleetlens.sync._csr import (
 )
 from fleetlens.sync.edgefit import fit_edges
 from fleetlens.sync.network import ActiveSets, _pcg
+from fleetlens.sync.pooling import _pair_hulls
 from fleetlens.sync.purity import hull_points
 from scipy.sparse.linalg import cg
 
@@ -242,21 +244,64 @@ def _flattened_by_rows(table: pa.Table) -> tuple[list[tuple], int]:
 def test_one_pass_flattening_equals_the_rows_points() -> None:
     rng = np.random.default_rng(6)
     for _ in range(10):
-        table = _rows_table(rng, int(rng.integers(1, 300)))
-        # in chunks, the hull columns chunked apart from the others, then a slice
-        cut = [0, *sorted(int(c) for c in rng.integers(0, table.num_rows, 3)), table.num_rows]
-        parts = [table.slice(a, b - a) for a, b in itertools.pairwise(cut)]
-        table = pa.concat_tables(parts)
-        t_col = pa.chunked_array([table["hull_t_ns"].combine_chunks()])
-        table = table.set_column(table.schema.get_field_index("hull_t_ns"), "hull_t_ns", t_col)
-        start = int(rng.integers(0, table.num_rows))
-        table = table.slice(start, table.num_rows - start)
+        table = _chunked(rng, _rows_table(rng, int(rng.integers(1, 300))))
         pts = hull_points(table)
         want, nulls = _flattened_by_rows(table)
         cols = zip(pts.src, pts.dst, pts.t_raw, pts.owd_raw, strict=True)
         got = [(pts.nics[s], pts.nics[d], int(t), int(y)) for s, d, t, y in cols]
         assert got == want
         assert pts.dropped.get("null_hull_point", 0) == nulls
+
+
+def _chunked(rng: np.random.Generator, table: pa.Table) -> pa.Table:
+    """``table`` in chunks, the hull columns chunked apart from the others, then a slice."""
+    cut = [0, *sorted(int(c) for c in rng.integers(0, table.num_rows, 3)), table.num_rows]
+    table = pa.concat_tables([table.slice(a, b - a) for a, b in itertools.pairwise(cut)])
+    t_col = pa.chunked_array([table["hull_t_ns"].combine_chunks()])
+    table = table.set_column(table.schema.get_field_index("hull_t_ns"), "hull_t_ns", t_col)
+    start = int(rng.integers(0, table.num_rows))
+    return table.slice(start, table.num_rows - start)
+
+
+def _t_ordered(table: pa.Table) -> pa.Table:
+    """Each row's points (those without nulls) in t order."""
+    rows = table.to_pylist()
+    for r in rows:
+        t, y = r["hull_t_ns"], r["hull_owd_ns"]
+        if t and y and None not in t + y:
+            order = np.argsort(t, kind="stable")
+            r["hull_t_ns"] = [t[i] for i in order]
+            r["hull_owd_ns"] = [y[i] for i in order] + y[len(t) :]
+    return pa.Table.from_pylist(rows, table.schema)
+
+
+def test_pair_hulls_from_the_rows_equal_those_of_the_flattened_points() -> None:
+    """``hull_points(reduce=True)`` reads each directed pair's hull from the list buffers in
+    one pass, rows in any order (the collector's look-back holds batches in commit order);
+    the same hulls, drops and null counts as every point flattened, then reduced. Rows of a
+    pair repeat (paths) and a row's points are in t order as agents send them, or not."""
+    rng = np.random.default_rng(12)
+    for trial in range(30):
+        table = _rows_table(rng, int(rng.integers(1, 400)))
+        if trial % 2:  # each row's points in t order, as a hull is sent
+            table = _t_ordered(table)
+        table = _chunked(rng, table)
+        red, every = hull_points(table, reduce=True), hull_points(table)
+        want = _pair_hulls(every)
+        assert red.reduced and not every.reduced
+        assert red.nics == every.nics and red.nic_host == every.nic_host
+        assert red.dropped == every.dropped
+        assert np.array_equal(np.c_[red.src, red.dst, red.t_raw, red.owd_raw],
+                              np.c_[want.src, want.dst, want.t_raw, want.owd_raw])  # fmt: skip
+        # every point of some pairs, flattened from their rows only: as filtered from all
+        n = len(every.nics)
+        codes = np.unique(every.src * n + every.dst)
+        some = codes[rng.random(codes.size) < 0.3]
+        sub, ref = red.of_pairs(some), every.of_pairs(some)
+        on = np.isin(every.src * n + every.dst, some)
+        assert np.array_equal(ref.t_raw, every.t_raw[on])
+        assert np.array_equal(np.c_[sub.src, sub.dst, sub.t_raw, sub.owd_raw],
+                              np.c_[ref.src, ref.dst, ref.t_raw, ref.owd_raw])  # fmt: skip
 
 
 def test_shifted_median_is_numpys() -> None:
