@@ -39,7 +39,7 @@ from .attribution import Attributor, Finding
 from .config import TriangulateConfig
 from .delay import DelayFit, DelayModel
 from .ecmp import ecmp_groups
-from .evidence import LossEvidence, learned_floor
+from .evidence import AckRows, LossEvidence, learned_floor
 from .horizon import DecayedCounts, WindowSums
 from .identify import Ambiguity, observed_groups, widen
 from .incidence import Incidence
@@ -134,7 +134,8 @@ class Triangulator:
             inc, sent, lost, S_fast,
             self.floor, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
         )  # fmt: skip
-        fast = self.loss_ev.gate(fast, inc, sent, lost, _window_s(f), self.floor)
+        acks = None if inc is f.inc else AckRows(f.n, f.src, f.dst)  # after the flows' rows
+        fast = self.loss_ev.gate(fast, inc, sent, lost, _window_s(f), self.floor, acks)
         if inc is not f.inc:
             fast = _forward_counts(fast, f, S)
         extra = self._horizon_loss(f, fast, S, self.slow, self.loss_ev, gamma, lossy_all)
