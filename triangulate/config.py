@@ -24,10 +24,9 @@ class TriangulateConfig:
     loss_onset_windows: int = 3  # windows summed by the onset horizon (horizon.py)
     max_links_per_fit: int = 64  # greedy stops after this many links per fit
     # lost acks (records' ``acks_lost``) as loss evidence on each ack's reverse path, in the
-    # one-window fit of every window that lost an ack. Off: on the lab's real packets the
-    # reverse path's fabric part, an ECMP unknown spread over its candidates, made healthy
-    # sibling links faulty (a delay fault's queue drops, 5 % on an uplink); see README Limits
-    ack_evidence: bool = False
+    # one-window fit of every window that lost an ack, against the acks' own background and
+    # dispersion (evidence.py: agents count late acks lost, by turns); see README
+    ack_evidence: bool = True
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link
     delay_quantile: float = 0.25  # a link's statistic: this quantile of its flows' excess
