@@ -93,6 +93,7 @@ class Triangulator:
         self.slow = DecayedCounts(self.cfg.loss_decay_s)
         self.onset = WindowSums(self.cfg.loss_onset_windows, p.n_links)
         self.onset_ev = LossEvidence(self.cfg, p.n_links)  # its own background and heal test
+        self.ack_ev = LossEvidence(self.cfg, p.n_links)  # the acks' fit's (_with_acks)
         self.floor = self.cfg.background_loss  # the fits' per-link background (learned_floor)
         self.sending = np.zeros(p.n_nics)
         self._sample: _DelaySample | None = None
@@ -129,15 +130,12 @@ class Triangulator:
         S = f.inc.link_sums(f.sent)
         gamma, lossy_now, lossy_all = self.slow.add(f)
         lossy_onset = self.onset.add(f)
-        inc, sent, lost, S_fast, lossy = self._with_acks(f, S, lossy_now)
         fast = fit_incidence(
-            inc, sent, lost, S_fast,
-            self.floor, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy,
+            f.inc, f.sent, f.lost, S,
+            self.floor, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit, lossy_now,
         )  # fmt: skip
-        acks = None if inc is f.inc else AckRows(f.n, f.src, f.dst)  # after the flows' rows
-        fast = self.loss_ev.gate(fast, inc, sent, lost, _window_s(f), self.floor, acks)
-        if inc is not f.inc:
-            fast = _forward_counts(fast, f, S)
+        fast = self.loss_ev.gate(fast, f.inc, f.sent, f.lost, _window_s(f), self.floor)
+        fast = self._with_acks(f, S, fast, lossy_now)
         extra = self._horizon_loss(f, fast, S, self.slow, self.loss_ev, gamma, lossy_all)
         self.floor = learned_floor(cfg, *self.loss_ev.support)  # from the next fit on
         onset = self._horizon_loss(f, fast, S, self.onset, self.onset_ev, None, lossy_onset)
@@ -165,17 +163,28 @@ class Triangulator:
         return self._name_groups(out, amb)
 
     def _with_acks(
-        self, f: Frame, S: np.ndarray, lossy: np.ndarray | None
-    ) -> tuple[Incidence, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """The one-window fit's input: (incidence, sent, lost, per-link sent, lossy rows).
+        self, f: Frame, S: np.ndarray, fast: LossFit, lossy: np.ndarray | None
+    ) -> LossFit:
+        """``fast`` (the window's gated fit of its probes, ``lossy`` their lossy rows when
+        listed) with the links the window's lost acks add.
 
-        With lost acks, every flow row gets a twin after the flow rows: its acks (one per pair
-        the receiver heard) on the reverse path (``PathModel.ack_incidence``), whose fabric part
-        is spread over its ECMP candidates. A link that drops only acks then explains their
-        loss as a forward-lossy link explains lost probes, and an ack's loss never counts
-        against the forward path. A window without a lost ack fits the flows alone."""
-        if not self.cfg.ack_evidence or f.acks is None or not f.acks[1].any():
-            return f.inc, f.sent, f.lost, S, lossy
+        With lost acks, a second fit runs on every flow row and a twin per row after them:
+        its acks (one per pair the receiver heard) on the reverse path
+        (``PathModel.ack_incidence``), whose fabric part is spread over its ECMP candidates,
+        gated against the acks' own background and dispersion (``evidence``). A link that
+        drops only acks then explains their loss as a forward-lossy link explains lost
+        probes, and an ack's loss never counts against the forward path. What it keeps that
+        the probes' fit did not is added, held under ``strong_llr`` (needing
+        ``fault_windows`` windows in a row to be faulty: a busy agent's burst of late acks
+        lasts a window or two, a link dropping acks goes on; on the lab, 92 lost acks in one
+        window, 51 into one leaf's NICs, made the fit put 12 % on one of its downlinks,
+        LLR 53; the next window lost 3). The probes' links, rates and per-link counts stay
+        as their own fit has them: in one joint fit the acks' background, 1000x the
+        probes' on the lab, swamped a starting host's lost probes (5 % into its NICs, LLR 58
+        in the fit, not kept), and a fault's rate read the clean acks crossing it."""
+        cfg = self.cfg
+        if not cfg.ack_evidence or f.acks is None or not f.acks[1].any():
+            return fast
         a_sent, a_lost = f.acks
         got = self._ack_inc
         if got is None or got[0] != f.token:
@@ -186,11 +195,22 @@ class Triangulator:
             )  # fmt: skip
             got = self._ack_inc = (f.token, both, a)
         _, inc, a_inc = got
-        if lossy is not None:
-            lossy = np.concatenate([lossy, f.n + np.flatnonzero(a_lost > 0)])
-        return (
-            inc, np.concatenate([f.sent, a_sent]), np.concatenate([f.lost, a_lost]),
-            S + a_inc.link_sums(a_sent), lossy,
+        lossy = np.flatnonzero(f.lost > 0) if lossy is None else lossy
+        sent, lost = np.concatenate([f.sent, a_sent]), np.concatenate([f.lost, a_lost])
+        fit = fit_incidence(
+            inc, sent, lost, S + a_inc.link_sums(a_sent),
+            self.floor, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,
+            np.concatenate([lossy, f.n + np.flatnonzero(a_lost > 0)]),
+        )  # fmt: skip
+        acks = AckRows(f.n, f.src, f.dst)
+        fit = self.ack_ev.gate(fit, inc, sent, lost, _window_s(f), self.floor, acks)
+        new = ~np.isin(fit.links, fast.links)
+        below = np.nextafter(cfg.strong_llr, 0.0)
+        return LossFit(
+            np.concatenate([fast.links, fit.links[new]]),
+            np.concatenate([fast.rate, fit.rate[new]]),
+            np.concatenate([fast.llr, np.minimum(fit.llr[new], below)]),
+            fast.sent, fast.lost, fast.spread, fast.background,
         )  # fmt: skip
 
     def _ambiguity(self, f: Frame) -> Ambiguity:
@@ -368,23 +388,6 @@ class Triangulator:
             self._seen = (seen, frozenset(ids[i] for i in np.flatnonzero(mask)))
         devices = {s for s, t in self.tracker.tracks.items() if t.kind != "link"}
         return self._seen[1] | devices
-
-
-def _forward_counts(fit: LossFit, f: Frame, S: np.ndarray) -> LossFit:
-    """A fit made with the acks, its per-link counts the probes' alone: the links it picked
-    and their rates use every packet, while what later stages read per link (packets, lost
-    packets, and the lost ones on ECMP-spread paths, which make a link's siblings equally
-    suspect) stays forward evidence. The acks' paths are always spread: counted in, a weak
-    fault's own siblings looked as suspect as the link."""
-    lossy = np.flatnonzero(f.lost > 0)
-    row, link, w = f.inc.entries(lossy)
-    lost = w * f.lost[lossy][row]
-    unsure = w < 1.0 - 1e-9
-    n = f.inc.n_links
-    spread = np.bincount(link[unsure], lost[unsure], n)
-    return LossFit(
-        fit.links, fit.rate, fit.llr, S, np.bincount(link, lost, n), spread, fit.background
-    )
 
 
 def _window_s(f: Frame) -> float:

@@ -301,7 +301,6 @@ class LossEvidence:
         else:
             hops, e_bg, support, sent, lost = self._ack_null(fit, inc, sent, lost, acks)
             s_l = inc.link_sums(sent)[fit.links]
-            probe_llr = self._probes_alone(fit, inc, sent, lost, acks, floor)
         self.support = (support[0], support[1])
         self.link_q = np.maximum(self.q * hops, floor)
         e_l = np.maximum(e_bg, floor * s_l)
@@ -314,36 +313,10 @@ class LossEvidence:
             beyond = beyond_others_llr(fit, inc, sent, lost, i, float(e_l[i]), passed)
             llr[i] = min(llr[i], beyond)
         keep = llr >= level
-        if acks is not None:  # carried by the acks: never faulty on one window (see below)
-            below = np.nextafter(cfg.strong_llr, 0.0)
-            llr = np.where(probe_llr < level, np.minimum(llr, below), llr)
         return LossFit(
             fit.links[keep], fit.rate[keep], llr[keep], fit.sent, fit.lost, fit.spread,
             self.link_q,
         )  # fmt: skip
-
-    def _probes_alone(
-        self,
-        fit: LossFit,
-        inc: Incidence,
-        sent: np.ndarray,
-        lost: np.ndarray,
-        acks: AckRows,
-        floor: float,
-    ) -> np.ndarray:
-        """Per chosen link, the LLR of the lost probes of its rows (weighted by path share)
-        against their background per hop (``q``): its evidence without the acks.
-
-        A link that passes only with its acks is kept below ``strong_llr``, so it needs
-        ``fault_windows`` windows in a row to be faulty: a busy agent's burst of late acks
-        lasts a window or two (on the lab, 92 lost acks in one window, 51 of them into one
-        leaf's NICs, made the fit put 12 % on one of that leaf's downlinks, LLR 53 after the
-        dispersion; the next window lost 3), a link dropping acks goes on."""
-        probes = (np.arange(inc.n) < acks.start).astype(np.float64)
-        s_p = inc.link_sums(sent * probes)[fit.links]
-        o_p = inc.link_sums(lost * probes)[fit.links]
-        e_p = self.q * inc.link_sums(sent * probes * inc.hops())[fit.links]
-        return poisson_llr(o_p, np.maximum(e_p, floor * s_p))
 
     def _ack_null(
         self, fit: LossFit, inc: Incidence, sent: np.ndarray, lost: np.ndarray, acks: AckRows
