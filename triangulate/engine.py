@@ -7,10 +7,11 @@ NIC sending rates and the verdict hysteresis.
 
 Per window: decode the records into flow rows and their factorized incidence (``paths``,
 ``incidence``), fit loss three times — on this window alone (fast: black holes, heavy loss;
-with the window's lost acks as rows of their own on the reverse paths, ``_with_acks``), on
-exponentially decayed per-flow counts (slow: 0.01 % loss needs tens of seconds of probes)
-and on counts decayed within seconds (onset: a fault too weak for one window, which the slow
-counts' clean past dilutes; ``horizon``) —
+beside it, in a window that lost acks, a fit with the acks as rows of their own on the
+reverse paths, which only adds links, ``_with_acks``), on exponentially decayed per-flow
+counts (slow: 0.01 % loss needs tens of seconds of probes) and on the last windows' sums
+(onset: a fault too weak for one window, which the slow counts' clean past dilutes;
+``horizon``; neither counts the probes lost while an agent starts, ``_starting``) —
 fit delay (``delay``), fold links into switches, NICs and hosts (``attribution``), widen a
 finding on a link the observed flows cannot tell from others to its whole ambiguity group
 (``identify``), and update the verdicts (``verdicts``); a link verdict names its group's id

@@ -53,6 +53,12 @@ The rate a link's weighted counts (``LossFit.sent``, ``.lost``) show with no fau
 the heal test compares against it, and the switch rule (``attribution``) reads a link's loss
 above it.
 
+Lost acks (``engine._with_acks``) are tested against a null of their own: a background per
+hop learned over the ack rows alone, and their counts divided by their dispersion around the
+fit (``ack_dispersion``). Agents count a late ack as lost, and busy agents, by turns, make
+many on all their flows (the lab: 0.5-4 % of acks against ~1e-5 per hop for probes, per NIC
+~2.5x Poisson); tested against the probes' background they made every fabric link faulty.
+
 The kept links' strength (what ``confidence`` is the posterior of) is that LLR against the
 learned background instead of against the fit's floor: loss that barely stands out of the
 background reads as barely confident, and a link whose loss is the background's is not
