@@ -36,7 +36,7 @@ def _old_agents(t: pa.Table) -> pa.Table:
     return t.set_column(at, "acks_lost", pa.nulls(t.num_rows, pa.int32()))
 
 
-ACKS_ON = TriangulateConfig(ack_evidence=True)  # the default, said here: the test is on it
+ACKS_ON = TriangulateConfig(ack_evidence=True)  # off by default (see config.py)
 # busy agents' late acks, mean share per host: 0.5 % (the dispersion the lab showed in a
 # steady run) and 2 % (its agents' start-up, several times the dispersion)
 BUSY, VERY_BUSY = 0.005, 0.02
