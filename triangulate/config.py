@@ -23,10 +23,11 @@ class TriangulateConfig:
     loss_decay_s: float = 30.0  # time constant of the long-horizon loss evidence
     loss_onset_windows: int = 3  # windows summed by the onset horizon (horizon.py)
     max_links_per_fit: int = 64  # greedy stops after this many links per fit
-    # lost acks (records' ``acks_lost``) as loss evidence on each ack's reverse path, in the
-    # one-window fit of every window that lost an ack. Off: on the lab's real packets the
-    # reverse path's fabric part, an ECMP unknown spread over its candidates, made healthy
-    # sibling links faulty (a delay fault's queue drops, 5 % on an uplink); see README Limits
+    # lost acks (records' ``acks_lost``) as loss evidence on each ack's reverse path, in a
+    # one-window fit beside the probes' in every window that lost an ack, against the acks'
+    # own background and dispersion (evidence.py: agents count late acks lost, by turns).
+    # Off: on the lab a burst of late acks still made a healthy tie group faulty for 5 s
+    # (~0.05 per link-hour over the replayed runs, against 1e-3); see README
     ack_evidence: bool = False
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link

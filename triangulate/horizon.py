@@ -47,9 +47,13 @@ class DecayedCounts:
     def lost(self) -> np.ndarray:
         return self.acc.cols["lost"]
 
-    def add(self, f: Frame) -> tuple[float, np.ndarray | None, np.ndarray | None]:
-        """Decay, add this window: (the decay factor, this window's lossy rows, the decayed
-        counts' lossy rows — each None when this pass did not find them)."""
+    def add(
+        self, f: Frame, unlost: np.ndarray | None = None
+    ) -> tuple[float, np.ndarray | None, np.ndarray | None]:
+        """Decay, add this window, without the lost packets of the ``unlost`` rows (a mask):
+        (the decay factor, this window's lossy rows, the decayed counts' lossy rows — each
+        None when this pass did not find them)."""
+        lost_now = f.lost if unlost is None else np.where(unlost, 0.0, f.lost)
         dt = max(f.end_ns - f.start_ns, 1) * 1e-9
         gamma = math.exp(-dt / self.tau_s)
         acc = self.acc
@@ -62,7 +66,7 @@ class DecayedCounts:
                 self._rows = np.empty((2, f.n), np.int64)
             now, every = self._rows
             keep_all, k_now, k_all = _fast.decay_add(
-                sent, lost, f.sent, f.lost, gamma, _LOST_FLOOR, _KEEP_SENT, now, every
+                sent, lost, f.sent, lost_now, gamma, _LOST_FLOOR, _KEEP_SENT, now, every
             )
             lossy_now, lossy_all = now[:k_now].copy(), every[:k_all].copy()
         else:
@@ -70,7 +74,7 @@ class DecayedCounts:
             at = acc.locate(f.key)
             sent, lost = self.sent, self.lost
             sent[at] += f.sent
-            lost[at] += f.lost
+            lost[at] += lost_now
             lost[lost < _LOST_FLOOR] = 0.0  # long gone; keeps the lossy set small
             keep_all = bool(np.all(sent >= _KEEP_SENT))
             lossy_now = lossy_all = None
@@ -130,9 +134,11 @@ class WindowSums:
     def lost(self) -> np.ndarray:
         return self.acc.cols["lost"]
 
-    def add(self, f: Frame) -> np.ndarray | None:
-        """This window's counts in, the oldest window's out; the lossy rows (None: not
-        listed, a fit finds them)."""
+    def add(self, f: Frame, unlost: np.ndarray | None = None) -> np.ndarray | None:
+        """This window's counts in (without the lost packets of the ``unlost`` rows, a
+        mask), the oldest window's out; the lossy rows (None: not listed, a fit finds
+        them)."""
+        lost_now = f.lost if unlost is None else np.where(unlost, 0.0, f.lost)
         self.slot = (self.slot + 1) % self.n
         acc, c = self.acc, self.acc.cols
         s_old, l_old = f"s{self.slot}", f"l{self.slot}"
@@ -140,14 +146,14 @@ class WindowSums:
         c["lost"] -= c[l_old]
         if acc.aligned(f.key):
             c[s_old][:] = f.sent
-            c[l_old][:] = f.lost
+            c[l_old][:] = lost_now
         else:
             at = acc.locate(f.key)
             c = acc.cols
             c[s_old][:] = 0.0
             c[l_old][:] = 0.0
             c[s_old][at] = f.sent
-            c[l_old][at] = f.lost
+            c[l_old][at] = lost_now
         c["sent"] += c[s_old]
         c["lost"] += c[l_old]
         if not acc.aligned(f.key):

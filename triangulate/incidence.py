@@ -239,6 +239,9 @@ class Incidence:
             return np.empty(0, np.int64)
         up_o, up_p, dn_o, dn_p, rt_o, rt_p = self._index()
         routes = self.routes.routes_of(links)
+        # routes added to the shared table since the index was built (another incidence's,
+        # e.g. the acks'): no row of this one takes them
+        routes = routes[routes < rt_p.size - 1]
         parts = [
             _ranges(up_o, up_p[links], up_p[links + 1]),
             _ranges(dn_o, dn_p[links], dn_p[links + 1]),

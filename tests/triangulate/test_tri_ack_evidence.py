@@ -5,6 +5,10 @@ the only evidence left is the acks it drops: those of senders on that leaf, whos
 fabric part the engine never learns (spread over the ECMP candidates). The engine must name
 that link, and nothing else, from the lost acks alone; without ack evidence (or with the
 records of agents older than the column) it sees nothing.
+
+Busy agents (the simulator's ``ack_late``): an ack handled after a later one counts as lost,
+on every flow of a busy host at once, by turns (the lab's agents on two vCPUs). Alone they
+must raise nothing; beside a fault, nothing but the faulted link.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from fleetlens.triangulate.config import TriangulateConfig
 from tri_helpers import Step, drive, small
 
@@ -32,23 +37,52 @@ def _old_agents(t: pa.Table) -> pa.Table:
 
 
 ACKS_ON = TriangulateConfig(ack_evidence=True)  # off by default (see config.py)
+# busy agents' late acks, mean share per host: 0.5 % (the dispersion the lab showed in a
+# steady run) and 2 % (its agents' start-up, several times the dispersion)
+BUSY, VERY_BUSY = 0.005, 0.02
 
 
 def _run(
-    mutate: Callable[[pa.Table], pa.Table] | None, config: TriangulateConfig = ACKS_ON
+    mutate: Callable[[pa.Table], pa.Table] | None,
+    config: TriangulateConfig = ACKS_ON,
+    late: float = 0.0,
+    faults: tuple[str, ...] = (f"{LINK}:loss={LOSS}",),
+    seed: int = 3,
 ) -> list[Step]:
-    return drive(small(), (f"{LINK}:loss={LOSS}",), seconds=4, seed=3, base_loss=1e-5,
+    return drive(small(), faults, seconds=4, seed=seed, base_loss=1e-5, ack_late=late,
                  config=config, mutate=mutate)  # fmt: skip
 
 
-def test_lost_acks_alone_name_the_link_and_nothing_else() -> None:
-    steps = _run(_without_its_flows)
+@pytest.mark.parametrize("late", [0.0, BUSY])
+def test_lost_acks_alone_name_the_link_and_nothing_else(late: float) -> None:
+    """Acks alone never make a link faulty at once: ``suspect`` in the first window, then
+    ``faulty``. With busy agents the link's rate reads high (some late acks into its leaf
+    are put on it)."""
+    steps = _run(_without_its_flows, late=late)
     for s in steps:
         lost = s.window.windows["acks_lost"].to_numpy().sum()
         assert lost > 0
         assert set(s.bad) == {LINK}, (s.window.index, s.bad)
-        assert s.bad[LINK].state == "faulty"
-        assert abs(s.bad[LINK].loss_rate - LOSS) < 0.02, s.bad[LINK]
+        assert s.bad[LINK].state == ("suspect" if s.window.index == 0 else "faulty"), s.bad
+        assert abs(s.bad[LINK].loss_rate - LOSS) < (0.04 if late else 0.02), s.bad[LINK]
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_busy_agents_alone_raise_nothing(seed: int) -> None:
+    """~2 % of every ack late, per host by turns: without the acks' own background and
+    dispersion (``evidence.ack_dispersion``) hosts and access links were faulty from the
+    third window."""
+    for s in _run(None, late=VERY_BUSY, faults=(), seed=seed):
+        assert s.window.windows["acks_lost"].to_numpy().sum() > 1000
+        assert not s.bad, (s.window.index, s.bad)
+
+
+@pytest.mark.parametrize("link", [LINK, "leaf2->spine1"])
+def test_a_forward_fault_beside_busy_agents_is_the_link_alone(link: str) -> None:
+    """Lost probes on the link, its acks' losses on the reverse paths spread over their ECMP
+    candidates, and busy agents: no sibling, no reverse link, no NIC or host."""
+    for s in _run(None, late=VERY_BUSY, faults=(f"{link}:loss={LOSS}",)):
+        assert set(s.bad) == {link} and s.bad[link].state == "faulty", (s.window.index, s.bad)
 
 
 def test_without_ack_evidence_the_same_records_show_nothing() -> None:
