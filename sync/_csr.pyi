@@ -19,32 +19,36 @@ def floors(
 def pair_hulls(
     src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray, n_nic: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
+
+class RowLists:
+    src: np.ndarray
+    dst: np.ndarray
+    t_off: np.ndarray
+    t_val: np.ndarray
+    t_ok: np.ndarray
+    y_off: np.ndarray
+    y_val: np.ndarray
+    y_ok: np.ndarray
+    def __init__(
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        t_off: np.ndarray,
+        t_val: np.ndarray,
+        t_ok: np.ndarray,
+        y_off: np.ndarray,
+        y_val: np.ndarray,
+        y_ok: np.ndarray,
+    ) -> None: ...
+
 def row_pair_hulls(
-    keep: np.ndarray,
-    src: np.ndarray,
-    dst: np.ndarray,
-    t_off: np.ndarray,
-    t_val: np.ndarray,
-    t_ok: np.ndarray,
-    y_off: np.ndarray,
-    y_val: np.ndarray,
-    y_ok: np.ndarray,
-    n_nic: int,
+    keep: np.ndarray, lists: RowLists, n_nic: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
 def union_hulls(
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], cur: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 def flatten_points(
-    keep: np.ndarray,
-    src: np.ndarray,
-    dst: np.ndarray,
-    t_off: np.ndarray,
-    t_val: np.ndarray,
-    t_ok: np.ndarray,
-    y_off: np.ndarray,
-    y_val: np.ndarray,
-    y_ok: np.ndarray,
-    total: int,
+    keep: np.ndarray, lists: RowLists, total: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
 def shifted_median(t: np.ndarray, host: np.ndarray, shift: np.ndarray) -> float: ...
 def fleet_times(

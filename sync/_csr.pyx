@@ -385,14 +385,9 @@ def pair_hulls(
         width = max(width, n - start)
     if not grouped:
         return None
-    out_s = np.empty(n, np.int64)
-    out_d = np.empty(n, np.int64)
-    out_t = np.empty(n, np.int64)
-    out_y = np.empty(n, np.int64)
+    out_s, out_d, out_t, out_y = _columns(n)
     cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
-    cdef Pt *mem = <Pt *>malloc(3 * width * sizeof(Pt))
-    if mem == NULL:
-        raise MemoryError()
+    cdef Pt *mem = _points(3 * width)
     try:
         with nogil:
             start = 0
@@ -412,6 +407,18 @@ def pair_hulls(
     return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy()
 
 
+cdef tuple _columns(Py_ssize_t n):
+    """The four int64 output columns ``(src, dst, t, y)`` of ``n`` points."""
+    return tuple(np.empty(n, np.int64) for _ in range(4))
+
+
+cdef Pt *_points(Py_ssize_t n) except NULL:
+    cdef Pt *mem = <Pt *>malloc(n * sizeof(Pt))
+    if mem == NULL:
+        raise MemoryError()
+    return mem
+
+
 cdef inline void _write_hull(
     const Pt *hull, Py_ssize_t h, int64_t s, int64_t d, int64_t[::1] os, int64_t[::1] od,
     int64_t[::1] ot, int64_t[::1] oy, Py_ssize_t w
@@ -424,18 +431,35 @@ cdef inline void _write_hull(
         oy[w + i] = hull[i].y
 
 
-def row_pair_hulls(
-    const unsigned char[::1] keep,
-    const int64_t[::1] src,
-    const int64_t[::1] dst,
-    const int64_t[::1] t_off,
-    const int64_t[::1] t_val,
-    const unsigned char[::1] t_ok,
-    const int64_t[::1] y_off,
-    const int64_t[::1] y_val,
-    const unsigned char[::1] y_ok,
-    Py_ssize_t n_nic,
-):
+cdef class RowLists:
+    """A window's rows as the kernels below read them: each row's NIC numbers (``src``,
+    ``dst``) and its hull lists' Arrow buffers, ``t`` and ``y`` each as offsets, values and
+    validity (empty: no value null); row ``r``'s points are ``t_val[t_off[r]:t_off[r + 1]]``
+    and ``y_val`` from ``y_off[r]``, the same count."""
+
+    cdef readonly const int64_t[::1] src, dst, t_off, t_val, y_off, y_val
+    cdef readonly const unsigned char[::1] t_ok, y_ok
+
+    def __init__(
+        self,
+        const int64_t[::1] src,
+        const int64_t[::1] dst,
+        const int64_t[::1] t_off,
+        const int64_t[::1] t_val,
+        const unsigned char[::1] t_ok,
+        const int64_t[::1] y_off,
+        const int64_t[::1] y_val,
+        const unsigned char[::1] y_ok,
+    ) -> None:
+        self.src, self.dst, self.t_off, self.t_val, self.t_ok = src, dst, t_off, t_val, t_ok
+        self.y_off, self.y_val, self.y_ok = y_off, y_val, y_ok
+
+
+cdef inline bint _same_pair(RowLists lists, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    return lists.src[a] == lists.src[b] and lists.dst[a] == lists.dst[b]
+
+
+def row_pair_hulls(const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_nic):
     """Each directed pair's lower hull of the kept rows' points, straight from the list
     buffers (as :func:`flatten_points` reads them): the same ``(src, dst, t, y)`` as
     :func:`pair_hulls` of the flattened points, pairs in ascending ``src·n_nic + dst``, and
@@ -446,7 +470,7 @@ def row_pair_hulls(
     only the hulls (a fifth of the points) are written."""
     cdef Py_ssize_t rows = keep.shape[0], r, k, i, total = 0, width = 1, m, w = 0, h, dy
     cdef Py_ssize_t nulls = 0, kept = 0, a, b
-    cdef bint t_all = t_ok.shape[0] == 0, y_all = y_ok.shape[0] == 0
+    cdef bint t_all = lists.t_ok.shape[0] == 0, y_all = lists.y_ok.shape[0] == 0
     cnt_a = np.zeros(n_nic + 1, np.int64)
     by_dst_a = np.empty(rows, np.int64)
     order_a = np.empty(rows, np.int64)
@@ -454,61 +478,56 @@ def row_pair_hulls(
     with nogil:
         for r in range(rows):
             if keep[r]:
-                cnt[dst[r] + 1] += 1
-                total += t_off[r + 1] - t_off[r]
+                cnt[lists.dst[r] + 1] += 1
+                total += lists.t_off[r + 1] - lists.t_off[r]
                 kept += 1
         for i in range(n_nic):
             cnt[i + 1] += cnt[i]
         for r in range(rows):
             if keep[r]:
-                by_dst[cnt[dst[r]]] = r
-                cnt[dst[r]] += 1
+                by_dst[cnt[lists.dst[r]]] = r
+                cnt[lists.dst[r]] += 1
         for i in range(n_nic + 1):
             cnt[i] = 0
         for k in range(kept):
-            cnt[src[by_dst[k]] + 1] += 1
+            cnt[lists.src[by_dst[k]] + 1] += 1
         for i in range(n_nic):
             cnt[i + 1] += cnt[i]
         for k in range(kept):
             r = by_dst[k]
-            order[cnt[src[r]]] = r
-            cnt[src[r]] += 1
+            order[cnt[lists.src[r]]] = r
+            cnt[lists.src[r]] += 1
         # the widest pair (its points): the hull buffers' size
         a = 0
         while a < kept:
             b, m = a, 0
-            while b < kept and src[order[b]] == src[order[a]] and dst[order[b]] == dst[order[a]]:
-                m += t_off[order[b] + 1] - t_off[order[b]]
+            while b < kept and _same_pair(lists, order[a], order[b]):
+                m += lists.t_off[order[b] + 1] - lists.t_off[order[b]]
                 b += 1
             width = max(width, m)
             a = b
-    out_s = np.empty(total, np.int64)
-    out_d = np.empty(total, np.int64)
-    out_t = np.empty(total, np.int64)
-    out_y = np.empty(total, np.int64)
+    out_s, out_d, out_t, out_y = _columns(total)
     cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
-    cdef Pt *mem = <Pt *>malloc(3 * width * sizeof(Pt))
-    if mem == NULL:
-        raise MemoryError()
+    cdef Pt *mem = _points(3 * width)
     try:
         with nogil:
             a = 0
             while a < kept:
                 b, m = a, 0
-                while b < kept and src[order[b]] == src[order[a]] and dst[order[b]] == dst[order[a]]:
+                while b < kept and _same_pair(lists, order[a], order[b]):
                     r = order[b]
-                    dy = y_off[r] - t_off[r]
-                    for k in range(t_off[r], t_off[r + 1]):
-                        if not ((t_all or t_ok[k]) and (y_all or y_ok[k + dy])):
+                    dy = lists.y_off[r] - lists.t_off[r]
+                    for k in range(lists.t_off[r], lists.t_off[r + 1]):
+                        if not ((t_all or lists.t_ok[k]) and (y_all or lists.y_ok[k + dy])):
                             nulls += 1
                             continue
-                        mem[m].t = t_val[k]
-                        mem[m].y = y_val[k + dy]
+                        mem[m].t = lists.t_val[k]
+                        mem[m].y = lists.y_val[k + dy]
                         m += 1
                     b += 1
                 h = _runs_hull(mem, m, mem + width, mem + 2 * width)
                 r = order[a]
-                _write_hull(mem + width, h, src[r], dst[r], os, od, ot, oy, w)
+                _write_hull(mem + width, h, lists.src[r], lists.dst[r], os, od, ot, oy, w)
                 w += h
                 a = b
     finally:
@@ -542,10 +561,7 @@ def union_hulls(list parts, const int64_t[::1] cur):
                 mv = parts[i][k]
                 views.append(mv)
                 ps[4 * i + k] = &mv[0] if mv.shape[0] else NULL
-        out_s = np.empty(total, np.int64)
-        out_d = np.empty(total, np.int64)
-        out_t = np.empty(total, np.int64)
-        out_y = np.empty(total, np.int64)
+        out_s, out_d, out_t, out_y = _columns(total)
         w = _union(n_parts, ps, pos, &mem, &cap, cur, out_s, out_d, out_t, out_y)
     finally:
         free(ps)
@@ -623,42 +639,27 @@ cdef Py_ssize_t _union(
         w += h
 
 
-def flatten_points(
-    const unsigned char[::1] keep,
-    const int64_t[::1] src,
-    const int64_t[::1] dst,
-    const int64_t[::1] t_off,
-    const int64_t[::1] t_val,
-    const unsigned char[::1] t_ok,
-    const int64_t[::1] y_off,
-    const int64_t[::1] y_val,
-    const unsigned char[::1] y_ok,
-    Py_ssize_t total,
-):
-    """The points of the kept rows in one pass: row ``r``'s are ``t_val[t_off[r]:t_off[r +
-    1]]`` and ``y_val[y_off[r]:...]`` (the same count where kept), each point with its row's
+def flatten_points(const unsigned char[::1] keep, RowLists lists, Py_ssize_t total):
+    """The points of the kept rows in one pass (:class:`RowLists`), each point with its row's
     ``src``/``dst``; ``total`` the kept rows' points. A point null in ``t_ok`` or ``y_ok``
     (empty: none null) is left out. Returns ``(src, dst, t, y, nulls)``."""
     cdef Py_ssize_t rows = keep.shape[0], r, k, w = 0, nulls = 0, dy
-    cdef bint t_all = t_ok.shape[0] == 0, y_all = y_ok.shape[0] == 0
-    out_s = np.empty(total, np.int64)
-    out_d = np.empty(total, np.int64)
-    out_t = np.empty(total, np.int64)
-    out_y = np.empty(total, np.int64)
+    cdef bint t_all = lists.t_ok.shape[0] == 0, y_all = lists.y_ok.shape[0] == 0
+    out_s, out_d, out_t, out_y = _columns(total)
     cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
     with nogil:
         for r in range(rows):
             if not keep[r]:
                 continue
-            dy = y_off[r] - t_off[r]
-            for k in range(t_off[r], t_off[r + 1]):
-                if not ((t_all or t_ok[k]) and (y_all or y_ok[k + dy])):
+            dy = lists.y_off[r] - lists.t_off[r]
+            for k in range(lists.t_off[r], lists.t_off[r + 1]):
+                if not ((t_all or lists.t_ok[k]) and (y_all or lists.y_ok[k + dy])):
                     nulls += 1
                     continue
-                os[w] = src[r]
-                od[w] = dst[r]
-                ot[w] = t_val[k]
-                oy[w] = y_val[k + dy]
+                os[w] = lists.src[r]
+                od[w] = lists.dst[r]
+                ot[w] = lists.t_val[k]
+                oy[w] = lists.y_val[k + dy]
                 w += 1
     if w < total:
         return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy(), nulls

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._csr import flatten_points, row_pair_hulls
+from ._csr import RowLists, flatten_points, row_pair_hulls
 
 
 def pure_mask(
@@ -71,13 +71,12 @@ class HullPoints:
 @dataclass
 class _KeptRows:
     """A window's rows as the solve reads them: which are kept, their NIC numbers, and
-    their hull lists' buffers (:func:`_list_parts`)."""
+    their hull lists' buffers (:func:`_list_parts`) as the kernels read them."""
 
     keep: np.ndarray  # (rows,) bool
     src: np.ndarray  # (rows,) int64 NIC number, -1 where invalid
     dst: np.ndarray
-    t_parts: tuple[np.ndarray, np.ndarray, np.ndarray]
-    y_parts: tuple[np.ndarray, np.ndarray, np.ndarray]
+    lists: RowLists
 
     def flatten(
         self, among: np.ndarray | None = None
@@ -85,14 +84,13 @@ class _KeptRows:
         """The kept rows' (of those ``among``) points, null points left out, and how many
         were null (:func:`flatten_points`)."""
         keep = self.keep if among is None else self.keep & among
-        total = int((self.t_parts[0][1:] - self.t_parts[0][:-1])[keep].sum())
-        return flatten_points(self._mask(keep), self.src, self.dst, *self.t_parts,
-                              *self.y_parts, total)  # fmt: skip
+        t_off = np.asarray(self.lists.t_off)
+        total = int((t_off[1:] - t_off[:-1])[keep].sum())
+        return flatten_points(self._mask(keep), self.lists, total)
 
     def pair_hulls(self, n_nic: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
         """Each directed pair's lower hull of the kept rows' points (:func:`row_pair_hulls`)."""
-        return row_pair_hulls(self._mask(self.keep), self.src, self.dst, *self.t_parts,
-                              *self.y_parts, n_nic)  # fmt: skip
+        return row_pair_hulls(self._mask(self.keep), self.lists, n_nic)
 
     @staticmethod
     def _mask(keep: np.ndarray) -> np.ndarray:
@@ -202,8 +200,9 @@ def _kept_rows(windows: pa.Table) -> tuple[_KeptRows, list[str], list[str], dict
     host_of = np.array([*(number[h] for h in hosts), -1], np.int64)  # [-1]: invalid id
     ok = (src >= 0) & (dst >= 0) & (host_of[src] != host_of[dst])
     keep = _count(keep, ok, "bad_nic_or_self_probe", dropped)
-    parts = _list_parts(windows["hull_t_ns"]), _list_parts(windows["hull_owd_ns"])
-    return _KeptRows(keep, src, dst, *parts), names, hosts, dropped
+    lists = RowLists(src, dst, *_list_parts(windows["hull_t_ns"]),
+                     *_list_parts(windows["hull_owd_ns"]))  # fmt: skip
+    return _KeptRows(keep, src, dst, lists), names, hosts, dropped
 
 
 def _bool(x: pa.ChunkedArray | pa.Array) -> np.ndarray:

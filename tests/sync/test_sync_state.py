@@ -13,6 +13,7 @@ import pytest
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
 from fleetlens.sync import HuygensSync, SyncConfig, purity, solver
+from fleetlens.sync._csr import RowLists
 from fleetlens.sync.pooling import HullPool, Pooled
 from fleetlens.sync.purity import HullPoints
 
@@ -136,10 +137,11 @@ def _shifted(t: pa.Table, shift: int) -> pa.Table:
 
 
 def _flatten_by_numpy(
-    keep: np.ndarray, src: np.ndarray, dst: np.ndarray, t_off: np.ndarray, t_val: np.ndarray,
-    t_ok: np.ndarray, y_off: np.ndarray, y_val: np.ndarray, y_ok: np.ndarray, total: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
+    keep: np.ndarray, lists: RowLists, total: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """:func:`fleetlens.sync._csr.flatten_points` by numpy gathers (as hull_points had it)."""
+    src, dst, t_off, t_val, t_ok, y_off, y_val, y_ok = (np.asarray(getattr(lists, n)) for n in (
+        "src", "dst", "t_off", "t_val", "t_ok", "y_off", "y_val", "y_ok"))  # fmt: skip
     rows = np.flatnonzero(keep)
     n = t_off[rows + 1] - t_off[rows]
     row = np.repeat(rows, n)
