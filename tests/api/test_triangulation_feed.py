@@ -249,8 +249,10 @@ def test_triangulation_goes_on_while_a_clock_solve_is_stuck(tmp_path: Path) -> N
         for w in range(4):
             for host in topo.hosts:
                 send_clean_window(c, topo, host, start + w * SEC)
+            if w == 0:  # the windows after it are all stored and judged during one solve
+                _until(solving.is_set, "a clock solve started")
             _until(lambda w=w: w == 0 or start + w * SEC in judged, f"window {w} judged")
-        assert solving.is_set() and not release.is_set()  # all of it during one solve
+        assert not release.is_set()
         assert "leaf0->spine1" in c.served.verdicts()  # published, not held for the solve
         lag = {s.name: s.value for s in c.metrics.verdict_lag.collect()[0].samples}
         age = c.metrics.registry.get_sample_value("fleetlens_triangulated_window_age_seconds")
