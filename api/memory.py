@@ -23,12 +23,13 @@ to it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Callable
 
 import pyarrow as pa
 from fleetlens.api.store import Store
+
+from fleetlens.heap import libc_function
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -40,11 +41,7 @@ class _Mallinfo2(ctypes.Structure):
 
 
 def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        fn = ctypes.CDLL(name).mallinfo2 if name else None
-    except (OSError, AttributeError):  # not glibc >= 2.33
-        return None
+    fn = libc_function("mallinfo2")  # glibc >= 2.33
     if fn is not None:
         fn.restype = _Mallinfo2
     return fn

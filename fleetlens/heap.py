@@ -14,21 +14,30 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from typing import Any
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _KEEP_BYTES = 1 << 30  # blocks up to 1 GiB come from the heap, and 1 GiB of free top is kept
 
 
+def libc_function(name: str) -> Any | None:
+    """The C library's function ``name``, or None where it has none (not glibc, or an older
+    one)."""
+    lib = ctypes.util.find_library("c")
+    if lib is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(lib), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Set glibc's thresholds for this process; False where there is no glibc ``mallopt``
     (musl, macOS): nothing changes there."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
+    mallopt = libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(
