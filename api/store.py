@@ -339,7 +339,7 @@ def connect(
             con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
         types = _column_types(con)
         if {types[c] for c in ("src_nic", "dst_nic", "ts_source", "path")} != {"INTEGER"}:
-            _migrate_layout(con, path)
+            _migrate_layout(con, path, types)
     return con
 
 
@@ -349,12 +349,12 @@ def _column_types(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     return dict(con.execute(sql).fetchall())
 
 
-def _migrate_layout(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+def _migrate_layout(con: duckdb.DuckDBPyConnection, path: Path, types: dict[str, str]) -> None:
     """A file from before the dictionaries (``path`` a BLOB of packed link indices, NIC ids
     and ts_source strings): the distinct values go into ``path_dict``, ``nic_dict`` and
     ``ts_source_dict``, and the windows table is rewritten with their ids, in one transaction
-    (a crash leaves the old file, migrated again at the next open)."""
-    types = _column_types(con)
+    (a crash leaves the old file, migrated again at the next open). ``types``: the windows
+    table's column types, in order."""
     joins, ids = [], {}
     con.execute("BEGIN TRANSACTION")
     try:
