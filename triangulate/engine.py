@@ -131,8 +131,9 @@ class Triangulator:
         cfg = self.cfg
         S = f.inc.link_sums(f.sent)
         starting = self._starting(f)
-        gamma, lossy_now, lossy_all = self.slow.add(f, starting)
-        lossy_onset = self.onset.add(f, starting)
+        lost_kept = f.lost if starting is None else np.where(starting, 0.0, f.lost)
+        gamma, lossy_now, lossy_all = self.slow.add(f, lost_kept)
+        lossy_onset = self.onset.add(f, lost_kept)
         if starting is not None:  # the window's own lossy rows, start-up losses included
             lossy_now = np.flatnonzero(f.lost > 0)
         fast = fit_incidence(

@@ -48,12 +48,12 @@ class DecayedCounts:
         return self.acc.cols["lost"]
 
     def add(
-        self, f: Frame, unlost: np.ndarray | None = None
+        self, f: Frame, lost_now: np.ndarray | None = None
     ) -> tuple[float, np.ndarray | None, np.ndarray | None]:
-        """Decay, add this window, without the lost packets of the ``unlost`` rows (a mask):
-        (the decay factor, this window's lossy rows, the decayed counts' lossy rows — each
-        None when this pass did not find them)."""
-        lost_now = f.lost if unlost is None else np.where(unlost, 0.0, f.lost)
+        """Decay, add this window with ``lost_now`` as its rows' lost packets (default: the
+        frame's): (the decay factor, this window's lossy rows, the decayed counts' lossy rows
+        — each None when this pass did not find them)."""
+        lost_now = f.lost if lost_now is None else lost_now
         dt = max(f.end_ns - f.start_ns, 1) * 1e-9
         gamma = math.exp(-dt / self.tau_s)
         acc = self.acc
@@ -134,11 +134,11 @@ class WindowSums:
     def lost(self) -> np.ndarray:
         return self.acc.cols["lost"]
 
-    def add(self, f: Frame, unlost: np.ndarray | None = None) -> np.ndarray | None:
-        """This window's counts in (without the lost packets of the ``unlost`` rows, a
-        mask), the oldest window's out; the lossy rows (None: not listed, a fit finds
+    def add(self, f: Frame, lost_now: np.ndarray | None = None) -> np.ndarray | None:
+        """This window's counts in (``lost_now`` its rows' lost packets, default the
+        frame's), the oldest window's out; the lossy rows (None: not listed, a fit finds
         them)."""
-        lost_now = f.lost if unlost is None else np.where(unlost, 0.0, f.lost)
+        lost_now = f.lost if lost_now is None else lost_now
         self.slot = (self.slot + 1) % self.n
         acc, c = self.acc, self.acc.cols
         s_old, l_old = f"s{self.slot}", f"l{self.slot}"
