@@ -31,12 +31,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fleetlens.api.config import MINUTE_NS
 from fleetlens.api.store import Store
 
 from fleetlens.batch import Batch
 from fleetlens.records import WINDOW_SCHEMA
 
-MINUTE_NS = 60_000_000_000
 PARTS_THROUGH = b"fleetlens.parts_through"  # a minute file's metadata: the parts it covers
 _PART = re.compile(r"^shard=(\d+)\.part-(\d+)\.parquet$")
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from fleet_helpers import host_batches
+from fleetlens.api.config import MINUTE_NS
 from fleetlens.api.fleetstore import FleetStore
-from fleetlens.api.shardexport import MINUTE_NS, MinuteExport, minute_dir, readable
+from fleetlens.api.shardexport import MinuteExport, minute_dir, readable
 from fleetlens.api.store import Store
 
 from fleetlens.batch import Batch
