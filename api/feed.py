@@ -46,8 +46,8 @@ class RecentWindows:
         self._lock = threading.Lock()
         self._rows: dict[int, list[pa.Table]] = {}
         # The held starts as a heap, oldest first, and the newest: pruning pops the old ones
-        # (one start per host where agents' starts differ, the simulator's raw clocks, so
-        # thousands are held; a scan of them per commit group was most of the upkeep).
+        # (senders stamping off the window grid can make thousands of starts; a scan of them
+        # per commit group was most of the upkeep).
         self._starts: list[int] = []
         self._newest: int | None = None
         # Generations up to here (stored before this collector ran, or pruned) are not held.

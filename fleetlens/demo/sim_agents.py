@@ -59,18 +59,3 @@ def withhold_unsynced_owd(win: SimWindow, ready: set[str]) -> tuple[SimWindow, i
         i = t.schema.get_field_index(c)
         t = t.set_column(i, c, pc.if_else(good, t[c], pa.scalar(None, t.schema.field(c).type)))
     return replace(win, windows=t), int(bad)
-
-
-def snap_starts(win: SimWindow) -> SimWindow:
-    """Window starts on the fleet-time window boundary, as the real agent reports them
-    (probe/windows.py: ``start_ns = index * window_ns`` in its fleet clock). The simulator
-    gives the sender's fleet reading of the true boundary, a few ns (synced) to 50 ms (not
-    yet) off; the collector groups a window's rows by ``start_ns``."""
-    t = win.windows
-    start = t["start_ns"].to_numpy().astype(np.int64)
-    snapped = (start + WINDOW_NS // 2) // WINDOW_NS * WINDOW_NS
-    col = t.schema.get_field_index("start_ns")
-    t = t.set_column(col, "start_ns", pa.array(snapped, pa.int64()))
-    # One chunk: the stream splits a window into per-host batches (take per host), which on
-    # hundreds of chunks costs an order of magnitude more CPU (docs/notes/demo.md).
-    return replace(win, windows=t.combine_chunks())

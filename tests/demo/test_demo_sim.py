@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -157,13 +156,3 @@ def test_withhold_unsynced_owd_nulls_exactly_rows_touching_unsynced_hosts() -> N
     assert t["received"].equals(win.windows["received"])  # loss counts untouched
     assert t["hull_t_ns"].equals(win.windows["hull_t_ns"])  # sync's input untouched
     assert sim_agents.withhold_unsynced_owd(win, set(topo.hosts))[1] == 0
-
-
-def test_snap_starts_puts_rows_on_the_window_boundary() -> None:
-    _, win = _window()
-    t = win.windows
-    jitter = np.resize(np.array([-40_000_000, 0, 37, 49_000_000]), t.num_rows)
-    col = t.schema.get_field_index("start_ns")
-    shifted = t.set_column(col, "start_ns", pa.array(t["start_ns"].to_numpy() + jitter))
-    got = sim_agents.snap_starts(replace(win, windows=shifted)).windows
-    assert set(got["start_ns"].to_pylist()) == {win.start_ns}

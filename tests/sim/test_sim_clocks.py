@@ -71,12 +71,12 @@ def test_supplied_clock_models_are_applied_per_window(small_topo) -> None:
     # Drift wander inside a window keeps the model within tens of ns of the truth.
     assert np.max(near) < 200
     assert np.min(far) > 1_000  # the host without a model keeps its raw offset
-    # Window starts: the sender's fleet reading of the true start (its raw one without model).
-    for r in got.windows.to_pylist():
-        true_start = 1_767_225_600 * 10**9 + r["window"] * 10**9
-        c = truth[(r["window"], r["src_nic"].split("/")[0])]
-        expect = true_start + (c["offset_ns"] if r["src_nic"].startswith(last) else 0)
-        assert abs(r["start_ns"] - expect) <= 1
+    # Window starts: the window's place on the fleet-time grid, as agents stamp it, for every
+    # sender, the one without a model too (one start per window generation).
+    starts: dict[int, set[int]] = {}
+    for r in got.windows.select(["window", "start_ns"]).to_pylist():
+        starts.setdefault(r["window"], set()).add(r["start_ns"])
+    assert starts == {w: {1_767_225_600 * 10**9 + w * 10**9} for w in range(3)}
     # set_clock_models() between windows does the same as the callable.
     sim2 = Simulator(small_topo, SimConfig(clock="models"), seed=5)
     rows = []
