@@ -25,9 +25,8 @@ class TriangulateConfig:
     max_links_per_fit: int = 64  # greedy stops after this many links per fit
     # lost acks (records' ``acks_lost``) as loss evidence on each ack's reverse path, in a
     # one-window fit beside the probes' in every window that lost an ack, against the acks'
-    # own background and dispersion (evidence.py: agents count late acks lost, by turns).
-    # Off: on the lab a burst of late acks still made a healthy tie group faulty for 5 s
-    # (~0.05 per link-hour over the replayed runs, against 1e-3); see README
+    # own background, no link's evidence resting on one agent's rows (evidence.py: agents
+    # count late acks lost, by turns). Off until the lab checks pass with it on (README)
     ack_evidence: bool = False
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link

@@ -85,7 +85,7 @@ class Triangulator:
         self.topo = topo
         self.paths = PathModel(topo)
         p = self.paths
-        nic_host = topo.index.nic_host
+        nic_host = self.nic_host = topo.index.nic_host
         groups = ecmp_groups(topo)
         self.delay = DelayModel(p.n_links, p.n_nics, nic_host, groups, self.cfg)
         self.attrib = Attributor(topo, p.link_ids, groups, p.nic_up, p.nic_down, nic_host, self.cfg)
@@ -177,9 +177,10 @@ class Triangulator:
         With lost acks, a second fit runs on every flow row and a twin per row after them:
         its acks (one per pair the receiver heard) on the reverse path
         (``PathModel.ack_incidence``), whose fabric part is spread over its ECMP candidates,
-        gated against the acks' own background and dispersion (``evidence``). A link that
-        drops only acks then explains their loss as a forward-lossy link explains lost
-        probes, and an ack's loss never counts against the forward path. What it keeps that
+        gated against the acks' own background, no link's evidence resting on one agent's
+        rows (``evidence``). A link that drops only acks then explains their loss as a
+        forward-lossy link explains lost probes, and an ack's loss never counts against the
+        forward path. What it keeps that
         the probes' fit did not is added, held under ``strong_llr`` (needing
         ``fault_windows`` windows in a row to be faulty: a busy agent's burst of late acks
         lasts a window or two, a link dropping acks goes on; on the lab, 92 lost acks in one
@@ -208,7 +209,7 @@ class Triangulator:
             self.floor, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,
             np.concatenate([lossy, f.n + np.flatnonzero(a_lost > 0)]),
         )  # fmt: skip
-        acks = AckRows(f.n, f.src, f.dst)
+        acks = AckRows(f.n, f.src, f.dst, self.nic_host)
         fit = self.ack_ev.gate(fit, inc, sent, lost, _window_s(f), self.floor, acks)
         new = ~np.isin(fit.links, fast.links)
         below = np.nextafter(cfg.strong_llr, 0.0)
