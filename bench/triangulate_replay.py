@@ -12,8 +12,8 @@ subjects (``?``: suspect) of both.
 
     .venv/bin/python bench/triangulate_replay.py [--run DB:NICS,LEAVES,SPINES,WIRING ...] [--trace]
 
-The default runs are the stored lab runs of sessions 33-34 on this box (``/tmp/sweep28-*``,
-``/tmp/tri34/runs``); missing files are skipped and said so.
+The default runs are the stored lab runs of sessions 33-35 on this box (``/tmp/sweep28-*``,
+``/tmp/tri34/runs``, ``/tmp/tri35/runs``); missing files are skipped and said so.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ RUNS = (
     "/tmp/sweep28-A/sweep0/host33/fleetlens.duckdb:2,3,3,host",
     "/tmp/sweep28-A/sweep0/rail34/fleetlens.duckdb:1,3,4,rail",
     "/tmp/sweep28-B/sweep0/host23/fleetlens.duckdb:2,2,3,host",
+    "/tmp/tri35/runs/sweepci-s35/fleetlens.duckdb:2,4,2,rail",
+    "/tmp/tri35/runs/rail22-s35/fleetlens.duckdb:2,2,2,rail",
 )
 LAB_BACKGROUND_LOSS = 1e-3  # fixtures/lab/defaults.py (not imported: bench stays below apps)
 

@@ -27,7 +27,7 @@ class TriangulateConfig:
     # one-window fit beside the probes' in every window that lost an ack, against the acks'
     # own background, no link's evidence resting on one agent's rows (evidence.py: agents
     # count late acks lost, by turns)
-    ack_evidence: bool = False
+    ack_evidence: bool = True
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link
     delay_quantile: float = 0.25  # a link's statistic: this quantile of its flows' excess
