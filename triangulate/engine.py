@@ -215,7 +215,7 @@ class Triangulator:
             self.floor, cfg.loss_llr, cfg.min_lost, cfg.max_links_per_fit,
             np.concatenate([lossy, f.n + np.flatnonzero(a_lost > 0)]),
         )  # fmt: skip
-        acks = AckRows(f.n, f.src, f.dst, self.nic_host)
+        acks = AckRows(f.n, f.inc, a_inc, f.src, f.dst, self.nic_host)
         fit = self.ack_ev.gate(fit, inc, sent, lost, _window_s(f), self.floor, acks)
         new = ~np.isin(fit.links, fast.links)
         below = np.nextafter(cfg.strong_llr, 0.0)

@@ -80,9 +80,13 @@ from .loss import LossFit, poisson_llr
 
 class AckRows(NamedTuple):
     """Where a fit's rows are acks (``engine._with_acks``): from row ``start`` on, one per
-    flow, each received by its flow's source NIC and sent by its destination NIC."""
+    flow, each received by its flow's source NIC and sent by its destination NIC; the
+    incidence of the rows before (the probes') and of those (the acks'), each kept per
+    layout with its own cached factors."""
 
     start: int
+    probes: Incidence
+    twin: Incidence
     receiver: np.ndarray  # per ack row: the NIC number counting it (the flow's source)
     sender: np.ndarray  # and the NIC answering with it (the flow's destination)
     nic_host: np.ndarray  # per NIC number, its host's (one agent per host)
@@ -104,12 +108,13 @@ def background(
     sent: np.ndarray,
     lost: np.ndarray,
     need: float,
-    rows: np.ndarray | None = None,
+    s_l: np.ndarray | None = None,
 ) -> tuple[float, float, float]:
-    """The background loss per hop: lost / hop-packets over every row (of the ``rows`` mask
-    when given: the probes' or the acks' alone), then without the rows of the chosen links
-    whose loss reaches ``need`` against the rest (0 with nothing sent); with the lost packets
-    and hop-packets it is the ratio of.
+    """The background loss per hop: lost / hop-packets over every row of ``inc``, then
+    without the rows of the chosen links whose loss reaches ``need`` against the rest (0 with
+    nothing sent); with the lost packets and hop-packets it is the ratio of. ``s_l``: the
+    chosen links' weighted packets over these rows when the fit's (its ``sent``) are over
+    more (the probes' or the acks' rows of a fit over both).
 
     "The rest": each link is tested against the rate of every row's packets and losses but
     its own rows' hop-packets and the loss the fit puts on it. Against the rate of all rows,
@@ -117,13 +122,8 @@ def background(
     3L4S uplink, 5 lost of ~400 probes (1 %) read as 0.3 expected, not heavy, and the gate
     then tested them against that same inflated rate (LLR 9.6) instead of the floor."""
     h = inc.hops()
-    if rows is None:
-        s_l = fit.sent[fit.links]
-        own = inc.hop_factors(sent)[1][fit.links] * s_l
-    else:  # one class of rows: its own link sums (the cached factors are all rows')
-        sent, lost = np.where(rows, sent, 0.0), np.where(rows, lost, 0.0)
-        s_l = inc.link_sums(sent)[fit.links]
-        own = inc.link_sums(sent * h, whole=True)[fit.links]
+    s_l = fit.sent[fit.links] if s_l is None else s_l
+    own = inc.hop_factors(sent)[1][fit.links] * s_l
     hs, lo = float(sent @ h), float(lost.sum())
     if hs <= 0:
         return 0.0, 0.0, 0.0
@@ -133,8 +133,6 @@ def background(
     heavy = fit.links[poisson_llr(x, q_rest * own) >= need]
     if heavy.size:
         hit = inc.rows_of(heavy)
-        if rows is not None:
-            hit = hit[rows[hit]]
         hs -= float(sent[hit] @ h[hit])
         lo -= float(lost[hit].sum())
     lo, hs = max(lo, 0.0), max(hs, 0.0)
@@ -325,7 +323,7 @@ class LossEvidence:
             e_bg = self.q * reach[fit.links] * s_l
         else:
             hops, e_bg, support, exp = self._ack_null(fit, inc, sent, lost, acks)
-            s_l = inc.link_sums(sent)[fit.links]
+            s_l = fit.sent[fit.links]
         self.support = (support[0], support[1])
         self.link_q = np.maximum(self.q * hops, floor)
         e_l = np.maximum(e_bg, floor * s_l)
@@ -371,16 +369,17 @@ class LossEvidence:
         explaining it out of the scale; and beside the cap it only cost power: scales of
         2.7-4 in the simulator with agents late on 0.5 % of acks left a reverse-path fault
         seen in acks alone `suspect` for 8 windows.)"""
-        probes = np.arange(inc.n) < acks.start
-        self.q, *support = background(fit, inc, sent, lost, self.cfg.loss_llr, probes)
-        q_ack = background(fit, inc, sent, lost, self.cfg.loss_llr, ~probes)[0]
-        h = inc.hops()
-        per_row = np.where(probes, self.q, q_ack) * sent * h
-        e_bg = inc.link_sums(per_row, whole=True)[fit.links]
-        s_p = inc.link_sums(np.where(probes, sent, 0.0))
-        hop_sent = inc.link_sums(np.where(probes, sent * h, 0.0))
-        hops = np.divide(hop_sent, s_p, out=np.full_like(s_p, 2.0), where=s_p > 0)
-        exp = np.maximum(per_row, self.cfg.background_loss_min * sent)[acks.start :]
+        n, need, links = acks.start, self.cfg.loss_llr, fit.links
+        parts = []  # per class: its rows' (packets, lost, background per hop)
+        for inc_c, rows in ((acks.probes, slice(None, n)), (acks.twin, slice(n, None))):
+            sent_c, lost_c = sent[rows], lost[rows]
+            s_c = inc_c.link_sums(sent_c)[links]
+            parts.append((sent_c, *background(fit, inc_c, sent_c, lost_c, need, s_c)))
+        (_, self.q, *support), (a_sent, q_ack, *_) = parts
+        per_row = np.concatenate([self.q * parts[0][0], q_ack * a_sent]) * inc.hops()
+        e_bg = inc.link_sums(per_row, whole=True)[links]
+        hops = acks.probes.hop_factors(parts[0][0])[0]
+        exp = np.maximum(per_row[n:], self.cfg.background_loss_min * a_sent)
         return hops, e_bg, support, exp
 
     def healed(
