@@ -41,6 +41,9 @@ RUNS = (
     "/tmp/sweep28-B/sweep0/host23/fleetlens.duckdb:2,2,3,host",
     "/tmp/tri35/runs/sweepci-s35/fleetlens.duckdb:2,4,2,rail",
     "/tmp/tri35/runs/rail22-s35/fleetlens.duckdb:2,2,2,rail",
+    "/tmp/tri35/runs/host33-s35/fleetlens.duckdb:2,3,3,host",
+    "/tmp/tri35/runs/rail34-s35/fleetlens.duckdb:1,3,4,rail",
+    "/tmp/tri35/runs/host23-s35/fleetlens.duckdb:2,2,3,host",
 )
 LAB_BACKGROUND_LOSS = 1e-3  # fixtures/lab/defaults.py (not imported: bench stays below apps)
 
