@@ -25,10 +25,9 @@ class TriangulateConfig:
     max_links_per_fit: int = 64  # greedy stops after this many links per fit
     # lost acks (records' ``acks_lost``) as loss evidence on each ack's reverse path, in a
     # one-window fit beside the probes' in every window that lost an ack, against the acks'
-    # own background and dispersion (evidence.py: agents count late acks lost, by turns).
-    # Off: on the lab a burst of late acks still made a healthy tie group faulty for 5 s
-    # (~0.05 per link-hour over the replayed runs, against 1e-3); see README
-    ack_evidence: bool = False
+    # own background, no link's evidence resting on one agent's rows (evidence.py: agents
+    # count late acks lost, by turns)
+    ack_evidence: bool = True
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link
     delay_quantile: float = 0.25  # a link's statistic: this quantile of its flows' excess
@@ -44,6 +43,9 @@ class TriangulateConfig:
     # attribution
     device_fraction: float = 0.75  # share of a switch's fabric links implicated -> switch
     silent_fraction: float = 0.2  # a NIC sending under this share of its usual rows = silent
+    # a NIC whose first window had under this share of its second's probes started during it
+    # (its losses there are left off the horizons: engine._forget_partial_start)
+    start_fraction: float = 0.8
     # verdicts
     fault_windows: int = 2  # consecutive bad windows before 'faulty' (unless strong)
     strong_llr: float = 40.0  # evidence this strong makes a subject faulty at once
