@@ -47,6 +47,17 @@ def row_pair_hulls(
 def union_hulls(
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], cur: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
+def union_edge_points(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    cur: np.ndarray,
+    key_codes: np.ndarray,
+    n_nic: int,
+    nic_h: np.ndarray,
+    theta: np.ndarray,
+    drift: np.ndarray,
+    t_ref: int,
+    lat: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 def flatten_points(
     keep: np.ndarray, lists: RowLists, total: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...

@@ -48,12 +48,13 @@ these choices: ``docs/notes/sync.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 import numpy as np
 
-from ._csr import hull_groups, pair_hulls, union_hulls
+from ._csr import hull_groups, pair_hulls, union_edge_points, union_hulls
 from .config import SyncConfig
-from .edgefit import EdgeFits
+from .edgefit import EdgeFits, Points
 from .purity import HullPoints
 
 
@@ -137,6 +138,21 @@ class Pooled:
     owd_raw: np.ndarray
 
 
+class WindowEdges(NamedTuple):
+    """How a span's pooled points are written for the fits (:meth:`HullPool.pooled_edges`):
+    the window's edges (sorted ``lo·n_nic + hi`` over its NICs) and each point's time map,
+    per NIC its host (``nic_h``), per host its offset θ at ``t_ref`` and drift, per NIC its
+    calibrated (egress, ingress) latency."""
+
+    key_codes: np.ndarray
+    n_nic: int
+    nic_h: np.ndarray
+    theta: np.ndarray
+    drift: np.ndarray
+    t_ref: int
+    lat: np.ndarray
+
+
 class HullPool:
     """The last windows' hulls and, per edge, each span's last line and score.
 
@@ -170,13 +186,7 @@ class HullPool:
         stored windows of the last ``span`` generations (a missed window still counts),
         restricted to the current window's NICs. It is taken in raw coordinates: the fits
         map a pair's points by one affine map with positive scale, which keeps the hull."""
-        ids = self.nic_numbers(pts)
-        parts = []
-        if gen is not None and span > 1:
-            parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
-        parts.append(self._reduced(pts))
-        cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
-        cur[ids] = np.arange(ids.size)
+        parts, cur = self._span(pts, gen, span)
         if len(parts) > 1:
             # the merge maps the pairs to this window's NICs and leaves the others out as it
             # writes them: no mapped copies of ~1 M points (fresh memory, faulted in)
@@ -187,6 +197,30 @@ class HullPool:
         src, dst = cur[h.src], cur[h.dst]
         keep = (src >= 0) & (dst >= 0)
         return Pooled(src[keep], dst[keep], h.t_raw[keep], h.owd_raw[keep])
+
+    def pooled_edges(
+        self, pts: HullPoints, gen: int | None, span: int, edges: WindowEdges
+    ) -> Points | None:
+        """:meth:`pooled` written straight as the fits read it, ``(edge, upper, t, y)``
+        (:func:`union_edge_points`: pairs of no edge of ``edges`` left out, times in fleet
+        time, delays signed by the edge's sense), in the merge's one pass without the GIL;
+        None where the stored hulls are not grouped by pair (the caller maps
+        :meth:`pooled`)."""
+        parts, cur = self._span(pts, gen, span)
+        cols = [(p.src, p.dst, p.t_raw, p.owd_raw) for p in parts]
+        return union_edge_points(cols, cur, *edges)
+
+    def _span(self, pts: HullPoints, gen: int | None, span: int) -> tuple[list[_Hulls], np.ndarray]:
+        """A span's parts (the stored blocks' hulls, then this window's) and each stable NIC
+        number's number in this window (-1: not in it)."""
+        ids = self.nic_numbers(pts)
+        parts = []
+        if gen is not None and span > 1:
+            parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
+        parts.append(self._reduced(pts))
+        cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
+        cur[ids] = np.arange(ids.size)
+        return parts, cur
 
     def remember(self, pts: HullPoints, gen: int | None) -> None:
         if len(self.sizes) < 2 or gen is None:

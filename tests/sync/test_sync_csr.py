@@ -22,6 +22,7 @@ from fleetlens.sync._csr import (
     hull_groups,
     pair_hulls,
     shifted_median,
+    union_edge_points,
     union_hulls,
 )
 from fleetlens.sync.edgefit import fit_edges
@@ -93,6 +94,50 @@ def test_union_of_hulls_is_the_hull_of_every_point() -> None:
             assert np.array_equal(np.c_[got[2], got[3]][got_pair == p], want[p])
         gone = union_hulls(parts, np.where(cur == 0, -1, cur))  # NIC 0 left the window
         assert gone is not None and not (gone[0] == 0).any() and not (gone[1] == 0).any()
+
+
+def test_union_written_as_edge_points_is_the_union_mapped() -> None:
+    """The union's merge writing each hull point's edge, sense, fleet time and signed delay
+    gives what mapping :func:`union_hulls`' points does (bit for bit, same order), pairs of
+    no edge of the window and NICs not in it left out."""
+    rng = np.random.default_rng(12)
+    for _ in range(30):
+        n_stable, parts = int(rng.integers(2, 12)), []
+        for _ in range(int(rng.integers(1, 6))):
+            m = int(rng.integers(0, 300))
+            pair = np.sort(rng.integers(0, n_stable * n_stable, m)).astype(np.int64)
+            t, y = _points(rng, m, ties=bool(rng.integers(0, 2)))
+            size, ht, hy = hull_groups(*group_offsets(pair, n_stable * n_stable), t, y)
+            hp = np.repeat(np.arange(n_stable * n_stable), size)
+            parts.append((hp // n_stable, hp % n_stable, ht, hy))
+        cur = rng.permutation(n_stable).astype(np.int64)  # stable number -> this window's
+        cur[rng.random(n_stable) < 0.2] = -1  # NICs gone from the window
+        n_nic, hosts = n_stable, 4
+        every = np.unique(np.minimum.outer(np.arange(n_nic), np.arange(n_nic)) * n_nic
+                          + np.maximum.outer(np.arange(n_nic), np.arange(n_nic)))  # fmt: skip
+        key_codes = np.sort(rng.choice(every, int(rng.integers(0, every.size + 1)), False))
+        nic_h = rng.integers(0, hosts, n_nic).astype(np.int64)
+        theta, drift = rng.normal(0, 5e7, hosts), rng.normal(0, 2e4, hosts)
+        lat = np.ascontiguousarray(rng.normal(0, 300, (n_nic, 2)))
+        t_ref = int(rng.integers(0, 10**9))
+        got = union_edge_points(parts, cur, key_codes.astype(np.int64), n_nic, nic_h, theta,
+                                drift, t_ref, lat)  # fmt: skip
+        src, dst, ht, hy = union_hulls(parts, cur)  # type: ignore[misc]
+        key = np.minimum(src, dst) * n_nic + np.maximum(src, dst)
+        edge = np.searchsorted(key_codes, key)
+        known = edge < key_codes.size
+        known[known] = key_codes[edge[known]] == key[known]
+        src, dst, ht, hy, edge = src[known], dst[known], ht[known], hy[known], edge[known]
+        up, y = edge_delays(hy, src, dst, lat)
+        want = (edge, up, fleet_times(ht, src, nic_h, theta, drift, t_ref), y)
+        assert got is not None
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w)
+    # a part not grouped in ascending pairs: told, not miscomputed
+    desc = [(np.array([1, 0], np.int64), np.zeros(2, np.int64), np.arange(2), np.arange(2))]
+    two = np.zeros(2)
+    assert union_edge_points(desc, np.arange(2), np.array([1]), 2, np.arange(2), two, two, 0,
+                             np.zeros((2, 2))) is None  # fmt: skip
 
 
 def test_fits_over_each_directions_hull_equal_the_fits_over_every_point() -> None:

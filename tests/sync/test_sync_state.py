@@ -14,7 +14,7 @@ from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
 from fleetlens.sync import HuygensSync, SyncConfig, purity, solver
 from fleetlens.sync._csr import RowLists
-from fleetlens.sync.pooling import HullPool, Pooled
+from fleetlens.sync.pooling import HullPool, Pooled, WindowEdges
 from fleetlens.sync.purity import HullPoints
 
 from fleetlens.records import ClockModel
@@ -48,6 +48,9 @@ class RepoolingPool(HullPool):
             parts.append((s[keep], d[keep], old.t_raw[keep], old.owd_raw[keep]))
         src, dst, t_raw, owd_raw = (np.concatenate([p[i] for p in parts]) for i in range(4))
         return Pooled(src, dst, t_raw, owd_raw)
+
+    def pooled_edges(self, pts: HullPoints, gen: int | None, span: int, edges: WindowEdges) -> None:
+        return None  # the solver maps the re-pooled points of :meth:`pooled`
 
 
 def _windows(topo: Topology, seconds: int, seed: int, **cfg: object) -> list[pa.Table]:
