@@ -1,6 +1,18 @@
 import numpy as np
 
-def group_offsets(group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]: ...
+def group_points(
+    edge: np.ndarray, upper: np.ndarray, t: np.ndarray, y: np.ndarray, n_edges: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def run_gaps(
+    edge: np.ndarray,
+    upper: np.ndarray,
+    t: np.ndarray,
+    y: np.ndarray,
+    line0: np.ndarray,
+    carry: np.ndarray,
+    lo_gap: np.ndarray,
+    hi_gap: np.ndarray,
+) -> None: ...
 def hull_groups(
     off: np.ndarray, order: np.ndarray, t: np.ndarray, y: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...

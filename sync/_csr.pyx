@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Per-group loops of the clock solve over a CSR layout: points grouped once by a stable
-counting sort (``group_offsets``), each group then one pass over its own points.
+counting sort (``group_points``), each group then one pass over its own points.
 
 The numpy forms padded every group to the widest one ((groups, width) matrices: a 1024-host
 window has ~130 k directed NIC pairs of up to a few hundred points) and sorted millions of
@@ -67,24 +67,68 @@ cdef Pt *_merge_runs(Pt *buf, Pt *tmp, Py_ssize_t n) noexcept nogil:
     return buf
 
 
-def group_offsets(const int64_t[::1] group, Py_ssize_t n):
-    """Stable counting sort of ``0 <= group < n``: ``(offsets, order)``, group ``g``'s
-    points being ``order[offsets[g]:offsets[g + 1]]`` in their original order."""
-    cdef Py_ssize_t m = group.shape[0], k, i
+def group_points(
+    const int64_t[::1] edge,
+    const unsigned char[::1] upper,
+    const double[::1] t,
+    const double[::1] y,
+    Py_ssize_t n_edges,
+):
+    """The edge fits' CSR rows (edge ``e``'s upper points row ``2e``, its lower points row
+    ``2e + 1``) by a stable counting sort, with the points' ``t`` and ``y`` gathered into
+    row order in the same pass: ``(offsets, t, y)``, what a stable sort by ``2·edge +
+    ~upper`` and two gathers through its order give, without the order array."""
+    cdef Py_ssize_t m = edge.shape[0], n = 2 * n_edges, k, i, r
     off_a = np.zeros(n + 1, np.int64)
-    order_a = np.empty(m, np.int64)
+    tc_a = np.empty(m, np.float64)
+    yc_a = np.empty(m, np.float64)
     pos_a = np.empty(max(n, 1), np.int64)
-    cdef int64_t[::1] off = off_a, order = order_a, pos = pos_a
+    cdef int64_t[::1] off = off_a, pos = pos_a
+    cdef double[::1] tc = tc_a, yc = yc_a
     with nogil:
         for k in range(m):
-            off[group[k] + 1] += 1
+            off[2 * edge[k] + (upper[k] == 0) + 1] += 1
         for i in range(n):
             off[i + 1] += off[i]
             pos[i] = off[i]
         for k in range(m):
-            order[pos[group[k]]] = k
-            pos[group[k]] += 1
-    return off_a, order_a
+            r = 2 * edge[k] + (upper[k] == 0)
+            tc[pos[r]] = t[k]
+            yc[pos[r]] = y[k]
+            pos[r] += 1
+    return off_a, tc_a, yc_a
+
+
+def run_gaps(
+    const int64_t[::1] edge,
+    const unsigned char[::1] upper,
+    const double[::1] t,
+    const double[::1] y,
+    const double[:, ::1] line0,
+    const double[::1] carry,
+    double[:, ::1] lo_gap,
+    double[:, ::1] hi_gap,
+) -> None:
+    """Per span ``k`` and edge ``e``, how far the edge's points sit from the span's line
+    ``line0[k, e] + carry[e]·t`` on their side: ``lo_gap`` the least ``y − line`` of its
+    upper points, ``hi_gap`` the least ``line − y`` of its lower ones (left as given, inf,
+    where there are none). The same values as the numpy form's per-point residuals, in one
+    pass over the points for every span."""
+    cdef Py_ssize_t n = edge.shape[0], spans = line0.shape[0], i, k
+    cdef int64_t e
+    cdef double v
+    with nogil:
+        for i in range(n):
+            e = edge[i]
+            for k in range(spans):
+                v = y[i] - (line0[k, e] + carry[e] * t[i])
+                if upper[i]:
+                    if v < lo_gap[k, e]:
+                        lo_gap[k, e] = v
+                else:
+                    v = -v
+                    if v < hi_gap[k, e]:
+                        hi_gap[k, e] = v
 
 
 cdef Py_ssize_t _group_hull(

@@ -52,7 +52,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._csr import hull_groups, pair_hulls, union_edge_points, union_hulls
+from ._csr import hull_groups, pair_hulls, run_gaps, union_edge_points, union_hulls
 from .config import SyncConfig
 from .edgefit import EdgeFits, Points
 from .purity import HullPoints
@@ -433,23 +433,17 @@ def _intrusion(
     a0 = np.where(some, old.a.T, 0.0)
     dt = np.where(some, (t_ref - old.t_ref).astype(np.float64), 0.0)
     line0 = a0 + carry * dt  # each span's line at t = 0 of this window
-    # The points come a directed pair at a time (one edge and side per run): each run's
-    # minimum by one reduceat, not a scatter per point. Edges not tracked are computed too
-    # (their line is 0) and left out below (not ``good``).
-    run = np.flatnonzero(np.r_[True, (edge[1:] != edge[:-1]) | (upper[1:] != upper[:-1])])
-    run_e, run_up = edge[run], upper[run]
-    side = np.where(upper, 1.0, -1.0)
-    for k in range(n_spans):
-        r = y - (line0[k, edge] + carry[edge] * t)
-        gap = np.minimum.reduceat(side * r, run)  # upper points: distance above the line,
-        lo_gap = np.full(n_e, np.inf)  # lower points: distance below it
-        np.minimum.at(lo_gap, run_e[run_up], gap[run_up])
-        hi_gap = np.full(n_e, np.inf)
-        np.minimum.at(hi_gap, run_e[~run_up], gap[~run_up])
-        worst = np.maximum(m0 - lo_gap, m0 - hi_gap)  # -inf where a side is empty
-        seen = np.isfinite(lo_gap) | np.isfinite(hi_gap)
-        out[k] = np.where(good[k] & seen, np.maximum(worst, 0.0), np.nan)
-    return out
+    # Edges not tracked are computed too (their line is 0) and left out below (not ``good``).
+    lo_gap = np.full((n_spans, n_e), np.inf)  # upper points: distance above the line
+    hi_gap = np.full((n_spans, n_e), np.inf)  # lower points: distance below it
+    run_gaps(
+        np.ascontiguousarray(edge, np.int64), np.ascontiguousarray(upper, bool).view(np.uint8),
+        np.ascontiguousarray(t, np.float64), np.ascontiguousarray(y, np.float64),
+        np.ascontiguousarray(line0), np.ascontiguousarray(carry, np.float64), lo_gap, hi_gap,
+    )  # fmt: skip
+    worst = np.maximum(m0 - lo_gap, m0 - hi_gap)  # -inf where a side is empty
+    seen = np.isfinite(lo_gap) | np.isfinite(hi_gap)
+    return np.where(good & seen, np.maximum(worst, 0.0), np.nan)
 
 
 def _bend(bend: np.ndarray, intrusion: np.ndarray, w: float) -> None:
