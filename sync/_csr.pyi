@@ -1,4 +1,8 @@
+from collections.abc import Callable
+
 import numpy as np
+
+_Out = Callable[[int], list[np.ndarray]] | None
 
 def group_points(
     edge: np.ndarray, upper: np.ndarray, t: np.ndarray, y: np.ndarray, n_edges: int
@@ -54,10 +58,12 @@ class RowLists:
     ) -> None: ...
 
 def row_pair_hulls(
-    keep: np.ndarray, lists: RowLists, n_nic: int
+    keep: np.ndarray, lists: RowLists, n_nic: int, scratch: _Out = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
 def union_hulls(
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], cur: np.ndarray
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    cur: np.ndarray,
+    scratch: _Out = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 def union_edge_points(
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
@@ -69,6 +75,7 @@ def union_edge_points(
     drift: np.ndarray,
     t_ref: int,
     lat: np.ndarray,
+    scratch: _Out = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 def flatten_points(
     keep: np.ndarray, lists: RowLists, total: int

@@ -456,6 +456,14 @@ cdef tuple _columns(Py_ssize_t n):
     return tuple(np.empty(n, np.int64) for _ in range(4))
 
 
+cdef list _outputs(object scratch, Py_ssize_t n, tuple dtypes):
+    """Output columns (of ``dtypes``) for up to ``n`` points: ``scratch(n)`` where given, the
+    caller's buffers kept from round to round (no fresh memory to fault in), else new."""
+    if scratch is not None:
+        return list(scratch(max(n, 1)))
+    return [np.empty(max(n, 1), d) for d in dtypes]
+
+
 cdef Pt *_points(Py_ssize_t n) except NULL:
     cdef Pt *mem = <Pt *>malloc(n * sizeof(Pt))
     if mem == NULL:
@@ -503,7 +511,9 @@ cdef inline bint _same_pair(RowLists lists, Py_ssize_t a, Py_ssize_t b) noexcept
     return lists.src[a] == lists.src[b] and lists.dst[a] == lists.dst[b]
 
 
-def row_pair_hulls(const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_nic):
+def row_pair_hulls(
+    const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_nic, object scratch=None
+):
     """Each directed pair's lower hull of the kept rows' points, straight from the list
     buffers (as :func:`flatten_points` reads them): the same ``(src, dst, t, y)`` as
     :func:`pair_hulls` of the flattened points, pairs in ascending ``src·n_nic + dst``, and
@@ -511,7 +521,8 @@ def row_pair_hulls(const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_n
     in pair order by a stable two-pass counting sort (by ``dst``, then ``src``: O(rows +
     NICs), whatever order the batches came in), so a pair's rows are read in their order and
     its points are the same runs :func:`pair_hulls` merges. No copy of every point is made:
-    only the hulls (a fifth of the points) are written."""
+    only the hulls (a fifth of the points) are written, into ``scratch(n)`` where given (as
+    :func:`union_hulls`), and copied out."""
     cdef Py_ssize_t rows = keep.shape[0], r, k, i, total = 0, width = 1, m, w = 0, h, dy
     cdef Py_ssize_t nulls = 0, kept = 0, a, b
     cdef bint t_all = lists.t_ok.shape[0] == 0, y_all = lists.y_ok.shape[0] == 0
@@ -550,7 +561,7 @@ def row_pair_hulls(const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_n
                 b += 1
             width = max(width, m)
             a = b
-    out_s, out_d, out_t, out_y = _columns(total)
+    out_s, out_d, out_t, out_y = _outputs(scratch, total, (np.int64,) * 4)
     cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
     cdef Pt *mem = _points(3 * width)
     try:
@@ -629,14 +640,16 @@ cdef class _Parts:
         free(self.pos)
 
 
-def union_hulls(list parts, const int64_t[::1] cur):
+def union_hulls(list parts, const int64_t[::1] cur, object scratch=None):
     """The lower hull of each directed pair's points over ``parts`` (``(src, dst, t, y)``
     int64 arrays, each grouped by pair in ascending ``src << 32 | dst``, a pair's points in
     time order or a few sorted runs): ``(src, dst, t, y)`` pair by pair in that order, the
     NIC numbers through ``cur`` (a pair with an end numbered -1 there is left out); None
-    where a part is not so grouped. The merge runs without the GIL."""
+    where a part is not so grouped. The merge runs without the GIL, into ``scratch(n)``
+    where given (four int64 arrays of at least ``n`` points, ``n`` the parts' points); the
+    result is a copy."""
     cdef _Parts p = _Parts(parts)
-    out_s, out_d, out_t, out_y = _columns(max(p.total, 1))
+    out_s, out_d, out_t, out_y = _outputs(scratch, p.total, (np.int64,) * 4)
     cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
     cdef Py_ssize_t w
     with nogil:
@@ -656,19 +669,20 @@ def union_edge_points(
     const double[::1] drift,
     int64_t t_ref,
     const double[:, ::1] lat,
+    object scratch=None,
 ):
     """:func:`union_hulls` written as the edge fits read it, in the same pass: each hull
     point's edge (its pair's ``lo·n_nic + hi`` in the sorted ``key_codes``; pairs of no edge
     left out), sense, fleet time (:func:`fleet_times`) and signed delay
     (:func:`edge_delays`), the same operations in the same order, so the same values as
     those applied to :func:`union_hulls`' output. Returns ``(edge, upper, t, y)``, or None
-    where a part is not grouped. Runs without the GIL."""
+    where a part is not grouped. Runs without the GIL. ``scratch(n)``: where given, the
+    (int64, bool, float64, float64) arrays of at least ``n`` points written (``n`` the parts'
+    points), the result then views of them, valid until they are written again."""
     cdef _Parts p = _Parts(parts)
-    cdef Py_ssize_t n = max(p.total, 1), w
-    edge_a = np.empty(n, np.int64)
-    up_a = np.empty(n, np.bool_)
-    t_a = np.empty(n, np.float64)
-    y_a = np.empty(n, np.float64)
+    cdef Py_ssize_t w
+    edge_a, up_a, t_a, y_a = _outputs(
+        scratch, p.total, (np.int64, np.bool_, np.float64, np.float64))
     cdef int64_t[::1] e_v = edge_a
     cdef unsigned char[::1] u_v = up_a.view(np.uint8)
     cdef double[::1] t_v = t_a, y_v = y_a

@@ -56,6 +56,7 @@ from ._csr import hull_groups, pair_hulls, run_gaps, union_edge_points, union_hu
 from .config import SyncConfig
 from .edgefit import EdgeFits, Points
 from .purity import HullPoints
+from .scratch import Scratch
 
 
 @dataclass
@@ -114,12 +115,15 @@ class _Hulls:
         return cls(pair >> 32, pair & 0xFFFFFFFF, ht, hy)
 
     @classmethod
-    def union(cls, parts: list[_Hulls]) -> _Hulls:
+    def union(cls, parts: list[_Hulls], scratch: Scratch | None = None) -> _Hulls:
         """The hull of the parts' union per pair, pairs in ascending ``src << 32 | dst``.
         Parts so grouped (every block and window hull the pool keeps) are merged pair by
-        pair in one pass; others are sorted first."""
+        pair in one pass (through ``scratch``'s buffers where given); others are sorted
+        first."""
         n = 1 + max(max(int(h.src.max(initial=-1)), int(h.dst.max(initial=-1))) for h in parts)
-        got = union_hulls([(h.src, h.dst, h.t_raw, h.owd_raw) for h in parts], np.arange(n))
+        cols = [(h.src, h.dst, h.t_raw, h.owd_raw) for h in parts]
+        out = scratch.of("block", (np.int64,) * 4) if scratch is not None else None
+        got = union_hulls(cols, np.arange(n), out)
         if got is not None:  # the parts grouped in ascending pairs: one k-way merge
             return cls(*got)
         cat = [np.concatenate([getattr(h, f.name) for h in parts]) for f in fields(cls)]
@@ -136,6 +140,9 @@ class Pooled:
     dst: np.ndarray
     t_raw: np.ndarray
     owd_raw: np.ndarray
+
+
+_EDGE_POINT_TYPES = (np.int64, np.bool_, np.float64, np.float64)  # (edge, upper, t, y)
 
 
 class WindowEdges(NamedTuple):
@@ -164,8 +171,9 @@ class HullPool:
     are full. The hull of a union is the hull of the parts' hulls: the fits see the same
     hulls as from every window's raw points."""
 
-    def __init__(self, cfg: SyncConfig) -> None:
+    def __init__(self, cfg: SyncConfig, scratch: Scratch | None = None) -> None:
         self.cfg = cfg
+        self.scratch = scratch or Scratch()
         self.sizes = sizes = cfg.pool_sizes
         self.blocks: dict[tuple[int, int], _Hulls | None] = {}  # (level, index) -> hulls
         self.newest: int | None = None  # generation of the newest remembered window
@@ -208,7 +216,8 @@ class HullPool:
         :meth:`pooled`)."""
         parts, cur = self._span(pts, gen, span)
         cols = [(p.src, p.dst, p.t_raw, p.owd_raw) for p in parts]
-        return union_edge_points(cols, cur, *edges)
+        # a buffer per span: its points are read by its fit, before any other union runs
+        return union_edge_points(cols, cur, *edges, self.scratch.of(span, _EDGE_POINT_TYPES))
 
     def _span(self, pts: HullPoints, gen: int | None, span: int) -> tuple[list[_Hulls], np.ndarray]:
         """A span's parts (the stored blocks' hulls, then this window's) and each stable NIC
@@ -265,7 +274,7 @@ class HullPool:
         if key not in self.blocks:  # a missed window: None; a block: its halves' union
             halves = [] if level == 0 else [self._block(level - 1, 2 * j + i) for i in (0, 1)]
             parts = [h for h in halves if h is not None]
-            self.blocks[key] = _Hulls.union(parts) if parts else None
+            self.blocks[key] = _Hulls.union(parts, self.scratch) if parts else None
         return self.blocks[key]
 
     def window_hulls(self, pts: HullPoints) -> HullPoints:

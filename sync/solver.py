@@ -53,6 +53,7 @@ from .edgefit import EdgeFits, Points, fit_edges
 from .network import ActiveSets, NetSolution, solve_network
 from .pooling import HullPool, WindowEdges
 from .purity import HullPoints, complete_generations, hull_points
+from .scratch import Scratch
 from .tracking import DriftTracker
 
 
@@ -119,7 +120,8 @@ class HuygensSync:
         self.models: list[ClockModel] = []
         self.idle_calls = 0
         self.tracker = DriftTracker(self.cfg)
-        self.pool = HullPool(self.cfg)
+        self.scratch = Scratch()  # the merges' buffers, kept from window to window
+        self.pool = HullPool(self.cfg, self.scratch)
         self.report = SolveReport()
         self._excess: np.ndarray | None = None  # the pooled fit's margin excess per edge
 
@@ -149,7 +151,7 @@ class HuygensSync:
         prev: dict[str, ClockModel],
         gen: int | None,
     ) -> list[ClockModel]:
-        pts = hull_points(windows, reduce=True)
+        pts = hull_points(windows, reduce=True, scratch=self.scratch)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
             self.report = SolveReport(hosts=hosts, dropped=pts.dropped)

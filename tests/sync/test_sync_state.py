@@ -124,6 +124,7 @@ def _state_sizes(sync: HuygensSync) -> dict[str, int]:
         "tracks": int(pool.tracks.code.size),
         "nics": len(pool._nic_ids),
         "hosts": len(sync.tracker.states),
+        "scratch": sum(a.size for bufs in sync.scratch._bufs.values() for a in bufs),
     }
 
 
@@ -201,6 +202,6 @@ def test_rows_reduced_in_one_pass_give_the_models_of_every_point_flattened(
 
     got, soft = run()
     assert soft > 0  # the step's window overlapped: soft-margin fits over every point ran
-    monkeypatch.setattr(solver, "hull_points", lambda w, reduce=False: purity.hull_points(w))
+    monkeypatch.setattr(solver, "hull_points", lambda w, **_: purity.hull_points(w))
     want, _ = run()
     assert got == want
