@@ -25,7 +25,9 @@ collector).
 
 Each engine runs in a process set up as the collector's (``keep_freed_memory``, as
 ``fleetlens collector`` calls it: freed arrays stay in the heap for the next round instead of
-being faulted in again; ``--heap default`` leaves glibc's thresholds).
+being faulted in again; ``--heap default`` leaves glibc's thresholds). ``--arrow-pool
+system`` takes Arrow's allocations (the look-back's batches, the rows' tests) from that heap
+instead of Arrow's default pool (mimalloc), which hands freed memory back to the system.
 
 Prints per size: CPU seconds (all threads) of each round's solve, the look-back's upkeep per
 window and their sum (the sync's CPU per window), the growth from round 5 to the last round
@@ -200,6 +202,8 @@ def worker(args: argparse.Namespace) -> None:
 
     if args.heap == "collector":
         keep_freed_memory()  # as the collector's process (api/cli.py)
+    if args.arrow_pool == "system":
+        pa.set_memory_pool(pa.system_memory_pool())
 
     windows = Windows(Path(args.data), args.arrival)
     topo = from_spec(spec(args.n_hosts))
@@ -262,7 +266,8 @@ def run_worker(
 ) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--n-hosts", str(hosts), "--data", str(data),
            "--rounds", str(args.rounds), "--arrival", args.arrival,
-           "--heap", args.heap, "--commit-group", str(args.commit_group)]  # fmt: skip
+           "--heap", args.heap, "--arrow-pool", args.arrow_pool,
+           "--commit-group", str(args.commit_group)]  # fmt: skip
     if engine_dir:
         cmd += ["--engine-dir", engine_dir]
     if profile:
@@ -333,6 +338,9 @@ def main() -> None:
     ap.add_argument("--heap", choices=("collector", "default"), default="collector",
                     help="the worker's heap set up as the collector's (keep_freed_memory) "
                     "or glibc's defaults")  # fmt: skip
+    ap.add_argument("--arrow-pool", choices=("default", "system"), default="default",
+                    help="Arrow's allocations from its default pool (mimalloc, as the "
+                    "collector's) or the C heap (with --heap collector: kept freed)")  # fmt: skip
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n-hosts", type=int, help=argparse.SUPPRESS)
@@ -346,7 +354,7 @@ def main() -> None:
         old = export(args.against, Path(tmp)) if args.against else None
         for hosts in (int(h) for h in args.hosts.split(",")):
             print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds, {args.arrival} order, "
-                  f"{args.heap} heap", flush=True)  # fmt: skip
+                  f"{args.heap} heap, Arrow's {args.arrow_pool} pool", flush=True)  # fmt: skip
             data = simulate(hosts, args.cache)
             new = summary("new", run_worker(hosts, data, args, None, args.profile))
             if old and hosts <= args.against_max_hosts:
