@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--against", metavar="REV", help="also sample the sync/ of this revision")
+    ap.add_argument("--engine", metavar="REV", help="the new engine from this revision")
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples a second")
     ap.add_argument("--top", type=int, default=8, help="engine lines listed per engine")
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
@@ -126,9 +127,11 @@ def main() -> None:
         return
     print(f"{ss.spec(args.hosts)}, 16 peers, rounds 2-{args.rounds}, py-spy at {args.rate}/s")
     with tempfile.TemporaryDirectory() as tmp:
-        new = report("new", args, None, Path(tmp))
+        cur = ss.export(args.engine, ss._dir(Path(tmp), "new")) if args.engine else None
+        new = report("new", args, cur, Path(tmp))
         if args.against:
-            old = report(args.against, args, ss.export(args.against, Path(tmp)), Path(tmp))
+            old_dir = ss.export(args.against, ss._dir(Path(tmp), "old"))
+            old = report(args.against, args, old_dir, Path(tmp))
             print(f"  GIL held a round {args.against}/new: {old / max(new, 1e-9):.1f}x")
 
 

@@ -36,7 +36,8 @@ and its peak; with ``--against REV`` the same for the ``sync/`` engine and ``api
 git revision REV (exported into a temp dir and imported under other names, in its own
 process; up to ``--against-max-hosts``) and the ratios old/new of the means of rounds
 5-last, per window and of the round alone.
-``--profile`` prints a cProfile of the current engine's rounds instead.
+``--profile`` prints a cProfile of the current engine's rounds instead; ``--engine REV`` takes
+the current engine from a git revision too (exported the same way) instead of the tree.
 
     nice -n 10 .venv/bin/python bench/sync_scale.py --hosts 256,1024,4096 --rounds 20 \\
         [--against REV] [--profile]
@@ -296,6 +297,11 @@ def export(rev: str, into: Path) -> str:
     return str(into)
 
 
+def _dir(parent: Path, name: str) -> Path:
+    (parent / name).mkdir()
+    return parent / name
+
+
 # ---- report -----------------------------------------------------------------------------
 def summary(label: str, res: dict) -> tuple[float, float]:
     """Print one engine's rounds; returns the means from round 5 on (all rounds if fewer) of
@@ -326,6 +332,9 @@ def main() -> None:
     ap.add_argument("--hosts", default="256,1024,4096")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--against", metavar="REV", help="also run the sync/ of this git revision")
+    ap.add_argument("--engine", metavar="REV",
+                    help="the new engine from this git revision, not the working tree (a run "
+                    "waiting for the bench lock measures the code it was started for)")  # fmt: skip
     ap.add_argument("--against-max-hosts", type=int, default=1024, metavar="N",
                     help="run REV only up to N hosts (the issue 26 engine peaks at 22 GB at "
                     "1024 hosts: more does not fit this VM)")  # fmt: skip
@@ -351,12 +360,13 @@ def main() -> None:
         worker(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        old = export(args.against, Path(tmp)) if args.against else None
+        old = export(args.against, _dir(Path(tmp), "old")) if args.against else None
+        cur = export(args.engine, _dir(Path(tmp), "new")) if args.engine else None
         for hosts in (int(h) for h in args.hosts.split(",")):
             print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds, {args.arrival} order, "
                   f"{args.heap} heap, Arrow's {args.arrow_pool} pool", flush=True)  # fmt: skip
             data = simulate(hosts, args.cache)
-            new = summary("new", run_worker(hosts, data, args, None, args.profile))
+            new = summary("new", run_worker(hosts, data, args, cur, args.profile))
             if old and hosts <= args.against_max_hosts:
                 was = summary(args.against, run_worker(hosts, data, args, old, False))
                 first = 5 if args.rounds >= 5 else 1
