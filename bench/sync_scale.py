@@ -25,7 +25,9 @@ collector).
 
 Each engine runs in a process set up as the collector's (``keep_freed_memory``, as
 ``fleetlens collector`` calls it: freed arrays stay in the heap for the next round instead of
-being faulted in again; ``--heap default`` leaves glibc's thresholds).
+being faulted in again; ``--heap default`` leaves glibc's thresholds). ``--arrow-pool
+system`` takes Arrow's allocations (the look-back's batches, the rows' tests) from that heap
+instead of Arrow's default pool (mimalloc), which hands freed memory back to the system.
 
 Prints per size: CPU seconds (all threads) of each round's solve, the look-back's upkeep per
 window and their sum (the sync's CPU per window), the growth from round 5 to the last round
@@ -34,7 +36,8 @@ and its peak; with ``--against REV`` the same for the ``sync/`` engine and ``api
 git revision REV (exported into a temp dir and imported under other names, in its own
 process; up to ``--against-max-hosts``) and the ratios old/new of the means of rounds
 5-last, per window and of the round alone.
-``--profile`` prints a cProfile of the current engine's rounds instead.
+``--profile`` prints a cProfile of the current engine's rounds instead; ``--engine REV`` takes
+the current engine from a git revision too (exported the same way) instead of the tree.
 
     nice -n 10 .venv/bin/python bench/sync_scale.py --hosts 256,1024,4096 --rounds 20 \\
         [--against REV] [--profile]
@@ -200,6 +203,8 @@ def worker(args: argparse.Namespace) -> None:
 
     if args.heap == "collector":
         keep_freed_memory()  # as the collector's process (api/cli.py)
+    if args.arrow_pool == "system":
+        pa.set_memory_pool(pa.system_memory_pool())
 
     windows = Windows(Path(args.data), args.arrival)
     topo = from_spec(spec(args.n_hosts))
@@ -262,7 +267,8 @@ def run_worker(
 ) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--n-hosts", str(hosts), "--data", str(data),
            "--rounds", str(args.rounds), "--arrival", args.arrival,
-           "--heap", args.heap, "--commit-group", str(args.commit_group)]  # fmt: skip
+           "--heap", args.heap, "--arrow-pool", args.arrow_pool,
+           "--commit-group", str(args.commit_group)]  # fmt: skip
     if engine_dir:
         cmd += ["--engine-dir", engine_dir]
     if profile:
@@ -289,6 +295,11 @@ def export(rev: str, into: Path) -> str:
         subprocess.run([sys.executable, "-m", "Cython.Build.Cythonize", "-i", "-3", "-q", *pyx],
                        check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     return str(into)
+
+
+def _dir(parent: Path, name: str) -> Path:
+    (parent / name).mkdir()
+    return parent / name
 
 
 # ---- report -----------------------------------------------------------------------------
@@ -321,6 +332,9 @@ def main() -> None:
     ap.add_argument("--hosts", default="256,1024,4096")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--against", metavar="REV", help="also run the sync/ of this git revision")
+    ap.add_argument("--engine", metavar="REV",
+                    help="the new engine from this git revision, not the working tree (a run "
+                    "waiting for the bench lock measures the code it was started for)")  # fmt: skip
     ap.add_argument("--against-max-hosts", type=int, default=1024, metavar="N",
                     help="run REV only up to N hosts (the issue 26 engine peaks at 22 GB at "
                     "1024 hosts: more does not fit this VM)")  # fmt: skip
@@ -333,6 +347,9 @@ def main() -> None:
     ap.add_argument("--heap", choices=("collector", "default"), default="collector",
                     help="the worker's heap set up as the collector's (keep_freed_memory) "
                     "or glibc's defaults")  # fmt: skip
+    ap.add_argument("--arrow-pool", choices=("default", "system"), default="default",
+                    help="Arrow's allocations from its default pool (mimalloc, as the "
+                    "collector's) or the C heap (with --heap collector: kept freed)")  # fmt: skip
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n-hosts", type=int, help=argparse.SUPPRESS)
@@ -343,12 +360,13 @@ def main() -> None:
         worker(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        old = export(args.against, Path(tmp)) if args.against else None
+        old = export(args.against, _dir(Path(tmp), "old")) if args.against else None
+        cur = export(args.engine, _dir(Path(tmp), "new")) if args.engine else None
         for hosts in (int(h) for h in args.hosts.split(",")):
             print(f"{spec(hosts)}, 16 peers, {args.rounds} rounds, {args.arrival} order, "
-                  f"{args.heap} heap", flush=True)  # fmt: skip
+                  f"{args.heap} heap, Arrow's {args.arrow_pool} pool", flush=True)  # fmt: skip
             data = simulate(hosts, args.cache)
-            new = summary("new", run_worker(hosts, data, args, None, args.profile))
+            new = summary("new", run_worker(hosts, data, args, cur, args.profile))
             if old and hosts <= args.against_max_hosts:
                 was = summary(args.against, run_worker(hosts, data, args, old, False))
                 first = 5 if args.rounds >= 5 else 1

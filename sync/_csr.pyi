@@ -1,6 +1,22 @@
+from collections.abc import Callable
+
 import numpy as np
 
-def group_offsets(group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]: ...
+_Out = Callable[[int], list[np.ndarray]] | None
+
+def group_points(
+    edge: np.ndarray, upper: np.ndarray, t: np.ndarray, y: np.ndarray, n_edges: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def run_gaps(
+    edge: np.ndarray,
+    upper: np.ndarray,
+    t: np.ndarray,
+    y: np.ndarray,
+    line0: np.ndarray,
+    carry: np.ndarray,
+    lo_gap: np.ndarray,
+    hi_gap: np.ndarray,
+) -> None: ...
 def hull_groups(
     off: np.ndarray, order: np.ndarray, t: np.ndarray, y: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
@@ -42,10 +58,24 @@ class RowLists:
     ) -> None: ...
 
 def row_pair_hulls(
-    keep: np.ndarray, lists: RowLists, n_nic: int
+    keep: np.ndarray, lists: RowLists, n_nic: int, scratch: _Out = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
 def union_hulls(
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], cur: np.ndarray
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    cur: np.ndarray,
+    scratch: _Out = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
+def union_edge_points(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    cur: np.ndarray,
+    key_codes: np.ndarray,
+    n_nic: int,
+    nic_h: np.ndarray,
+    theta: np.ndarray,
+    drift: np.ndarray,
+    t_ref: int,
+    lat: np.ndarray,
+    scratch: _Out = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 def flatten_points(
     keep: np.ndarray, lists: RowLists, total: int

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Per-group loops of the clock solve over a CSR layout: points grouped once by a stable
-counting sort (``group_offsets``), each group then one pass over its own points.
+counting sort (``group_points``), each group then one pass over its own points.
 
 The numpy forms padded every group to the widest one ((groups, width) matrices: a 1024-host
 window has ~130 k directed NIC pairs of up to a few hundred points) and sorted millions of
@@ -67,24 +67,68 @@ cdef Pt *_merge_runs(Pt *buf, Pt *tmp, Py_ssize_t n) noexcept nogil:
     return buf
 
 
-def group_offsets(const int64_t[::1] group, Py_ssize_t n):
-    """Stable counting sort of ``0 <= group < n``: ``(offsets, order)``, group ``g``'s
-    points being ``order[offsets[g]:offsets[g + 1]]`` in their original order."""
-    cdef Py_ssize_t m = group.shape[0], k, i
+def group_points(
+    const int64_t[::1] edge,
+    const unsigned char[::1] upper,
+    const double[::1] t,
+    const double[::1] y,
+    Py_ssize_t n_edges,
+):
+    """The edge fits' CSR rows (edge ``e``'s upper points row ``2e``, its lower points row
+    ``2e + 1``) by a stable counting sort, with the points' ``t`` and ``y`` gathered into
+    row order in the same pass: ``(offsets, t, y)``, what a stable sort by ``2·edge +
+    ~upper`` and two gathers through its order give, without the order array."""
+    cdef Py_ssize_t m = edge.shape[0], n = 2 * n_edges, k, i, r
     off_a = np.zeros(n + 1, np.int64)
-    order_a = np.empty(m, np.int64)
+    tc_a = np.empty(m, np.float64)
+    yc_a = np.empty(m, np.float64)
     pos_a = np.empty(max(n, 1), np.int64)
-    cdef int64_t[::1] off = off_a, order = order_a, pos = pos_a
+    cdef int64_t[::1] off = off_a, pos = pos_a
+    cdef double[::1] tc = tc_a, yc = yc_a
     with nogil:
         for k in range(m):
-            off[group[k] + 1] += 1
+            off[2 * edge[k] + (upper[k] == 0) + 1] += 1
         for i in range(n):
             off[i + 1] += off[i]
             pos[i] = off[i]
         for k in range(m):
-            order[pos[group[k]]] = k
-            pos[group[k]] += 1
-    return off_a, order_a
+            r = 2 * edge[k] + (upper[k] == 0)
+            tc[pos[r]] = t[k]
+            yc[pos[r]] = y[k]
+            pos[r] += 1
+    return off_a, tc_a, yc_a
+
+
+def run_gaps(
+    const int64_t[::1] edge,
+    const unsigned char[::1] upper,
+    const double[::1] t,
+    const double[::1] y,
+    const double[:, ::1] line0,
+    const double[::1] carry,
+    double[:, ::1] lo_gap,
+    double[:, ::1] hi_gap,
+) -> None:
+    """Per span ``k`` and edge ``e``, how far the edge's points sit from the span's line
+    ``line0[k, e] + carry[e]·t`` on their side: ``lo_gap`` the least ``y − line`` of its
+    upper points, ``hi_gap`` the least ``line − y`` of its lower ones (left as given, inf,
+    where there are none). The same values as the numpy form's per-point residuals, in one
+    pass over the points for every span."""
+    cdef Py_ssize_t n = edge.shape[0], spans = line0.shape[0], i, k
+    cdef int64_t e
+    cdef double v
+    with nogil:
+        for i in range(n):
+            e = edge[i]
+            for k in range(spans):
+                v = y[i] - (line0[k, e] + carry[e] * t[i])
+                if upper[i]:
+                    if v < lo_gap[k, e]:
+                        lo_gap[k, e] = v
+                else:
+                    v = -v
+                    if v < hi_gap[k, e]:
+                        hi_gap[k, e] = v
 
 
 cdef Py_ssize_t _group_hull(
@@ -412,6 +456,14 @@ cdef tuple _columns(Py_ssize_t n):
     return tuple(np.empty(n, np.int64) for _ in range(4))
 
 
+cdef list _outputs(object scratch, Py_ssize_t n, tuple dtypes):
+    """Output columns (of ``dtypes``) for up to ``n`` points: ``scratch(n)`` where given, the
+    caller's buffers kept from round to round (no fresh memory to fault in), else new."""
+    if scratch is not None:
+        return list(scratch(max(n, 1)))
+    return [np.empty(max(n, 1), d) for d in dtypes]
+
+
 cdef Pt *_points(Py_ssize_t n) except NULL:
     cdef Pt *mem = <Pt *>malloc(n * sizeof(Pt))
     if mem == NULL:
@@ -459,7 +511,9 @@ cdef inline bint _same_pair(RowLists lists, Py_ssize_t a, Py_ssize_t b) noexcept
     return lists.src[a] == lists.src[b] and lists.dst[a] == lists.dst[b]
 
 
-def row_pair_hulls(const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_nic):
+def row_pair_hulls(
+    const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_nic, object scratch=None
+):
     """Each directed pair's lower hull of the kept rows' points, straight from the list
     buffers (as :func:`flatten_points` reads them): the same ``(src, dst, t, y)`` as
     :func:`pair_hulls` of the flattened points, pairs in ascending ``src·n_nic + dst``, and
@@ -467,7 +521,8 @@ def row_pair_hulls(const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_n
     in pair order by a stable two-pass counting sort (by ``dst``, then ``src``: O(rows +
     NICs), whatever order the batches came in), so a pair's rows are read in their order and
     its points are the same runs :func:`pair_hulls` merges. No copy of every point is made:
-    only the hulls (a fifth of the points) are written."""
+    only the hulls (a fifth of the points) are written, into ``scratch(n)`` where given (as
+    :func:`union_hulls`), and copied out."""
     cdef Py_ssize_t rows = keep.shape[0], r, k, i, total = 0, width = 1, m, w = 0, h, dy
     cdef Py_ssize_t nulls = 0, kept = 0, a, b
     cdef bint t_all = lists.t_ok.shape[0] == 0, y_all = lists.y_ok.shape[0] == 0
@@ -506,7 +561,7 @@ def row_pair_hulls(const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_n
                 b += 1
             width = max(width, m)
             a = b
-    out_s, out_d, out_t, out_y = _columns(total)
+    out_s, out_d, out_t, out_y = _outputs(scratch, total, (np.int64,) * 4)
     cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
     cdef Pt *mem = _points(3 * width)
     try:
@@ -535,107 +590,243 @@ def row_pair_hulls(const unsigned char[::1] keep, RowLists lists, Py_ssize_t n_n
     return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy(), nulls
 
 
-def union_hulls(list parts, const int64_t[::1] cur):
+cdef struct EdgeMap:
+    # A window's edges and time map (:func:`union_edge_points`): where a union writes each
+    # pair's hull as the fits read it instead of as raw (src, dst, t, y)
+    const int64_t *key_codes  # the window's edges, sorted lo * n_nic + hi
+    Py_ssize_t n_edges
+    int64_t n_nic
+    const int64_t *nic_h  # per NIC: its host
+    const double *theta  # per host: offset at t_ref (ns)
+    const double *drift  # per host: drift (ppb)
+    int64_t t_ref
+    const double *lat  # per NIC: (egress, ingress) ns, row-major
+    int64_t *edge  # out: per point
+    unsigned char *upper
+    double *t
+    double *y
+
+
+cdef class _Parts:
+    """The parts of a union as the merge reads them (pointers into their four columns, a
+    read position and end per part), the views kept alive while the pointers are used."""
+
+    cdef list views
+    cdef const int64_t **ps
+    cdef Py_ssize_t *pos
+    cdef Py_ssize_t n, total
+
+    def __cinit__(self, list parts):
+        cdef Py_ssize_t i, k
+        cdef const int64_t[::1] mv
+        self.views = []
+        self.n = len(parts)
+        self.total = 0
+        self.ps = <const int64_t **>malloc(4 * max(self.n, 1) * sizeof(int64_t *))
+        self.pos = <Py_ssize_t *>malloc(2 * max(self.n, 1) * sizeof(Py_ssize_t))
+        if self.ps == NULL or self.pos == NULL:
+            raise MemoryError()
+        for i in range(self.n):
+            self.pos[2 * i] = 0
+            self.pos[2 * i + 1] = len(parts[i][0])
+            self.total += self.pos[2 * i + 1]
+            for k in range(4):
+                mv = parts[i][k]
+                self.views.append(mv)
+                self.ps[4 * i + k] = &mv[0] if mv.shape[0] else NULL
+
+    def __dealloc__(self):
+        free(self.ps)
+        free(self.pos)
+
+
+def union_hulls(list parts, const int64_t[::1] cur, object scratch=None):
     """The lower hull of each directed pair's points over ``parts`` (``(src, dst, t, y)``
     int64 arrays, each grouped by pair in ascending ``src << 32 | dst``, a pair's points in
     time order or a few sorted runs): ``(src, dst, t, y)`` pair by pair in that order, the
     NIC numbers through ``cur`` (a pair with an end numbered -1 there is left out); None
-    where a part is not so grouped."""
-    cdef Py_ssize_t n_parts = len(parts), i, total = 0, cap = 64, w = 0, k
-    views = []  # keeps the parts' buffers alive while their pointers are used
-    cdef const int64_t **ps = <const int64_t **>malloc(4 * max(n_parts, 1) * sizeof(int64_t *))
-    cdef Py_ssize_t *pos = <Py_ssize_t *>malloc(2 * max(n_parts, 1) * sizeof(Py_ssize_t))
-    cdef Pt *mem = <Pt *>malloc(2 * cap * sizeof(Pt))
-    cdef const int64_t[::1] mv
-    if ps == NULL or pos == NULL or mem == NULL:
-        free(ps)
-        free(pos)
-        free(mem)
-        raise MemoryError()
-    try:
-        for i in range(n_parts):
-            pos[2 * i] = 0
-            pos[2 * i + 1] = len(parts[i][0])
-            total += pos[2 * i + 1]
-            for k in range(4):
-                mv = parts[i][k]
-                views.append(mv)
-                ps[4 * i + k] = &mv[0] if mv.shape[0] else NULL
-        out_s, out_d, out_t, out_y = _columns(total)
-        w = _union(n_parts, ps, pos, &mem, &cap, cur, out_s, out_d, out_t, out_y)
-    finally:
-        free(ps)
-        free(pos)
-        free(mem)
+    where a part is not so grouped. The merge runs without the GIL, into ``scratch(n)``
+    where given (four int64 arrays of at least ``n`` points, ``n`` the parts' points); the
+    result is a copy."""
+    cdef _Parts p = _Parts(parts)
+    out_s, out_d, out_t, out_y = _outputs(scratch, p.total, (np.int64,) * 4)
+    cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
+    cdef Py_ssize_t w
+    with nogil:
+        w = _union(p.n, p.ps, p.pos, cur, &os[0], &od[0], &ot[0], &oy[0], NULL)
     if w < 0:
         return None
     return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy()
+
+
+def union_edge_points(
+    list parts,
+    const int64_t[::1] cur,
+    const int64_t[::1] key_codes,
+    int64_t n_nic,
+    const int64_t[::1] nic_h,
+    const double[::1] theta,
+    const double[::1] drift,
+    int64_t t_ref,
+    const double[:, ::1] lat,
+    object scratch=None,
+):
+    """:func:`union_hulls` written as the edge fits read it, in the same pass: each hull
+    point's edge (its pair's ``lo·n_nic + hi`` in the sorted ``key_codes``; pairs of no edge
+    left out), sense, fleet time (:func:`fleet_times`) and signed delay
+    (:func:`edge_delays`), the same operations in the same order, so the same values as
+    those applied to :func:`union_hulls`' output. Returns ``(edge, upper, t, y)``, or None
+    where a part is not grouped. Runs without the GIL. ``scratch(n)``: where given, the
+    (int64, bool, float64, float64) arrays of at least ``n`` points written (``n`` the parts'
+    points), the result then views of them, valid until they are written again."""
+    cdef _Parts p = _Parts(parts)
+    cdef Py_ssize_t w
+    edge_a, up_a, t_a, y_a = _outputs(
+        scratch, p.total, (np.int64, np.bool_, np.float64, np.float64))
+    cdef int64_t[::1] e_v = edge_a
+    cdef unsigned char[::1] u_v = up_a.view(np.uint8)
+    cdef double[::1] t_v = t_a, y_v = y_a
+    cdef EdgeMap em
+    em.key_codes = &key_codes[0] if key_codes.shape[0] else NULL
+    em.n_edges = key_codes.shape[0]
+    em.n_nic = n_nic
+    em.nic_h = &nic_h[0] if nic_h.shape[0] else NULL
+    em.theta = &theta[0] if theta.shape[0] else NULL
+    em.drift = &drift[0] if drift.shape[0] else NULL
+    em.t_ref = t_ref
+    em.lat = &lat[0, 0] if lat.shape[0] else NULL
+    em.edge, em.upper, em.t, em.y = &e_v[0], &u_v[0], &t_v[0], &y_v[0]
+    with nogil:
+        w = _union(p.n, p.ps, p.pos, cur, NULL, NULL, NULL, NULL, &em)
+    if w < 0:
+        return None
+    return edge_a[:w], up_a[:w], t_a[:w], y_a[:w]
+
+
+cdef inline Py_ssize_t _edge_of(const EdgeMap *em, int64_t s, int64_t d) noexcept nogil:
+    """The edge of NICs ``s``, ``d`` in the sorted ``key_codes`` (binary search), -1 if
+    none."""
+    cdef int64_t key = min(s, d) * em.n_nic + max(s, d)
+    cdef Py_ssize_t lo = 0, hi = em.n_edges, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if em.key_codes[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < em.n_edges and em.key_codes[lo] == key else -1
+
+
+cdef inline void _write_edge(
+    const EdgeMap *em, const Pt *hull, Py_ssize_t h, Py_ssize_t e, int64_t s, int64_t d,
+    Py_ssize_t w
+) noexcept nogil:
+    """A pair's hull points as :func:`fleet_times` and :func:`edge_delays` map them."""
+    cdef Py_ssize_t i
+    cdef int64_t host = em.nic_h[s]
+    cdef double v
+    cdef bint up = s < d
+    for i in range(h):
+        em.edge[w + i] = e
+        em.upper[w + i] = up
+        em.t[w + i] = (<double>(hull[i].t - em.t_ref) - em.theta[host]) / (
+            1.0 + em.drift[host] * 1e-9)
+        v = (<double>hull[i].y - em.lat[2 * s]) - em.lat[2 * d + 1]
+        em.y[w + i] = v if up else -v
 
 
 cdef Py_ssize_t _union(
     Py_ssize_t n_parts,
     const int64_t **ps,
     Py_ssize_t *pos,
-    Pt **mem,
-    Py_ssize_t *cap,
     const int64_t[::1] cur,
-    int64_t[::1] os,
-    int64_t[::1] od,
-    int64_t[::1] ot,
-    int64_t[::1] oy,
+    int64_t *os,
+    int64_t *od,
+    int64_t *ot,
+    int64_t *oy,
+    const EdgeMap *em,
 ) noexcept nogil:
-    """The merge of :func:`union_hulls`; returns the points written, -1 if not grouped."""
-    cdef Py_ssize_t i, m, w = 0, h, k, j
+    """The merge of :func:`union_hulls` (``em`` NULL) or :func:`union_edge_points`; returns
+    the points written, -1 if not grouped or out of memory."""
+    cdef Py_ssize_t i, m, w = 0, h, k, j, end, e = 0, cap = 64
     cdef int64_t best, code, s, d
     cdef const int64_t *src
     cdef const int64_t *dst
+    cdef Pt *mem = <Pt *>malloc(2 * cap * sizeof(Pt))
+    cdef int64_t *head = <int64_t *>malloc(max(n_parts, 1) * sizeof(int64_t))
     cdef Pt *buf
+    cdef Pt *spare
     cdef Pt *grown
     cdef bint ordered
+    if mem == NULL or head == NULL:
+        free(mem)
+        free(head)
+        return -1
+    for i in range(n_parts):  # each part's next pair code, -1 when it is read to its end
+        j = pos[2 * i]
+        head[i] = ps[4 * i][j] << 32 | ps[4 * i + 1][j] if j < pos[2 * i + 1] else -1
     while True:
         best = -1
         for i in range(n_parts):
-            if pos[2 * i] < pos[2 * i + 1]:
-                j = pos[2 * i]
-                code = ps[4 * i][j] << 32 | ps[4 * i + 1][j]
-                if best < 0 or code < best:
-                    best = code
+            if head[i] >= 0 and (best < 0 or head[i] < best):
+                best = head[i]
         if best < 0:
+            free(mem)
+            free(head)
             return w
         m = 0
         for i in range(n_parts):
+            if head[i] != best:
+                continue
             src, dst = ps[4 * i], ps[4 * i + 1]
-            j = pos[2 * i]
-            while j < pos[2 * i + 1] and (src[j] << 32 | dst[j]) == best:
-                if m == cap[0]:
-                    grown = <Pt *>realloc(mem[0], 4 * cap[0] * sizeof(Pt))
+            j, end = pos[2 * i], pos[2 * i + 1]
+            code = best
+            while code == best:
+                if m == cap:
+                    grown = <Pt *>realloc(mem, 4 * cap * sizeof(Pt))
                     if grown == NULL:
+                        free(mem)
+                        free(head)
                         return -1
-                    mem[0] = grown
-                    cap[0] *= 2
-                mem[0][m].t = ps[4 * i + 2][j]
-                mem[0][m].y = ps[4 * i + 3][j]
+                    mem = grown
+                    cap *= 2
+                mem[m].t = ps[4 * i + 2][j]
+                mem[m].y = ps[4 * i + 3][j]
                 m += 1
                 j += 1
-            if j < pos[2 * i + 1] and (src[j] << 32 | dst[j]) < best:
+                code = src[j] << 32 | dst[j] if j < end else -1
+            if 0 <= code < best:
+                free(mem)
+                free(head)
                 return -1  # this part is not grouped in ascending pairs
             pos[2 * i] = j
-        s = best >> 32
-        d = best & <int64_t>0xFFFFFFFF
-        if cur[s] < 0 or cur[d] < 0:
+            head[i] = code
+        s = cur[best >> 32]
+        d = cur[best & <int64_t>0xFFFFFFFF]
+        if s < 0 or d < 0:
             continue
-        buf = mem[0]
+        if em != NULL:
+            e = _edge_of(em, s, d)
+            if e < 0:
+                continue  # older points of a pair with no edge in this window
+        buf, spare = mem, mem + cap
         ordered = True
         for k in range(1, m):
             if not _le(buf[k - 1], buf[k]):
                 ordered = False
                 break
         if not ordered:
-            buf = _merge_runs(mem[0], mem[0] + cap[0], m)
-        h = _chain(buf, m, ot, oy, w)
-        for k in range(w, w + h):
-            os[k] = cur[s]
-            od[k] = cur[d]
+            buf = _merge_runs(mem, mem + cap, m)
+            spare = mem + cap if buf == mem else mem
+        h = _chain_pts(buf, m, spare)
+        if em == NULL:
+            for k in range(h):
+                os[w + k] = s
+                od[w + k] = d
+                ot[w + k] = spare[k].t
+                oy[w + k] = spare[k].y
+        else:
+            _write_edge(em, spare, h, e, s, d, w)
         w += h
 
 

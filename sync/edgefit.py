@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
-from ._csr import floors, group_offsets, slope_edges
+from ._csr import floors, group_points, slope_edges
 from .config import DEFAULT, SyncConfig
 
 Points = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # (edge, upper, t, y) per point
@@ -78,8 +78,10 @@ def fit_edges(
     ``(edge, upper, t, y)`` where the points given are hulls only."""
     bracket = cfg.slope_bracket if bracket is None else bracket
     # CSR rows: edge e's upper points are row 2e, its lower points row 2e + 1
-    off, order = group_offsets(edge * 2 + ~upper, 2 * n_edges)
-    tc, yc = t[order], y[order]
+    off, tc, yc = group_points(
+        np.ascontiguousarray(edge, np.int64), np.ascontiguousarray(upper, bool).view(np.uint8),
+        np.ascontiguousarray(t, np.float64), np.ascontiguousarray(y, np.float64), n_edges,
+    )  # fmt: skip
     counts = np.diff(off)
     nu, nl = counts[0::2], counts[1::2]
     usable = (nu > 0) & (nl > 0)

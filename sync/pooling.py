@@ -48,13 +48,15 @@ these choices: ``docs/notes/sync.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 import numpy as np
 
-from ._csr import hull_groups, pair_hulls, union_hulls
+from ._csr import hull_groups, pair_hulls, run_gaps, union_edge_points, union_hulls
 from .config import SyncConfig
-from .edgefit import EdgeFits
+from .edgefit import EdgeFits, Points
 from .purity import HullPoints
+from .scratch import Scratch
 
 
 @dataclass
@@ -113,12 +115,15 @@ class _Hulls:
         return cls(pair >> 32, pair & 0xFFFFFFFF, ht, hy)
 
     @classmethod
-    def union(cls, parts: list[_Hulls]) -> _Hulls:
+    def union(cls, parts: list[_Hulls], scratch: Scratch | None = None) -> _Hulls:
         """The hull of the parts' union per pair, pairs in ascending ``src << 32 | dst``.
         Parts so grouped (every block and window hull the pool keeps) are merged pair by
-        pair in one pass; others are sorted first."""
+        pair in one pass (through ``scratch``'s buffers where given); others are sorted
+        first."""
         n = 1 + max(max(int(h.src.max(initial=-1)), int(h.dst.max(initial=-1))) for h in parts)
-        got = union_hulls([(h.src, h.dst, h.t_raw, h.owd_raw) for h in parts], np.arange(n))
+        cols = [(h.src, h.dst, h.t_raw, h.owd_raw) for h in parts]
+        out = scratch.of("block", (np.int64,) * 4) if scratch is not None else None
+        got = union_hulls(cols, np.arange(n), out)
         if got is not None:  # the parts grouped in ascending pairs: one k-way merge
             return cls(*got)
         cat = [np.concatenate([getattr(h, f.name) for h in parts]) for f in fields(cls)]
@@ -137,6 +142,24 @@ class Pooled:
     owd_raw: np.ndarray
 
 
+_EDGE_POINT_TYPES = (np.int64, np.bool_, np.float64, np.float64)  # (edge, upper, t, y)
+
+
+class WindowEdges(NamedTuple):
+    """How a span's pooled points are written for the fits (:meth:`HullPool.pooled_edges`):
+    the window's edges (sorted ``lo·n_nic + hi`` over its NICs) and each point's time map,
+    per NIC its host (``nic_h``), per host its offset θ at ``t_ref`` and drift, per NIC its
+    calibrated (egress, ingress) latency."""
+
+    key_codes: np.ndarray
+    n_nic: int
+    nic_h: np.ndarray
+    theta: np.ndarray
+    drift: np.ndarray
+    t_ref: int
+    lat: np.ndarray
+
+
 class HullPool:
     """The last windows' hulls and, per edge, each span's last line and score.
 
@@ -148,8 +171,9 @@ class HullPool:
     are full. The hull of a union is the hull of the parts' hulls: the fits see the same
     hulls as from every window's raw points."""
 
-    def __init__(self, cfg: SyncConfig) -> None:
+    def __init__(self, cfg: SyncConfig, scratch: Scratch | None = None) -> None:
         self.cfg = cfg
+        self.scratch = scratch or Scratch()
         self.sizes = sizes = cfg.pool_sizes
         self.blocks: dict[tuple[int, int], _Hulls | None] = {}  # (level, index) -> hulls
         self.newest: int | None = None  # generation of the newest remembered window
@@ -170,13 +194,7 @@ class HullPool:
         stored windows of the last ``span`` generations (a missed window still counts),
         restricted to the current window's NICs. It is taken in raw coordinates: the fits
         map a pair's points by one affine map with positive scale, which keeps the hull."""
-        ids = self.nic_numbers(pts)
-        parts = []
-        if gen is not None and span > 1:
-            parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
-        parts.append(self._reduced(pts))
-        cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
-        cur[ids] = np.arange(ids.size)
+        parts, cur = self._span(pts, gen, span)
         if len(parts) > 1:
             # the merge maps the pairs to this window's NICs and leaves the others out as it
             # writes them: no mapped copies of ~1 M points (fresh memory, faulted in)
@@ -187,6 +205,31 @@ class HullPool:
         src, dst = cur[h.src], cur[h.dst]
         keep = (src >= 0) & (dst >= 0)
         return Pooled(src[keep], dst[keep], h.t_raw[keep], h.owd_raw[keep])
+
+    def pooled_edges(
+        self, pts: HullPoints, gen: int | None, span: int, edges: WindowEdges
+    ) -> Points | None:
+        """:meth:`pooled` written straight as the fits read it, ``(edge, upper, t, y)``
+        (:func:`union_edge_points`: pairs of no edge of ``edges`` left out, times in fleet
+        time, delays signed by the edge's sense), in the merge's one pass without the GIL;
+        None where the stored hulls are not grouped by pair (the caller maps
+        :meth:`pooled`)."""
+        parts, cur = self._span(pts, gen, span)
+        cols = [(p.src, p.dst, p.t_raw, p.owd_raw) for p in parts]
+        # a buffer per span: its points are read by its fit, before any other union runs
+        return union_edge_points(cols, cur, *edges, self.scratch.of(span, _EDGE_POINT_TYPES))
+
+    def _span(self, pts: HullPoints, gen: int | None, span: int) -> tuple[list[_Hulls], np.ndarray]:
+        """A span's parts (the stored blocks' hulls, then this window's) and each stable NIC
+        number's number in this window (-1: not in it)."""
+        ids = self.nic_numbers(pts)
+        parts = []
+        if gen is not None and span > 1:
+            parts = [h for h in self._range(gen - span + 1, gen - 1) if h is not None]
+        parts.append(self._reduced(pts))
+        cur = np.full(len(self._nic_ids), -1, np.int64)  # stable number -> current NIC number
+        cur[ids] = np.arange(ids.size)
+        return parts, cur
 
     def remember(self, pts: HullPoints, gen: int | None) -> None:
         if len(self.sizes) < 2 or gen is None:
@@ -231,7 +274,7 @@ class HullPool:
         if key not in self.blocks:  # a missed window: None; a block: its halves' union
             halves = [] if level == 0 else [self._block(level - 1, 2 * j + i) for i in (0, 1)]
             parts = [h for h in halves if h is not None]
-            self.blocks[key] = _Hulls.union(parts) if parts else None
+            self.blocks[key] = _Hulls.union(parts, self.scratch) if parts else None
         return self.blocks[key]
 
     def window_hulls(self, pts: HullPoints) -> HullPoints:
@@ -399,23 +442,17 @@ def _intrusion(
     a0 = np.where(some, old.a.T, 0.0)
     dt = np.where(some, (t_ref - old.t_ref).astype(np.float64), 0.0)
     line0 = a0 + carry * dt  # each span's line at t = 0 of this window
-    # The points come a directed pair at a time (one edge and side per run): each run's
-    # minimum by one reduceat, not a scatter per point. Edges not tracked are computed too
-    # (their line is 0) and left out below (not ``good``).
-    run = np.flatnonzero(np.r_[True, (edge[1:] != edge[:-1]) | (upper[1:] != upper[:-1])])
-    run_e, run_up = edge[run], upper[run]
-    side = np.where(upper, 1.0, -1.0)
-    for k in range(n_spans):
-        r = y - (line0[k, edge] + carry[edge] * t)
-        gap = np.minimum.reduceat(side * r, run)  # upper points: distance above the line,
-        lo_gap = np.full(n_e, np.inf)  # lower points: distance below it
-        np.minimum.at(lo_gap, run_e[run_up], gap[run_up])
-        hi_gap = np.full(n_e, np.inf)
-        np.minimum.at(hi_gap, run_e[~run_up], gap[~run_up])
-        worst = np.maximum(m0 - lo_gap, m0 - hi_gap)  # -inf where a side is empty
-        seen = np.isfinite(lo_gap) | np.isfinite(hi_gap)
-        out[k] = np.where(good[k] & seen, np.maximum(worst, 0.0), np.nan)
-    return out
+    # Edges not tracked are computed too (their line is 0) and left out below (not ``good``).
+    lo_gap = np.full((n_spans, n_e), np.inf)  # upper points: distance above the line
+    hi_gap = np.full((n_spans, n_e), np.inf)  # lower points: distance below it
+    run_gaps(
+        np.ascontiguousarray(edge, np.int64), np.ascontiguousarray(upper, bool).view(np.uint8),
+        np.ascontiguousarray(t, np.float64), np.ascontiguousarray(y, np.float64),
+        np.ascontiguousarray(line0), np.ascontiguousarray(carry, np.float64), lo_gap, hi_gap,
+    )  # fmt: skip
+    worst = np.maximum(m0 - lo_gap, m0 - hi_gap)  # -inf where a side is empty
+    seen = np.isfinite(lo_gap) | np.isfinite(hi_gap)
+    return np.where(good & seen, np.maximum(worst, 0.0), np.nan)
 
 
 def _bend(bend: np.ndarray, intrusion: np.ndarray, w: float) -> None:

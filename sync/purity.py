@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._csr import RowLists, flatten_points, row_pair_hulls
+from .scratch import Scratch
 
 
 def pure_mask(
@@ -88,9 +89,13 @@ class _KeptRows:
         total = int((t_off[1:] - t_off[:-1])[keep].sum())
         return flatten_points(self._mask(keep), self.lists, total)
 
-    def pair_hulls(self, n_nic: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-        """Each directed pair's lower hull of the kept rows' points (:func:`row_pair_hulls`)."""
-        return row_pair_hulls(self._mask(self.keep), self.lists, n_nic)
+    def pair_hulls(
+        self, n_nic: int, scratch: Scratch | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """Each directed pair's lower hull of the kept rows' points (:func:`row_pair_hulls`,
+        through ``scratch``'s buffers where given)."""
+        out = scratch.of("pair_hulls", (np.int64,) * 4) if scratch is not None else None
+        return row_pair_hulls(self._mask(self.keep), self.lists, n_nic, out)
 
     @staticmethod
     def _mask(keep: np.ndarray) -> np.ndarray:
@@ -157,16 +162,19 @@ def _rows(windows: pa.Table, mask: np.ndarray) -> pa.Table:
     return windows.filter(pa.array(mask))
 
 
-def hull_points(windows: pa.Table, reduce: bool = False) -> HullPoints:
+def hull_points(
+    windows: pa.Table, reduce: bool = False, scratch: Scratch | None = None
+) -> HullPoints:
     """Flatten the hulls of the rows worth using; count what was dropped and why (each row
     for the first reason that applies, in the order below). The rows are tested in place and
     the kept rows' points copied out of the list buffers in one pass (:func:`flatten_points`),
     null points left out. ``reduce``: only each directed pair's lower hull of those points,
     read from the buffers in one pass without the flattened copy (:func:`row_pair_hulls`),
-    what the solve fits (``HullPool.window_hulls``)."""
+    what the solve fits (``HullPool.window_hulls``), through ``scratch``'s buffers where
+    given (a solver's, :mod:`.scratch`)."""
     rows, names, hosts, dropped = _kept_rows(windows)
     if reduce:
-        src_p, dst_p, ht, hy, nulls = rows.pair_hulls(len(names))
+        src_p, dst_p, ht, hy, nulls = rows.pair_hulls(len(names), scratch)
     else:
         src_p, dst_p, ht, hy, nulls = rows.flatten()
     if nulls:

@@ -51,8 +51,9 @@ from ._csr import edge_delays, fleet_times, shifted_median
 from .config import SyncConfig
 from .edgefit import EdgeFits, Points, fit_edges
 from .network import ActiveSets, NetSolution, solve_network
-from .pooling import HullPool
+from .pooling import HullPool, WindowEdges
 from .purity import HullPoints, complete_generations, hull_points
+from .scratch import Scratch
 from .tracking import DriftTracker
 
 
@@ -119,7 +120,8 @@ class HuygensSync:
         self.models: list[ClockModel] = []
         self.idle_calls = 0
         self.tracker = DriftTracker(self.cfg)
-        self.pool = HullPool(self.cfg)
+        self.scratch = Scratch()  # the merges' buffers, kept from window to window
+        self.pool = HullPool(self.cfg, self.scratch)
         self.report = SolveReport()
         self._excess: np.ndarray | None = None  # the pooled fit's margin excess per edge
 
@@ -149,7 +151,7 @@ class HuygensSync:
         prev: dict[str, ClockModel],
         gen: int | None,
     ) -> list[ClockModel]:
-        pts = hull_points(windows, reduce=True)
+        pts = hull_points(windows, reduce=True, scratch=self.scratch)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
             self.report = SolveReport(hosts=hosts, dropped=pts.dropped)
@@ -276,9 +278,14 @@ class HuygensSync:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A span's pooled hull points of this window's edges as (edge, upper, t, y), times
         in fleet time through the current models (older points of edges missing now are
-        dropped)."""
-        pool = self.pool.pooled(pts, gen, span)
+        dropped): written so by the union's merge, or mapped from :meth:`HullPool.pooled`
+        where the stored hulls are not grouped by pair."""
         n_nic = len(pts.nics)
+        edges = WindowEdges(geo.key_codes, n_nic, tm.nic_h, tm.theta, tm.drift, tm.t_ref, tm.lat)
+        got = self.pool.pooled_edges(pts, gen, span, edges)
+        if got is not None:
+            return got
+        pool = self.pool.pooled(pts, gen, span)
         lo_nic, hi_nic = np.minimum(pool.src, pool.dst), np.maximum(pool.src, pool.dst)
         key = lo_nic * n_nic + hi_nic
         # a pair's points are together: one edge look-up per run of equal keys

@@ -18,10 +18,12 @@ import scipy.sparse as sp
 from fleetlens.sync._csr import (
     edge_delays,
     fleet_times,
-    group_offsets,
+    group_points,
     hull_groups,
     pair_hulls,
+    run_gaps,
     shifted_median,
+    union_edge_points,
     union_hulls,
 )
 from fleetlens.sync.edgefit import fit_edges
@@ -32,6 +34,13 @@ from scipy.sparse.linalg import cg
 
 from fleetlens.hull import lower_hull_rows
 from fleetlens.summary import pad_rows
+
+
+def _group_offsets(group: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of ``0 <= group < n`` by numpy: group ``g``'s points are ``order[off[g]:off[g +
+    1]]`` in their original order."""
+    off = np.r_[0, np.cumsum(np.bincount(group, minlength=n))].astype(np.int64)
+    return off, np.argsort(group, kind="stable").astype(np.int64)
 
 
 def _reference(group: np.ndarray, n: int, t: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
@@ -56,7 +65,7 @@ def test_group_hulls_equal_the_padded_rows(ties: bool) -> None:
         n, m = int(rng.integers(1, 30)), int(rng.integers(0, 800))
         group = rng.integers(0, n, m).astype(np.int64)
         t, y = _points(rng, m, ties)
-        size, ht, hy = hull_groups(*group_offsets(group, n), t, y)
+        size, ht, hy = hull_groups(*_group_offsets(group, n), t, y)
         want = _reference(group, n, t, y)
         assert size.tolist() == [len(w) for w in want]
         assert np.array_equal(np.c_[ht, hy], np.concatenate([np.zeros((0, 2)), *want]))
@@ -79,7 +88,7 @@ def test_union_of_hulls_is_the_hull_of_every_point() -> None:
             m = int(rng.integers(0, 300))
             pair = np.sort(rng.integers(0, n_pairs, m)).astype(np.int64)
             t, y = _points(rng, m, ties=bool(rng.integers(0, 2)))
-            size, ht, hy = hull_groups(*group_offsets(pair, n_pairs), t, y)
+            size, ht, hy = hull_groups(*_group_offsets(pair, n_pairs), t, y)
             hp = np.repeat(np.arange(n_pairs), size)
             parts.append((hp >> 1, hp & 1, ht, hy))  # pair p = (src p >> 1, dst p & 1)
             every.append((pair, t, y))
@@ -93,6 +102,75 @@ def test_union_of_hulls_is_the_hull_of_every_point() -> None:
             assert np.array_equal(np.c_[got[2], got[3]][got_pair == p], want[p])
         gone = union_hulls(parts, np.where(cur == 0, -1, cur))  # NIC 0 left the window
         assert gone is not None and not (gone[0] == 0).any() and not (gone[1] == 0).any()
+
+
+def test_union_written_as_edge_points_is_the_union_mapped() -> None:
+    """The union's merge writing each hull point's edge, sense, fleet time and signed delay
+    gives what mapping :func:`union_hulls`' points does (bit for bit, same order), pairs of
+    no edge of the window and NICs not in it left out."""
+    rng = np.random.default_rng(12)
+    for _ in range(30):
+        n_stable, parts = int(rng.integers(2, 12)), []
+        for _ in range(int(rng.integers(1, 6))):
+            m = int(rng.integers(0, 300))
+            pair = np.sort(rng.integers(0, n_stable * n_stable, m)).astype(np.int64)
+            t, y = _points(rng, m, ties=bool(rng.integers(0, 2)))
+            size, ht, hy = hull_groups(*_group_offsets(pair, n_stable * n_stable), t, y)
+            hp = np.repeat(np.arange(n_stable * n_stable), size)
+            parts.append((hp // n_stable, hp % n_stable, ht, hy))
+        cur = rng.permutation(n_stable).astype(np.int64)  # stable number -> this window's
+        cur[rng.random(n_stable) < 0.2] = -1  # NICs gone from the window
+        n_nic, hosts = n_stable, 4
+        every = np.unique(np.minimum.outer(np.arange(n_nic), np.arange(n_nic)) * n_nic
+                          + np.maximum.outer(np.arange(n_nic), np.arange(n_nic)))  # fmt: skip
+        key_codes = np.sort(rng.choice(every, int(rng.integers(0, every.size + 1)), False))
+        nic_h = rng.integers(0, hosts, n_nic).astype(np.int64)
+        theta, drift = rng.normal(0, 5e7, hosts), rng.normal(0, 2e4, hosts)
+        lat = np.ascontiguousarray(rng.normal(0, 300, (n_nic, 2)))
+        t_ref = int(rng.integers(0, 10**9))
+        got = union_edge_points(parts, cur, key_codes.astype(np.int64), n_nic, nic_h, theta,
+                                drift, t_ref, lat)  # fmt: skip
+        src, dst, ht, hy = union_hulls(parts, cur)  # type: ignore[misc]
+        key = np.minimum(src, dst) * n_nic + np.maximum(src, dst)
+        edge = np.searchsorted(key_codes, key)
+        known = edge < key_codes.size
+        known[known] = key_codes[edge[known]] == key[known]
+        src, dst, ht, hy, edge = src[known], dst[known], ht[known], hy[known], edge[known]
+        up, y = edge_delays(hy, src, dst, lat)
+        want = (edge, up, fleet_times(ht, src, nic_h, theta, drift, t_ref), y)
+        assert got is not None
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w)
+    # a part not grouped in ascending pairs: told, not miscomputed
+    desc = [(np.array([1, 0], np.int64), np.zeros(2, np.int64), np.arange(2), np.arange(2))]
+    two = np.zeros(2)
+    assert union_edge_points(desc, np.arange(2), np.array([1]), 2, np.arange(2), two, two, 0,
+                             np.zeros((2, 2))) is None  # fmt: skip
+
+
+def test_grouped_points_and_gaps_equal_their_numpy_forms() -> None:
+    """The fits' rows grouped and gathered in one pass equal a stable sort and two gathers;
+    the spans' per-edge gaps to their lines equal the per-point residuals' minima (bit for
+    bit)."""
+    rng = np.random.default_rng(13)
+    for _ in range(30):
+        n, m, spans = int(rng.integers(1, 50)), int(rng.integers(0, 2000)), 3
+        edge = rng.integers(0, n, m).astype(np.int64)
+        upper = rng.random(m) < 0.5
+        t, y = rng.normal(0, 5e8, m), rng.normal(0, 1e4, m)
+        off, tc, yc = group_points(edge, upper.view(np.uint8), t, y, n)
+        want_off, order = _group_offsets(edge * 2 + ~upper, 2 * n)
+        assert np.array_equal(off, want_off)
+        assert np.array_equal(tc, t[order]) and np.array_equal(yc, y[order])
+        line0, carry = rng.normal(0, 1e4, (spans, n)), rng.normal(0, 1e-4, n)
+        lo, hi = np.full((spans, n), np.inf), np.full((spans, n), np.inf)
+        run_gaps(edge, upper.view(np.uint8), t, y, line0, carry, lo, hi)
+        for k in range(spans):
+            r = y - (line0[k, edge] + carry[edge] * t)
+            want_lo, want_hi = np.full(n, np.inf), np.full(n, np.inf)
+            np.minimum.at(want_lo, edge[upper], r[upper])
+            np.minimum.at(want_hi, edge[~upper], -r[~upper])
+            assert np.array_equal(lo[k], want_lo) and np.array_equal(hi[k], want_hi)
 
 
 def test_fits_over_each_directions_hull_equal_the_fits_over_every_point() -> None:
@@ -109,7 +187,7 @@ def test_fits_over_each_directions_hull_equal_the_fits_over_every_point() -> Non
     # each direction reduced to its hull (the lower set's upper hull: the lower hull of −y)
     row = edge * 2 + ~upper
     size, ht, hy = hull_groups(
-        *group_offsets(row, 2 * n), t.astype(np.int64), np.where(upper, y, -y).astype(np.int64)
+        *_group_offsets(row, 2 * n), t.astype(np.int64), np.where(upper, y, -y).astype(np.int64)
     )
     r = np.repeat(np.arange(2 * n), size)
     up = r % 2 == 0
