@@ -20,6 +20,8 @@ wild offset in the middle crashed the collector in Arrow's own kernels. Every of
 range the rows use must be ascending (so inside the data).
 """
 
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.math cimport isnan, isinf
@@ -95,6 +97,47 @@ N_CHECKS = CHECK_COUNT  # batch.py has an error for each
 cdef uint64_t _FNV_OFF = 1469598103934665603ULL
 cdef uint64_t _FNV_PRIME = 1099511628211ULL
 
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
+
+# The NIC ids' str objects, kept across batches: a fleet names a bounded set of NICs, and the
+# same object every batch has its hash cached for the set lookups that follow (the id syntax
+# memo, the known NICs), where fresh ones were hashed again each time. Open addressing by
+# the bytes' hash; emptied when half full (ids sent by a misbehaving agent cannot grow it).
+cdef enum:
+    _IDS_SLOTS = 1 << 17
+cdef uint64_t _ids_hash[_IDS_SLOTS]
+cdef PyObject* _ids_obj[_IDS_SLOTS]
+cdef int64_t _ids_used = 0
+
+
+cdef object _id_text(const char* p, int64_t m, uint64_t h, bint ascii):
+    """The str of the id bytes ``p[:m]`` (``h``: their hash), the cached one when seen."""
+    global _ids_used
+    cdef int64_t slot = <int64_t>(h & (_IDS_SLOTS - 1)), k
+    cdef Py_ssize_t size
+    cdef const char* have
+    if not ascii:  # text that is not ASCII is no NIC id: not worth keeping
+        return PyUnicode_DecodeUTF8(p, m, "replace")
+    while _ids_obj[slot] != NULL:
+        if _ids_hash[slot] == h:
+            have = PyUnicode_AsUTF8AndSize(<object>_ids_obj[slot], &size)
+            if size == m and _same(have, p, m):
+                return <object>_ids_obj[slot]
+        slot = (slot + 1) & (_IDS_SLOTS - 1)
+    text = PyUnicode_DecodeUTF8(p, m, "strict")
+    if _ids_used >= _IDS_SLOTS // 2:
+        for k in range(_IDS_SLOTS):
+            Py_XDECREF(_ids_obj[k])
+            _ids_obj[k] = NULL
+        _ids_used = 0
+        slot = <int64_t>(h & (_IDS_SLOTS - 1))
+    Py_INCREF(text)
+    _ids_obj[slot] = <PyObject*>text
+    _ids_hash[slot] = h
+    _ids_used += 1
+    return text
+
 
 cdef inline void _hit(int64_t* first, int64_t* count, int k, int64_t row) noexcept nogil:
     if count[k] == 0:
@@ -148,6 +191,7 @@ cdef int _distinct(const FlArrowArray* a, int64_t n, int32_t[::1] code, list out
     cdef int64_t* table
     cdef int64_t* rep
     cdef uint64_t h
+    cdef uint8_t high
     cdef int32_t c = 0
     while size < 2 * n:
         size <<= 1
@@ -169,8 +213,10 @@ cdef int _distinct(const FlArrowArray* a, int64_t n, int32_t[::1] code, list out
                     code[i] = code[i - 1]
                     continue
             h = _FNV_OFF
+            high = 0
             for k in range(m):
                 h = (h ^ <uint8_t>data[off[o] + k]) * _FNV_PRIME
+                high |= <uint8_t>data[off[o] + k]
             slot = <int64_t>(h & <uint64_t>(size - 1))
             while True:
                 if table[slot] < 0:
@@ -178,7 +224,7 @@ cdef int _distinct(const FlArrowArray* a, int64_t n, int32_t[::1] code, list out
                     rep[c] = o
                     code[i] = c
                     c += 1
-                    out.append(PyUnicode_DecodeUTF8(data + off[o], m, "replace"))
+                    out.append(_id_text(data + off[o], m, h, high < 0x80))
                     break
                 j = rep[table[slot]]
                 if off[j + 1] - off[j] == m and _same(data + off[j], data + off[o], m):
@@ -204,6 +250,7 @@ def scan(batch) -> Scan:
 
 
 cdef Scan _scan(const FlArrowArray* top):
+    cdef int k
     cdef const FlArrowArray** col = <const FlArrowArray**>top.children
     cdef int64_t n = top.length
     cdef Scan s = Scan()
@@ -220,9 +267,11 @@ cdef Scan _scan(const FlArrowArray* top):
         return s  # nothing else is read through offsets that are not ascending
     _distinct(col[SRC], n, s.src_code, s.src)
     _distinct(col[DST], n, s.dst_code, s.dst)
-    with nogil:
-        s.end_max = _rows(col, n, &first[0], &count[0])
-    s.failed = s.count.any()
+    # With the GIL held: ~10 us of work, and a collector thread that took the GIL meanwhile
+    # would keep it for up to its switch interval (5 ms) before this request goes on.
+    s.end_max = _rows(col, n, &first[0], &count[0])
+    for k in range(CHECK_COUNT):
+        s.failed = s.failed or count[k] != 0
     return s
 
 

@@ -140,3 +140,22 @@ def test_every_check_of_the_pass_has_its_error() -> None:
     from fleetlens import _batchscan, batch
 
     assert len(batch._CHECKS) == _batchscan.N_CHECKS
+
+
+def test_nic_ids_are_the_same_objects_batch_after_batch(table: pa.Table) -> None:
+    """The pass keeps the ids' str objects (hashes cached for the set lookups after it), and
+    forgets them once it holds 2^16: ids without end from a misbehaving agent stay bounded
+    and are still checked."""
+    body, ctype = encode_batch("h01", table)
+    a, b = decode_batch(body, ctype), decode_batch(body, ctype)
+    assert all(x is y for x, y in zip(a.nics[1], b.nics[1], strict=True))
+    many = 70_000
+    junk = table.slice(0, 1).to_pylist()[0]
+    rows = [dict(junk, dst_nic=f"z{i}/eth0") for i in range(many)]
+    got = decode_batch(*encode_batch("h01", pa.Table.from_pylist(rows, table.schema)))
+    assert len(got.nics[1]) == many and got.nics[1][-1] == f"z{many - 1}/eth0"
+    bad = [dict(junk, dst_nic="h02/eth0\n"), *rows[:3]]
+    with pytest.raises(BatchError) as e:
+        decode_batch(*encode_batch("h01", pa.Table.from_pylist(bad, table.schema)))
+    assert e.value.field == "dst_nic" and "(row 0, 1 rows)" in str(e.value)
+    assert decode_batch(body, ctype).nics == a.nics
