@@ -9,10 +9,12 @@ same interpreter, alternated ``--repeat`` times: CPU microseconds per batch of e
 median of the rounds) and their ratio. The bodies are the cached agent batches of
 ``bench/realtime.py`` (``--cache``; one ~910-row Arrow IPC batch per host of a window).
 
-Before timing, both decoders get the same inputs and must agree on every one (printed:
-identical / different): every cached batch, and hostile variants of them (a bad value in a
-random row of each column, in Arrow, msgpack and JSON; two faults at once; truncated bodies;
-random bytes flipped). Agreeing means the same batch and host ids, equal tables (schema and
+Before timing, both decoders, each followed by its revision's collector checks
+(``api/checks.py``: own host, known NICs, not from the future), get the same inputs and must
+agree on every one (printed: identical / different): every cached batch, and hostile variants
+of them (a bad value in two random rows of each column, in Arrow, msgpack and JSON, among
+them every bad value of the batch and ingest tests; two faults at once; truncated bodies;
+random bits flipped). Agreeing means the same batch and host ids, equal tables (schema and
 values) and the same distinct NIC ids, or the same error (type, field, message, reason).
 A body whose variable-size column has offsets that do not ascend is only given to this tree's
 decoder: the revision's (``main`` before this change) reads through them and crashes the
@@ -37,6 +39,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pyarrow as pa
+from fleetlens.api import checks
 
 from fleetlens import batch as this
 from fleetlens.batch import CT_ARROW, CT_JSON, CT_MSGPACK, META_BATCH_ID, META_HOST_ID
@@ -46,16 +49,20 @@ ROOT = Path(__file__).resolve().parent.parent
 Decode = Callable[[bytes, str], object]
 
 
-def revision_batch(rev: str) -> types.ModuleType:
-    """``fleetlens/batch.py`` as it is at ``rev``, imported as ``batch_at_rev``."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:fleetlens/batch.py"],
+def revision_module(rev: str, path: str, name: str) -> types.ModuleType:
+    """The file ``path`` as it is at ``rev``, imported as ``name``."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
                          check=True, capture_output=True, text=True).stdout  # fmt: skip
-    spec = importlib.util.spec_from_loader("batch_at_rev", loader=None)
+    spec = importlib.util.spec_from_loader(name, loader=None)
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclass looks its module up
-    exec(compile(src, f"{rev}:fleetlens/batch.py", "exec"), mod.__dict__)
+    exec(compile(src, f"{rev}:{path}", "exec"), mod.__dict__)
     return mod
+
+
+def revision_batch(rev: str) -> types.ModuleType:
+    return revision_module(rev, "fleetlens/batch.py", "batch_at_rev")
 
 
 def cached_bodies(cache: Path, hosts: int, window: int) -> list[bytes]:
@@ -66,16 +73,28 @@ def cached_bodies(cache: Path, hosts: int, window: int) -> list[bytes]:
 
 
 # ---- what both decoders must agree on ----------------------------------------------------
-def outcome(decode: Decode, body: bytes, ctype: str) -> tuple:
-    """What decoding gave: the batch (ids, table, NIC ids) or the error."""
+Check = Callable[[object], None]
+
+
+def outcome(decode: Decode, check: Check, body: bytes, ctype: str) -> tuple:
+    """What decoding and the collector's checks gave: the batch (ids, table, NIC ids) or the
+    error."""
     try:
         b = decode(body, ctype)
+        check(b)
     except Exception as e:  # any error is an outcome to compare
         return ("error", type(e).__name__, getattr(e, "field", None), str(e),
                 getattr(e, "reason", None))  # fmt: skip
     t = b.windows  # type: ignore[attr-defined]
     nics = b.nics  # type: ignore[attr-defined]
     return ("ok", b.batch_id, b.host_id, t.schema, t, nics and tuple(map(tuple, nics)))  # type: ignore[attr-defined]
+
+
+def checks_of(module: types.ModuleType, known: frozenset[str]) -> Check:
+    """The collector's checks (``api/checks.py``'s ``check_batch``) against ``known`` NICs,
+    now, with the default 5 s of allowed clock skew."""
+    now = time.time_ns()
+    return lambda b: module.check_batch(b, known, now, 5 * 10**9)
 
 
 def same(a: tuple, b: tuple) -> bool:
@@ -87,9 +106,9 @@ def same(a: tuple, b: tuple) -> bool:
 # A bad value for a column (None: null), and the formats that can carry it.
 BAD: dict[str, list[object]] = {
     "src_nic": [None, "h01", "not a nic", "h999/eth0", "\u00e9/eth0"],
-    "dst_nic": [None, "h01/eth0\n", "h01/" + "e" * 33, "@same"],
+    "dst_nic": [None, "h01/eth0\n", "h01/eth0/x", "h01/" + "e" * 33, "h999/eth0", "@same"],
     "sport": [None, 0, 70000, -1, 1.5, True],
-    "start_ns": [None, -5, 2**70, "soon"],
+    "start_ns": [None, -5, 2**70, "soon", "@future"],
     "duration_ns": [None, 0, -1],
     "sent": [None, -1, "many", 0],
     "received": [None, -1, 10**6],
@@ -106,6 +125,12 @@ BAD: dict[str, list[object]] = {
 }
 
 
+def _value(v: object, row: dict) -> object:
+    if v == "@same":
+        return row["src_nic"]
+    return time.time_ns() + 3600 * 10**9 if v == "@future" else v
+
+
 def variants(body: bytes, rng: np.random.Generator) -> Iterator[tuple[str, bytes, str]]:
     """Hostile variants of one agent body: (what, body, content type)."""
     rb = pa.ipc.open_stream(body).read_next_batch()
@@ -117,14 +142,13 @@ def variants(body: bytes, rng: np.random.Generator) -> Iterator[tuple[str, bytes
             changed = [dict(r) for r in rows]
             for _ in range(2):  # the same fault in two random rows
                 r = changed[int(rng.integers(len(changed)))]
-                r[name] = r["src_nic"] if v == "@same" else v
+                r[name] = _value(v, r)
             yield from _encoded(f"{name}={v!r}", bid, host, changed)
     for _ in range(20):  # two faults at once: the first in the checks' order is reported
         changed = [dict(r) for r in rows]
         for name in rng.choice(list(BAD), 2, replace=False):
             r = changed[int(rng.integers(len(changed)))]
-            v = BAD[name][int(rng.integers(len(BAD[name])))]
-            r[name] = r["src_nic"] if v == "@same" else v
+            r[name] = _value(BAD[name][int(rng.integers(len(BAD[name])))], r)
         yield from _encoded("two faults", bid, host, changed)
     for cut in (0, 7, len(body) // 3, len(body) // 2, len(body) - 40, len(body) - 1):
         yield f"truncated at {cut}", body[:cut], CT_ARROW
@@ -165,7 +189,8 @@ def _offsets_broken(body: bytes) -> bool:
     return False
 
 
-def agreement(old: Decode, bodies: list[bytes], seed: int) -> tuple[int, int, int, list[str]]:
+def agreement(old: tuple[Decode, Check], new: tuple[Decode, Check], bodies: list[bytes],
+              seed: int) -> tuple[int, int, int, list[str]]:  # fmt: skip
     """(inputs, identical, skipped for broken offsets, the differences' descriptions)."""
     rng = np.random.default_rng(seed)
     cases = [("agent batch", b, CT_ARROW) for b in bodies]
@@ -178,7 +203,7 @@ def agreement(old: Decode, bodies: list[bytes], seed: int) -> tuple[int, int, in
             skipped += 1
             continue
         n += 1
-        a, b = outcome(old, body, ctype), outcome(this.decode_batch, body, ctype)
+        a, b = outcome(*old, body, ctype), outcome(*new, body, ctype)
         if same(a, b):
             equal += 1
         else:
@@ -249,10 +274,18 @@ def main() -> int:
     ap.add_argument("--crash-demo", action="store_true")
     a = ap.parse_args()
     old = revision_batch(a.against)
+    old_checks = revision_module(a.against, "api/checks.py", "checks_at_rev")
     for hosts in map(int, a.hosts.split(",")):
         bodies = cached_bodies(a.cache, hosts, a.window)
-        rows = sum(this.decode_batch(b, CT_ARROW).rows for b in bodies) / len(bodies)
-        n, equal, skipped, diffs = agreement(old.decode_batch, bodies, a.seed)
+        decoded = [this.decode_batch(b, CT_ARROW) for b in bodies]
+        rows = sum(b.rows for b in decoded) / len(bodies)
+        known = frozenset(n for b in decoded for n in b.windows["src_nic"].to_pylist())
+        n, equal, skipped, diffs = agreement(
+            (old.decode_batch, checks_of(old_checks, known)),
+            (this.decode_batch, checks_of(checks, known)),
+            bodies,
+            a.seed,
+        )
         acks = "acks_lost" in pa.ipc.open_stream(bodies[0]).schema.names
         print(f"h{hosts}: {len(bodies)} agent batches of {rows:.0f} rows on average "
               f"({'with' if acks else 'without'} acks_lost); {n} inputs with hostile variants: "
