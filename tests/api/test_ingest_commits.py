@@ -8,7 +8,7 @@ import threading
 from concurrent.futures import Future
 
 import pytest
-from fleetlens.api.ingest import Commits
+from fleetlens.api.ingest import Commits, Slots
 
 
 def _later(fut: Future, value: object, after_s: float) -> None:
@@ -59,5 +59,38 @@ def test_what_waits_stays_as_many_as_in_flight() -> None:
             f.set_result(True)
             assert await commits.wait(f) is True
         assert len(commits._waits) <= 1
+
+    asyncio.run(main())
+
+
+def test_slots_bound_order_and_cancellation() -> None:
+    """``ingest.Slots``: never more holders than slots, first come first served, and a waiter
+    cancelled before or after its turn leaves no slot behind."""
+
+    async def main() -> None:
+        slots, inside, order = Slots(2), [0], []
+
+        async def job(i: int, hold_s: float) -> None:
+            async with slots:
+                inside[0] += 1
+                assert inside[0] <= 2
+                order.append(i)
+                await asyncio.sleep(hold_s)
+                inside[0] -= 1
+
+        tasks = [asyncio.ensure_future(job(i, 0.02)) for i in range(8)]
+        await asyncio.sleep(0)
+        tasks[5].cancel()  # waiting: skipped
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert order == [0, 1, 2, 3, 4, 6, 7]
+        # handed a slot and cancelled before it ran: the slot goes on
+        a, b = asyncio.ensure_future(job(10, 0.05)), asyncio.ensure_future(job(11, 0.05))
+        await asyncio.sleep(0.01)
+        c = asyncio.ensure_future(job(12, 0))
+        await asyncio.sleep(0)
+        slots._release()  # as if a holder left: c's slot is set...
+        c.cancel()  # ...and c is cancelled before it resumes
+        await asyncio.gather(a, b, c, return_exceptions=True)
+        assert slots._free == 3 and not slots._waiters  # 2 + the extra release above
 
     asyncio.run(main())
