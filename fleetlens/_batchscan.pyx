@@ -25,6 +25,7 @@ from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.math cimport isnan, isinf
+from libc.string cimport memcpy
 from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 
 import numpy as np
@@ -90,7 +91,8 @@ cdef enum:
     C_HULL_LEN = 36
     C_LIST_NULL = 37  # 37..39: a null element in hull_t_ns, hull_owd_ns, path
     C_TS_SOURCE = 40
-    CHECK_COUNT = 41
+    C_PATH_TEXT = 41  # a link id of path that is not UTF-8
+    CHECK_COUNT = 42
 
 N_CHECKS = CHECK_COUNT  # batch.py has an error for each
 
@@ -270,6 +272,7 @@ cdef Scan _scan(const FlArrowArray* top):
     # With the GIL held: ~10 us of work, and a collector thread that took the GIL meanwhile
     # would keep it for up to its switch interval (5 ms) before this request goes on.
     s.end_max = _rows(col, n, &first[0], &count[0])
+    _path_text(col[PATH], n, &first[0], &count[0])
     for k in range(CHECK_COUNT):
         s.failed = s.failed or count[k] != 0
     return s
@@ -437,3 +440,38 @@ cdef void _list_nulls(const FlArrowArray* a, int64_t n, int64_t* first, int64_t*
             if not _ok(elements, j):
                 _hit(first, count, k, flat)
             flat += 1
+
+
+cdef void _path_text(const FlArrowArray* a, int64_t n, int64_t* first, int64_t* count):
+    """Rows whose path holds a link id that is not UTF-8 (the writer names links in Python:
+    one such row failed its whole commit group). Every byte is looked at, 8 at a time; only
+    when one is not ASCII are the strings decoded one by one."""
+    cdef const FlArrowArray* child = a.children[0]
+    cdef const int32_t* off = <const int32_t*>_values(a, 4)
+    cdef const int32_t* soff = <const int32_t*>_values(child, 4)
+    cdef const char* data = <const char*>child.buffers[2]
+    cdef Bits rows = _bits(a)
+    cdef int64_t lo, hi, k, i, j
+    cdef uint64_t word, high = 0
+    if n == 0 or off[n] == off[0]:
+        return
+    lo, hi = soff[off[0]], soff[off[n]]
+    k = lo
+    while k + 8 <= hi:
+        memcpy(&word, data + k, 8)
+        high |= word
+        k += 8
+    while k < hi:
+        high |= <uint8_t>data[k]
+        k += 1
+    if high & 0x8080808080808080ULL == 0:
+        return
+    for i in range(n):
+        if not _ok(rows, i):
+            continue
+        for j in range(off[i], off[i + 1]):
+            try:
+                PyUnicode_DecodeUTF8(data + soff[j], soff[j + 1] - soff[j], "strict")
+            except UnicodeDecodeError:
+                _hit(first, count, C_PATH_TEXT, i)
+                break

@@ -171,6 +171,11 @@ def _read_arrow(body: bytes | pa.Buffer) -> tuple[object, object, pa.RecordBatch
         batches = list(reader)
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
         raise BatchError("body", f"not a complete Arrow IPC stream: {e}", "decode") from e
+    try:
+        for rb in batches:
+            rb.validate()  # buffer sizes, first and last offsets (the reader does not check)
+    except pa.ArrowInvalid as e:
+        raise BatchError("body", f"not a valid Arrow record batch: {e}", "decode") from e
     schema = reader.schema
     meta = schema.metadata or {}
     batch_id = meta.get(META_BATCH_ID, b"").decode("utf-8", "replace") or None
@@ -180,15 +185,15 @@ def _read_arrow(body: bytes | pa.Buffer) -> tuple[object, object, pa.RecordBatch
         # An agent's body: one record batch of WINDOW_SCHEMA's columns (an older agent's:
         # the first ones), taken as it is. No per-column wrapper: each costs ~1 us of GIL.
         rb = batches[0]
-        try:
-            rb.validate()  # buffer sizes, first and last offsets (the reader does not check)
-        except pa.ArrowInvalid as e:
-            raise BatchError("body", f"not a valid Arrow record batch: {e}", "decode") from e
         for f in _FIELDS[len(schema) :]:
             rb = rb.append_column(f, _default_column(f, rb.num_rows))
         return batch_id, host, rb.replace_schema_metadata()
     table = pa.Table.from_batches(batches, schema)
-    cols = {n: table.column(n) for n in table.column_names}
+    try:
+        names = table.column_names
+    except UnicodeDecodeError as e:  # Arrow does not check the names' text
+        raise BatchError("body", f"a column name is not UTF-8: {e}", "decode") from e
+    cols = {n: table.column(i) for i, n in enumerate(names)}
     return batch_id, host, _one_batch(conform(cols, table.num_rows))
 
 
@@ -321,6 +326,7 @@ _CHECKS: tuple[tuple[str, str, str], ...] = (
     ("hull_owd_ns", "length differs from hull_t_ns", "invalid"),
     *((f, "null element in list", "type") for f in ("hull_t_ns", "hull_owd_ns", "path")),
     ("ts_source", f"want {TS_SOFTWARE!r} or {TS_HARDWARE!r}", "invalid"),
+    ("path", "a link id is not UTF-8", "type"),
 )
 _BEFORE_IDS = len(_OFFSETS) + len(REQUIRED)  # the checks raised before the NIC ids' syntax
 

@@ -159,3 +159,24 @@ def test_nic_ids_are_the_same_objects_batch_after_batch(table: pa.Table) -> None
         decode_batch(*encode_batch("h01", pa.Table.from_pylist(bad, table.schema)))
     assert e.value.field == "dst_nic" and "(row 0, 1 rows)" in str(e.value)
     assert decode_batch(body, ctype).nics == a.nics
+
+
+def test_a_link_id_that_is_not_text_is_refused(table: pa.Table) -> None:
+    """Accepted before, it failed the writer's whole commit group when the links were named."""
+    body, ctype = encode_batch("h01", table)
+    at = body.index(b"->", body.index(b"leaf0->spine"))  # a link id of some row's path
+    with pytest.raises(BatchError) as e:
+        decode_batch(body[:at] + b"\xff" + body[at + 1 :], ctype)
+    assert (e.value.field, e.value.reason) == ("path", "type"), str(e.value)
+    assert "not UTF-8" in str(e.value)
+    accented = table.set_column(table.schema.get_field_index("path"), "path",
+                                pa.array([["h01/eth0->lèaf0"]] * table.num_rows))  # fmt: skip
+    assert decode_batch(*encode_batch("h01", accented)).rows == table.num_rows
+
+
+def test_a_column_name_that_is_not_text_is_refused(table: pa.Table) -> None:
+    body, ctype = encode_batch("h01", table)
+    at = body.index(b"acks_lost")
+    with pytest.raises(BatchError) as e:
+        decode_batch(body[:at] + b"\xff" + body[at + 1 :], ctype)  # an internal error before
+    assert (e.value.field, e.value.reason) == ("body", "decode"), str(e.value)
