@@ -17,9 +17,13 @@ Encodings (``fmt`` → HTTP ``Content-Type``):
 Every window of a batch must be sent by a NIC of the batch's host (``src_nic`` starts with
 ``host_id + "/"``); the collector enforces it together with its context checks (known NICs,
 windows from the future). :func:`decode_batch` checks what needs no context: types, NaN,
-negative counts, received > sent, acks_lost > received, hull lengths, id syntax. Errors are
-:class:`BatchError`, which names the offending field. A column a batch lacks is null (or its
-default): agents older than a column (``acks_lost``) are still accepted.
+negative counts, received > sent, acks_lost > received, hull lengths, id syntax, in one pass
+over the Arrow buffers (``fleetlens._batchscan``). Errors are :class:`BatchError`, which names
+the offending field and, for a value, the first offending row and how many rows offend. A
+column a batch lacks is null (or its default): agents older than a column (``acks_lost``) are
+still accepted. An agent's Arrow body (one record batch of ``WINDOW_SCHEMA``'s columns, or of
+its first ones) is taken as it is, without converting column by column; a hostile one whose
+buffers are too small or whose offsets do not ascend is refused as undecodable (``decode``).
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from fleetlens import _batchscan
 from fleetlens.records import TS_HARDWARE, TS_SOFTWARE, WINDOW_SCHEMA
 
 CT_ARROW = "application/vnd.apache.arrow.stream"
@@ -55,6 +59,12 @@ _IPC_READ = pa.ipc.IpcReadOptions(use_threads=False)
 
 # Columns a sender must provide; the others default to null (or an empty hull / 'software').
 REQUIRED = ("src_nic", "dst_nic", "sport", "start_ns", "duration_ns", "sent", "received", "pure")
+# The schemas of senders' bodies read without conversion: WINDOW_SCHEMA's first k columns,
+# every required one among them (a newer column is added at the end; the others default).
+_PREFIXES = {
+    k: pa.schema(list(WINDOW_SCHEMA)[:k]) for k in range(len(REQUIRED), len(WINDOW_SCHEMA) + 1)
+}
+_FIELDS = list(WINDOW_SCHEMA)
 _ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 _NIC_RE = re.compile(r"[A-Za-z0-9._\-]{1,64}/[A-Za-z0-9._:@\-]{1,32}")  # fullmatch
@@ -84,6 +94,9 @@ class Batch:
     # The distinct source and destination NIC ids, when decoding found them: the collector's
     # checks reuse them instead of asking Arrow again (each kernel call gives the GIL up).
     nics: tuple[list[str], list[str]] | None = None
+    # The largest start_ns + duration_ns (int64, wrapping as numpy adds), when decoding found
+    # it: the collector's not-from-the-future check.
+    window_end: int | None = None
 
     @property
     def rows(self) -> int:
@@ -129,21 +142,20 @@ def decode_batch(body: bytes, content_type: str) -> Batch:
     """Decode and check a batch; raises :class:`BatchError` naming the offending field."""
     fmt = content_format(content_type)
     if fmt == "arrow":
-        batch_id, host, table = _read_arrow(body)
+        batch_id, host, windows = _read_arrow(body)
     else:
         batch_id, host, table = _read_document(body, fmt)
-    batch = Batch(
-        _check_id("batch_id", batch_id, _ID_RE), _check_id("host_id", host, _HOST_RE), table
-    )
-    batch.nics = check_windows(batch.windows)
-    return batch
+        windows = _one_batch(table)
+    batch_id, host = _check_id("batch_id", batch_id, _ID_RE), _check_id("host_id", host, _HOST_RE)
+    s = _scan(windows)
+    return Batch(batch_id, host, pa.Table.from_batches([windows]), (s.src, s.dst), s.end_max)
 
 
 def read_checked_arrow(body: bytes | pa.Buffer) -> Batch:
     """An Arrow body :func:`decode_batch` and the collector's checks already accepted (an
     ingest worker hands it on as it came), decoded to the same batch without checking again."""
-    batch_id, host, table = _read_arrow(body)
-    return Batch(str(batch_id), str(host), table)
+    batch_id, host, windows = _read_arrow(body)
+    return Batch(str(batch_id), str(host), pa.Table.from_batches([windows]))
 
 
 def _check_id(name: str, value: object, pattern: re.Pattern[str]) -> str:
@@ -152,15 +164,37 @@ def _check_id(name: str, value: object, pattern: re.Pattern[str]) -> str:
     return value
 
 
-def _read_arrow(body: bytes | pa.Buffer) -> tuple[object, object, pa.Table]:
+def _read_arrow(body: bytes | pa.Buffer) -> tuple[object, object, pa.RecordBatch]:
+    """The batch and host ids (None when missing) and the windows, one record batch."""
     try:
-        table = pa.ipc.open_stream(body, options=_IPC_READ).read_all()
+        reader = pa.ipc.open_stream(body, options=_IPC_READ)
+        batches = list(reader)
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
         raise BatchError("body", f"not a complete Arrow IPC stream: {e}", "decode") from e
-    meta = table.schema.metadata or {}
+    try:
+        for rb in batches:
+            rb.validate()  # buffer sizes, first and last offsets (the reader does not check)
+    except pa.ArrowInvalid as e:
+        raise BatchError("body", f"not a valid Arrow record batch: {e}", "decode") from e
+    schema = reader.schema
+    meta = schema.metadata or {}
     batch_id = meta.get(META_BATCH_ID, b"").decode("utf-8", "replace") or None
     host = meta.get(META_HOST_ID, b"").decode("utf-8", "replace") or None
-    return batch_id, host, conform({n: table.column(n) for n in table.column_names}, table.num_rows)
+    prefix = _PREFIXES.get(len(schema))
+    if len(batches) == 1 and prefix is not None and schema.remove_metadata().equals(prefix, True):
+        # An agent's body: one record batch of WINDOW_SCHEMA's columns (an older agent's:
+        # the first ones), taken as it is. No per-column wrapper: each costs ~1 us of GIL.
+        rb = batches[0]
+        for f in _FIELDS[len(schema) :]:
+            rb = rb.append_column(f, _default_column(f, rb.num_rows))
+        return batch_id, host, rb.replace_schema_metadata()
+    table = pa.Table.from_batches(batches, schema)
+    try:
+        names = table.column_names
+    except UnicodeDecodeError as e:  # Arrow does not check the names' text
+        raise BatchError("body", f"a column name is not UTF-8: {e}", "decode") from e
+    cols = {n: table.column(i) for i, n in enumerate(names)}
+    return batch_id, host, _one_batch(conform(cols, table.num_rows))
 
 
 def _read_document(body: bytes, fmt: str) -> tuple[object, object, pa.Table]:
@@ -215,6 +249,12 @@ def _default_column(fld: pa.Field, n: int) -> pa.Array:
     return pa.nulls(n, fld.type)
 
 
+def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
+    # An IPC stream of one record batch (what agents send) needs no combining: every Arrow
+    # call gives the GIL up and, on a busy collector, waits to win it back.
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
 def _typed(fld: pa.Field, col: object) -> pa.Array:
     try:
         if isinstance(col, pa.ChunkedArray):
@@ -258,18 +298,7 @@ def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
     )
 
 
-# ---- context-free checks (vectorized) ------------------------------------------------------
-def _fail_if(mask: pa.Array | pa.ChunkedArray, field: str, what: str, reason: str) -> None:
-    # One kernel call when the batch is clean (nulls skipped: a null comparison is no
-    # failure); the offending row is looked for only when there is one.
-    if not pc.any(mask).as_py():
-        return
-    m = pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
-    if m.any():
-        row = int(np.flatnonzero(m)[0])
-        raise BatchError(field, f"{what} (row {row}, {int(m.sum())} rows)", reason)
-
-
+# ---- context-free checks (one pass: fleetlens._batchscan) ------------------------------------
 def _fail_where(bad: np.ndarray, field: str, what: str, reason: str) -> None:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
@@ -277,85 +306,74 @@ def _fail_where(bad: np.ndarray, field: str, what: str, reason: str) -> None:
 
 
 _OWD = ("owd_min_ns", "owd_p50_ns", "owd_p99_ns", "owd_max_ns")
-_NUMBERS = ("sport", "duration_ns", "start_ns", "sent", "received", "pure", "acks_lost", *_OWD)
+_OFFSETS = ("src_nic", "dst_nic", "hull_t_ns", "hull_owd_ns", "ts_source", "path", "path")
+# What each of _batchscan's checks means, in its numbering: (field, what, reason). Raised in
+# this order (the NIC ids' syntax, checked here on the distinct ids, after the nulls), which
+# is the order the checks ran in as numpy and Arrow calls: the same error for the same batch.
+_CHECKS: tuple[tuple[str, str, str], ...] = (
+    *((f, "offsets not ascending", "decode") for f in _OFFSETS),
+    *((f, "null", "type") for f in REQUIRED),
+    ("dst_nic", "equals src_nic", "invalid"),
+    ("sport", "outside 1..65535", "invalid"),
+    ("duration_ns", "must be > 0", "negative"),
+    ("start_ns", "negative", "negative"),
+    *((f, "negative count", "negative") for f in ("sent", "received", "pure", "acks_lost")),
+    ("received", "greater than sent", "invalid"),
+    # a pair's ack counts as lost only once a later ack says a probe of it arrived
+    ("acks_lost", "greater than received", "invalid"),
+    *((f, what, "nan") for f in _OWD for what in ("NaN", "infinite")),
+    *((hi, f"smaller than {lo}", "invalid") for lo, hi in itertools.pairwise(_OWD)),
+    ("hull_owd_ns", "length differs from hull_t_ns", "invalid"),
+    *((f, "null element in list", "type") for f in ("hull_t_ns", "hull_owd_ns", "path")),
+    ("ts_source", f"want {TS_SOFTWARE!r} or {TS_HARDWARE!r}", "invalid"),
+    ("path", "a link id is not UTF-8", "type"),
+)
+_BEFORE_IDS = len(_OFFSETS) + len(REQUIRED)  # the checks raised before the NIC ids' syntax
 
 
-def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
-    # An IPC stream of one record batch (what agents send) needs no combining: every Arrow
-    # call gives the GIL up and, on a busy collector, waits to win it back.
-    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-
-
-def _numbers(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """A numeric column's values (nulls as 0) and where they are not null."""
-    arr = _one_chunk(col)
-    if arr.null_count == 0:
-        return arr.to_numpy(), np.ones(len(arr), bool)
-    return pc.fill_null(arr, 0).to_numpy(), pc.is_valid(arr).to_numpy(zero_copy_only=False)
-
-
-def _lengths(col: pa.ChunkedArray) -> np.ndarray:
-    """A list column's lengths (nulls as 0), from its offsets: no kernel call."""
-    arr = _one_chunk(col)
-    offsets = np.asarray(arr.offsets)
-    lengths = offsets[1:] - offsets[:-1]
-    if arr.null_count:
-        lengths[~arr.is_valid().to_numpy(zero_copy_only=False)] = 0
-    return lengths
+def _one_batch(t: pa.Table) -> pa.RecordBatch:
+    """A WINDOW_SCHEMA table as one record batch (combined when it is in chunks)."""
+    if t.schema != WINDOW_SCHEMA:
+        raise TypeError(f"not a WINDOW_SCHEMA table: {t.schema}")
+    batches = t.to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], WINDOW_SCHEMA)
+    return t.combine_chunks().to_batches()[0]
 
 
 def check_windows(t: pa.Table) -> tuple[list[str], list[str]]:
     """Checks needing no collector state; raises BatchError on the first offending field.
     Returns the distinct source and destination NIC ids."""
-    for name in REQUIRED:
-        if t[name].null_count:
-            _fail_if(pc.is_null(t[name]), name, "null", "type")
-    distinct = []
-    for name in ("src_nic", "dst_nic"):
+    s = _scan(_one_batch(t))
+    return s.src, s.dst
+
+
+def _scan(windows: pa.RecordBatch) -> _batchscan.Scan:
+    s = _batchscan.scan(windows)
+    failed = np.flatnonzero(s.count) if s.failed else ()
+    for k in failed:
+        if k < _BEFORE_IDS:
+            _raise(s, int(k))
+    for name, ids, codes in (("src_nic", s.src, s.src_code), ("dst_nic", s.dst, s.dst_code)):
         # The pattern runs on the distinct ids (a batch names a few hundred NICs at most) not
         # seen before, the rows are looked up only when one is malformed.
-        ids = pc.unique(t[name]).to_pylist()
+        if _well_formed.issuperset(ids):
+            continue
         fresh = [n for n in ids if n not in _well_formed]
-        malformed = [n for n in fresh if not _NIC_RE.fullmatch(n)]
+        malformed = {n for n in fresh if not _NIC_RE.fullmatch(n)}
         if malformed:
-            _fail_if(pc.is_in(t[name], value_set=pa.array(malformed, pa.string())), name,
-                     "not a NIC id HOST/IFNAME", "type")  # fmt: skip
+            bad = [i for i, n in enumerate(ids) if n in malformed]
+            _fail_where(np.isin(codes, bad), name, "not a NIC id HOST/IFNAME", "type")
         if len(_well_formed) + len(fresh) > _WELL_FORMED_MAX:
             _well_formed.clear()
         _well_formed.update(fresh)
-        distinct.append(ids)
-    src, dst = distinct
-    if not set(src).isdisjoint(dst):  # else no row can name one NIC twice: no kernel call
-        _fail_if(pc.equal(t["src_nic"], t["dst_nic"]), "dst_nic", "equals src_nic", "invalid")
-    # The numbers in numpy: an Arrow kernel call costs ~12 us whatever the batch's size, and
-    # ~40 of them were half of decoding an agent's ~910-row batch (issue 29).
-    v = {name: _numbers(t[name]) for name in _NUMBERS}
-    _fail_where((v["sport"][0] < 1) | (v["sport"][0] > 65535), "sport", "outside 1..65535",
-                "invalid")  # fmt: skip
-    _fail_where(v["duration_ns"][0] <= 0, "duration_ns", "must be > 0", "negative")
-    _fail_where(v["start_ns"][0] < 0, "start_ns", "negative", "negative")
-    for name in ("sent", "received", "pure", "acks_lost"):
-        _fail_where(v[name][0] < 0, name, "negative count", "negative")  # nulls hold 0
-    _fail_where(v["received"][0] > v["sent"][0], "received", "greater than sent", "invalid")
-    # a pair's ack counts as lost only once a later ack says a probe of it arrived
-    _fail_where(v["acks_lost"][0] > v["received"][0], "acks_lost", "greater than received",
-                "invalid")  # fmt: skip
-    for name in _OWD:
-        _fail_where(np.isnan(v[name][0]), name, "NaN", "nan")  # nulls hold 0: no failure
-        _fail_where(np.isinf(v[name][0]), name, "infinite", "nan")
-    for lo, hi in itertools.pairwise(_OWD):
-        (a, a_ok), (b, b_ok) = v[lo], v[hi]
-        _fail_where((a > b) & a_ok & b_ok, hi, f"smaller than {lo}", "invalid")
-    _fail_where(_lengths(t["hull_t_ns"]) != _lengths(t["hull_owd_ns"]), "hull_owd_ns",
-                "length differs from hull_t_ns", "invalid")  # fmt: skip
-    for name in ("hull_t_ns", "hull_owd_ns", "path"):
-        # No null in the list's whole value buffer: none in its elements (no kernel call).
-        if any(c.values.null_count for c in t[name].chunks):
-            values = pc.list_flatten(t[name])
-            if values.null_count:
-                _fail_if(pc.is_null(values), name, "null element in list", "type")
-    if set(pc.unique(t["ts_source"]).to_pylist()) - {TS_SOFTWARE, TS_HARDWARE}:
-        ts_ok = pc.is_in(t["ts_source"], value_set=pa.array([TS_SOFTWARE, TS_HARDWARE]))
-        _fail_if(pc.invert(ts_ok), "ts_source", f"want {TS_SOFTWARE!r} or {TS_HARDWARE!r}",
-                 "invalid")  # fmt: skip
-    return src, dst
+    for k in failed:
+        _raise(s, int(k))  # the first failed check after the NIC ids
+    return s
+
+
+def _raise(s: _batchscan.Scan, k: int) -> None:
+    field, what, reason = _CHECKS[k]
+    raise BatchError(field, f"{what} (row {s.first[k]}, {s.count[k]} rows)", reason)
