@@ -8,6 +8,11 @@ clock, kills and restarts servers, or spawns many processes). Tests that skip un
 use the lab fabric fixture get ``root`` here, and tests in a module that builds a lab itself
 (``lab_fabric(``, ``lab_stack(``) get ``serial``, so that no test building the lab can slip
 into the parallel phase by lacking a marker.
+
+A test that skips unless root only for a socket option (``SO_BINDTODEVICE`` on loopback), builds
+no namespace and holds no timing bound may carry ``shares_machine``: it then runs in the
+parallel phase (the probe fuzzer: 27 s of Hypothesis generating inputs, counters compared
+exactly, no clock read).
 """
 
 from __future__ import annotations
@@ -38,7 +43,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "shares_machine: needs root for a socket option only, no namespace and no timing "
+        "bound: runs in the parallel phase",
+    )
+
+
 def _needs_root(item: pytest.Item) -> bool:
+    if item.get_closest_marker("shares_machine") and not item.get_closest_marker("root"):
+        return False
     if item.get_closest_marker("root") or LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
     reasons = (str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))

@@ -19,7 +19,8 @@ from fleetlens.probe import protocol as wire
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytestmark = needs_root
+# Loopback sockets only, counters compared exactly and no clock read: it may share the machine.
+pytestmark = [needs_root, pytest.mark.shares_machine]
 WRONG_KEY = bytes(16)
 
 

@@ -16,8 +16,9 @@ asserts the issue's bounds:
 - it is not ``faulty`` from at most ``CLEAR_S`` after the heal on.
 
 Each result is recorded before the asserts and the table is printed at the end (``-s``).
-Scenarios sharing a shape share one lab and stack. ``pytest`` runs only the representative
-scenario (marker ``sweep_ci``); ``pytest -m sweep`` runs them all.
+Scenarios sharing a shape share one lab and stack; the representative shape's is the one
+test_triangulate_lab.py uses too (lab_pool.py), built once for both. ``pytest`` runs only the
+representative scenario (marker ``sweep_ci``); ``pytest -m sweep`` runs them all.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fleetlens.fixtures.lab import faults
 from fleetlens.fixtures.lab.defaults import LAB_BACKGROUND_LOSS
 from fleetlens.fixtures.lab.fabric import Lab, lab_fabric
 from fleetlens.fixtures.lab.stack import Stack, lab_stack
+from lab_pool import BASELINE_S, RAIL, WARMUP_S, RailStack, clean
 from tri_helpers import CLEAR_S, LOCALIZE_S, SweepResult
 
 pytestmark = [
@@ -46,7 +48,6 @@ HOSTS = 8
 HOLD_S = 60.0
 AFTER_HEAL_S = 30.0
 POLL_S = 0.5
-WARMUP_S = 6.0  # each flow's delay baseline needs a few windows once delays are evidence
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ def _sc(wiring: str, leaves: int, spines: int, kind: str, size: float, where: st
 
 
 REPRESENTATIVE = _sc("rail", 4, 2, "loss", 5, "up")
+# The shape whose lab and stack test_triangulate_lab.py shares (lab_pool.RAIL).
+POOLED = Shape(RAIL["wiring"], RAIL["leaves"], RAIL["spines"])
+assert (RAIL["hosts"], RAIL["nics"]) == (HOSTS, POOLED.nics) and REPRESENTATIVE.shape == POOLED
 # Grouped by shape (one lab each); every wiring, leaf/spine count, fault and place appears.
 SCENARIOS = [
     REPRESENTATIVE,
@@ -134,17 +138,23 @@ RESULTS: list[Result] = []
 
 
 class Stacks:
-    """One lab and stack at a time, rebuilt when the next scenario's shape differs."""
+    """One lab and stack at a time, rebuilt when the next scenario's shape differs; the pooled
+    shape's comes from the pool (and stays there for test_triangulate_lab.py)."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, pool: RailStack) -> None:
         self.work = work
+        self.pool = pool
         self.shape: Shape | None = None
         self.st: Stack | None = None
         self.exits = ExitStack()
 
     def get(self, shape: Shape) -> Stack:
+        if shape == POOLED:
+            self.close()
+            return self.pool.get()
         if shape != self.shape or self.st is None:
             self.close()
+            self.pool.close()
             self.exits = ExitStack()
             self.shape, self.st = shape, self._up(shape)
         return self.st
@@ -157,8 +167,7 @@ class Stacks:
         st = self.exits.enter_context(lab_stack(lab, work, collector_args=args))
         for h in lab.topo.hosts:  # no primers: as in test_triangulate_lab.py, CPU is short
             st.start_agent(h, "--primer", "off")
-        _wait(lambda: not _faulty(st)[0] and not _faulty(st)[1] and _synced(st), 120,
-              f"a clean, synced baseline on {shape}")  # fmt: skip
+        _wait(lambda: clean(st), BASELINE_S, f"a clean, synced baseline on {shape}")
         time.sleep(WARMUP_S)
         return st
 
@@ -168,8 +177,8 @@ class Stacks:
 
 
 @pytest.fixture(scope="module")
-def stacks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stacks]:
-    pool = Stacks(tmp_path_factory.mktemp("sweep"))
+def stacks(tmp_path_factory: pytest.TempPathFactory, rail_pool: RailStack) -> Iterator[Stacks]:
+    pool = Stacks(tmp_path_factory.mktemp("sweep"), rail_pool)
     try:
         yield pool
     finally:
@@ -190,14 +199,6 @@ def _faulty(st: Stack) -> tuple[set[str], set[str]]:
     links = _get(st, "/v1/links?state=faulty&limit=1000")
     nics = _get(st, "/v1/nics?state=faulty&limit=1000")
     return {r["link_id"] for r in links}, {r["nic_id"] for r in nics}
-
-
-def _synced(st: Stack) -> bool:
-    clocks, now = _get(st, "/v1/clocks"), time.time_ns()
-    return len(clocks) == HOSTS and all(
-        c["synced"] and c["delay_evidence_from"] is not None and c["delay_evidence_from"] <= now
-        for c in clocks
-    )
 
 
 def _wait(cond: object, timeout_s: float, what: str) -> None:

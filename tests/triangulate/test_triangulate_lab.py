@@ -12,46 +12,30 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-from collector_waits import all_synced, get_json, until
+from collector_waits import get_json, until
 from fleetlens.fixtures.lab import faults
-from fleetlens.fixtures.lab.defaults import LAB_BACKGROUND_LOSS
-from fleetlens.fixtures.lab.fabric import Lab, lab_fabric
-from fleetlens.fixtures.lab.stack import Stack, lab_stack
+from fleetlens.fixtures.lab.fabric import Lab
+from fleetlens.fixtures.lab.stack import Stack
+from lab_pool import RailStack
 
-# The fixture waits for every host's delays to count as evidence (`delay_evidence_from`)
-# before injecting; why this test was once flaky and what fixed it: docs/notes/triangulate.md.
+# The fixture (conftest.py) waits for every host's delays to count as evidence
+# (`delay_evidence_from`) before injecting; why this test was once flaky and what fixed it:
+# docs/notes/triangulate.md.
 pytestmark = [
     pytest.mark.root,  # deselected by -m "not root"
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces"),
 ]
-NAME = f"r{os.getpid() % 100000}"
 LOCALIZE_S = 5.0  # the issue's bound from injection to the verdict
 CLEAR_S = 30.0  # ... and from heal to healthy again
-# Each flow needs a few windows for its delay baseline once its delays count as evidence.
-WARMUP_S = 6.0
 SETTLE_S = 3.0  # extra time for any wrong verdict to show before "nothing else" is judged
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    work: Path = tmp_path_factory.mktemp("tri-lab")
-    with (
-        lab_fabric(NAME, hosts=8, nics=2, leaves=4, spines=2) as lab,
-        lab_stack(lab, work, collector_args=["--background-loss", str(LAB_BACKGROUND_LOSS)]) as st,
-    ):
-        # No primers (``--primer``): eight agents and the collector share two vCPUs here, and
-        # the primers' 1.33x agent CPU delayed the collector's rounds: 2 % loss localized in
-        # 1.3-5.9 s (once > 7 s) over 7 runs with them, 1.3-2.6 s over 4 without. What this
-        # checks does not need them: the clocks sync and are trusted without (several peers
-        # per NIC leave ~half the pairs pure), and the faults are 2 % and 200 us.
-        for h in lab.topo.hosts:
-            st.start_agent(h, "--primer", "off")
-        until(lambda: _clean(st), 90, "a clean, synced baseline")
-        time.sleep(WARMUP_S)
-        yield st
+@pytest.fixture
+def stack(rail_pool: RailStack) -> Stack:
+    """The fabric above and its stack, shared with the lab sweep's representative shape."""
+    return rail_pool.get()
 
 
 @pytest.fixture
@@ -64,10 +48,6 @@ def lab(stack: Stack) -> Iterator[Lab]:
         yield stack.lab
     finally:
         faults.heal(stack.lab)
-
-
-def _clean(st: Stack) -> bool:
-    return not _faulty(st, "links") and not _faulty(st, "nics") and all_synced(st.url, 8)
 
 
 def _faulty(st: Stack, what: str) -> list[str]:
