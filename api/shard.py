@@ -9,9 +9,10 @@ shard holds a partition by a lease, the key ``lease.<partition>`` of the KV buck
 ``FLEETLENS_LEASES`` whose entries expire after ``--lease-ttl-seconds`` unless refreshed (every
 third of it). A shard leases its preferred partitions, and any partition whose preferred shard
 is not alive (its ``alive.<I>`` key expired); it releases such a partition once that shard is
-alive again. One durable pull consumer per partition (``p-<partition>``, at most ``fetch``
-messages unacknowledged) is shared by whoever owns the partition, so a new owner resumes where
-the stream says the old one stopped.
+alive again. Its owner reads it through a durable pull consumer of its own
+(``p-<partition>-s<I>``, at most ``fetch`` messages unacknowledged), made from the partition's
+mark on after deleting every other shard's consumer of it, so an old owner that resumes from a
+pause cannot pull the new owner's messages.
 
 **Ack after commit.** A fetched group of messages is checked like HTTP ingest (body size,
 encoding, schema, values, known NICs, not from the future, and the sending host must belong to
@@ -50,6 +51,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -330,6 +332,17 @@ class Shard:
             await self._leases.delete(f"lease.{p}")
 
     # ---- consuming ---------------------------------------------------------------------------
+    def _durable(self, p: str) -> str:
+        """This shard's durable consumer of ``p``."""
+        return f"p-{p}-s{self.cfg.index}"
+
+    async def _consumers_of(self, p: str) -> list[str]:
+        """Every shard's consumer of ``p`` (any shard count: a fleet that had more shards
+        leaves theirs), and the one all shards shared before they had their own."""
+        infos = await _retrying(lambda: self._js.consumers_info(STREAM))
+        ours = re.compile(re.escape(f"p-{p}-s") + r"[0-9]+")
+        return [c.name for c in infos if ours.fullmatch(c.name) or c.name == f"p-{p}"]
+
     async def _consume(self, p: str, owned: _Owned) -> None:
         try:
             await self._consume_owned(p, owned)
@@ -342,11 +355,15 @@ class Shard:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         # A consumer of its own from the mark on: what an earlier owner fetched and never
-        # acknowledged is not waited for (ack_wait) nor delivered out of order.
-        durable = f"p-{p}"
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await _retrying(lambda: self._js.delete_consumer(STREAM, durable),
-                            fatal=(nats.js.errors.NotFoundError,))  # fmt: skip
+        # acknowledged is not waited for (ack_wait) nor delivered out of order. Every shard's
+        # consumer of the partition goes first: an old owner resuming from a pause would
+        # otherwise pull this owner's messages through a consumer of the same name, and the
+        # mark, past them, would skip them for good.
+        durable = self._durable(p)
+        for name in await self._consumers_of(p):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await _retrying(functools.partial(self._js.delete_consumer, STREAM, name),
+                                fatal=(nats.js.errors.NotFoundError,))  # fmt: skip
         subj = subject(p)
         cfg = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT,
                              ack_wait=self.cfg.ack_wait_s, max_ack_pending=self.cfg.fetch,
@@ -559,7 +576,7 @@ class Shard:
         from nats.js.errors import NotFoundError
 
         try:
-            info = await self._js.consumer_info(STREAM, f"p-{p}")
+            info = await self._js.consumer_info(STREAM, self._durable(p))
         except NotFoundError:
             return  # its consumer is being made
         lag = self.lag.setdefault(p, _Lag())
