@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,6 +52,9 @@ ARRIVAL_NS = 500_000_000
 SETTLED_NS = 2_000_000_000  # rounds run this long after a window's end: settled
 KILL_AT, DOWN_S = 3, 10.0  # shard 1 killed (-9) right after this window's publication
 PAUSE_AT, PAUSE_S = 6, 20.0  # shard 2 stopped (SIGSTOP) right after this window's publication
+# Agents publish side by side (one process each), not one after another: a publish waits for
+# JetStream's ack, ~6 ms, so 256 of them in a row took 1.6 s of every window.
+PUBLISHERS = 16
 
 
 def _settings(db: Path, inventory: Path) -> Settings:
@@ -75,6 +80,16 @@ async def _publish_raw(url: str, subject: str, body: bytes, msg_id: str) -> None
         await fleet_mod.publish(js, subject, body, {"Nats-Msg-Id": msg_id}, 30.0)
     finally:
         await nc.close()
+
+
+def _ahead(windows: Iterator[sim.SimWindow]) -> Iterator[sim.SimWindow]:
+    """``windows`` made one ahead on a thread: the simulator (2 s of CPU a window at 256 hosts)
+    runs while the previous window's batches are published, stored and judged."""
+    with ThreadPoolExecutor(1) as pool:
+        nxt = pool.submit(next, windows, None)
+        while (w := nxt.result()) is not None:
+            nxt = pool.submit(next, windows, None)
+            yield w
 
 
 def _start_shard(tmp: Path, url: str, inventory: Path, i: int) -> procs.CollectorProcess:
@@ -115,11 +130,12 @@ def test_fleet_tier_equals_one_collector(tmp_path: Path, monkeypatch: pytest.Mon
         one.start(loops=False)
         fleet.start(loops=False)
         consumer.start()
+        publishers = ThreadPoolExecutor(PUBLISHERS)
         try:
             # hostile: garbage, and a summary whose rows are another host's (forged)
             asyncio.run(_publish_raw(nc.url, fleet_mod.subject("leaf0"), b"garbage", "g1"))
             batches = 0
-            for w in sim.Simulator(topo, cfg, seed=7).stream(ROUNDS):
+            for w in _ahead(sim.Simulator(topo, cfg, seed=7).stream(ROUNDS)):
                 window = w.windows.select(WINDOW_SCHEMA.names)
                 end = pc.max(window["start_ns"]).as_py() + 10**9
                 clock[0] = end + ARRIVAL_NS
@@ -128,15 +144,18 @@ def test_fleet_tier_equals_one_collector(tmp_path: Path, monkeypatch: pytest.Mon
                     forged = summaries.of_batch(part.of(h), Batch("forged", "h9999", rows))
                     body = summaries.encode(forged)
                     asyncio.run(_publish_raw(nc.url, fleet_mod.subject(part.of(h)), body, "f1"))
-                futures, last = [], []
+                futures, acks, last = [], [], []
                 for h, rows in host_batches(window):  # as the agents send them, to both
                     b = Batch(f"sim-{w.index}-{h}", h, rows)
                     futures.append(one.submit(b))
                     body, ctype = encode_batch(h, rows, b.batch_id)
-                    assert agents.publish(part.of(h), b.batch_id, body, ctype)
+                    acks.append(
+                        publishers.submit(agents.publish, part.of(h), b.batch_id, body, ctype)
+                    )
                     last.append(b)
                     batches += 1
                 assert all(f.result(timeout=60) for f in futures)
+                assert all(f.result(timeout=60) for f in acks)  # each one new
                 if w.index == KILL_AT:  # mid-stream: its group in flight is never acknowledged
                     shards[1].stop(signal.SIGKILL)
                     back = time.monotonic() + DOWN_S
@@ -178,6 +197,7 @@ def test_fleet_tier_equals_one_collector(tmp_path: Path, monkeypatch: pytest.Mon
                 assert shard.stop() == -signal.SIGTERM
             _same_flow_totals(one, fleet, epoch, clock[0])
         finally:
+            publishers.shutdown()
             consumer.stop()
             agents.close()
             for shard in shards:
