@@ -117,10 +117,7 @@ def main() -> None:
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
     ap.add_argument("--native", action="store_true",
                     help="native frames too (py-spy stops the process at each sample)")  # fmt: skip
-    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--engine-dir", help=argparse.SUPPRESS)
+    ss.add_worker_args(ap)
     args = ap.parse_args()
     if args.worker:
         worker(args)

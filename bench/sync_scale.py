@@ -327,6 +327,14 @@ def summary(label: str, res: dict) -> tuple[float, float]:
     return float(per.mean()), float(tail.mean())
 
 
+def add_worker_args(ap: argparse.ArgumentParser) -> None:
+    """The window cache, and what a worker process (one engine, its own heap) is told."""
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-dir", help=argparse.SUPPRESS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", default="256,1024,4096")
@@ -350,11 +358,8 @@ def main() -> None:
     ap.add_argument("--arrow-pool", choices=("default", "system"), default="default",
                     help="Arrow's allocations from its default pool (mimalloc, as the "
                     "collector's) or the C heap (with --heap collector: kept freed)")  # fmt: skip
-    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "fleetlens-bench")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n-hosts", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--engine-dir", help=argparse.SUPPRESS)
+    add_worker_args(ap)
     args = ap.parse_args()
     if args.worker:
         worker(args)
