@@ -23,17 +23,16 @@ advances the partition's **mark** (KV bucket ``FLEETLENS_MARKS``, ``mark.<partit
 highest stream sequence stored, and by which shard) by compare-and-set on the revision it last
 wrote, then acknowledges the group and hands the new batches to the ``CommitSink``s.
 
-**Nothing stored twice: the guarantee.** Groups of a partition are processed one at a time,
-so a shard's batches that are committed but not covered by its mark are at most its one
-group in flight. A shard taking a partition over first waits until the consumer has nothing
-unacknowledged (the old owner's group comes back after ``ack_wait``), then writes the mark
-with itself as owner and the old owner as ``from`` (compare-and-set: from then on the old
-owner's mark update fails, so it never acknowledges that group), notes
-``handover.<old>.<partition>`` = the mark it took over, and skips every message at or below it
-(already stored). A mark still naming ``from`` is a handover not yet noted (its shard died
-right after the compare-and-set): whoever acquires the partition next writes the note first,
-and the new owner's first advance, which drops ``from``, comes only after its note. The old
-owner reconciles when it restarts, or at once when its mark update fails (a paused shard
+**Nothing stored twice: the guarantee.** Groups of a partition are processed one at a time, so
+a shard's batches that are committed but not covered by its mark are at most its one group in
+flight. A shard taking a partition over writes the mark with itself as owner and the old owner
+as ``from`` (compare-and-set: from then on the old owner's mark update fails, so it never
+acknowledges that group), notes ``handover.<old>.<partition>`` = the mark it took over, and
+reads through its own consumer, made to start after that mark: every message at or below it is
+skipped (already stored). A mark still naming ``from`` is a handover not yet noted (its shard
+died right after the compare-and-set): whoever acquires the partition next writes the note
+first, and the new owner's first advance, which drops ``from``, comes only after its note. The
+old owner reconciles when it restarts, or at once when its mark update fails (a paused shard
 resuming): from the note, or from the mark itself while it names this shard as ``from``, it
 reads the first ``fetch`` messages of the partition after the handover mark (its group in
 flight can only be those) and deletes from its file every one of them it stored, then
@@ -41,8 +40,7 @@ re-exports the minutes they touched. So: a batch is in exactly one shard's file 
 owner has reconciled; until then (an old owner that is down) its file may hold one group per
 partition it lost that another shard stored too. Within a shard, redeliveries are dropped by
 the batch-id table, and retries of a publisher within the stream's duplicate window by
-JetStream itself.
-"""
+JetStream itself."""
 
 from __future__ import annotations
 
