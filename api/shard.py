@@ -118,6 +118,10 @@ class _Owned:
     beat: float = field(default_factory=time.monotonic)  # its consumer's last loop
 
 
+class _Stalled(RuntimeError):
+    """A consumer that delivers nothing while messages wait: made again from the mark."""
+
+
 @dataclass
 class _Lag:
     pending: int = 0
@@ -328,6 +332,10 @@ class Shard:
         log.info("shard %d: released %s", self.cfg.index, p)
         with contextlib.suppress(Exception):
             await self._leases.delete(f"lease.{p}")
+        # Its consumer goes too: a partition nobody takes again (gone from the inventory)
+        # would otherwise keep one on every server of the stream for good.
+        with contextlib.suppress(Exception):
+            await self._js.delete_consumer(STREAM, self._durable(p))
 
     # ---- consuming ---------------------------------------------------------------------------
     def _durable(self, p: str) -> str:
@@ -344,6 +352,8 @@ class Shard:
     async def _consume(self, p: str, owned: _Owned) -> None:
         try:
             await self._consume_owned(p, owned)
+        except _Stalled as e:  # an expected recovery, not a crash: no traceback
+            log.warning("shard %d: %s", self.cfg.index, e)
         except Exception:
             log.exception("shard: consumer of %s stopped (leased again)", p)
 
@@ -379,8 +389,8 @@ class Shard:
                 except (TimeoutError, nats.errors.TimeoutError):
                     idle += 1
                     if idle % STALL_FETCHES == 0 and await self._stalled(durable):
-                        raise RuntimeError(f"consumer {durable} delivers nothing while "
-                                           "messages wait: made again") from None  # fmt: skip
+                        raise _Stalled(f"consumer {durable} delivers nothing while "
+                                       "messages wait: made again") from None  # fmt: skip
                     continue  # nothing new on the partition
                 except nats.js.errors.ServiceUnavailableError:
                     await asyncio.sleep(0.5)  # the consumer's leader moving (a node down)
