@@ -332,10 +332,6 @@ class Shard:
         log.info("shard %d: released %s", self.cfg.index, p)
         with contextlib.suppress(Exception):
             await self._leases.delete(f"lease.{p}")
-        # Its consumer goes too: a partition nobody takes again (gone from the inventory)
-        # would otherwise keep one on every server of the stream for good.
-        with contextlib.suppress(Exception):
-            await self._js.delete_consumer(STREAM, self._durable(p))
 
     # ---- consuming ---------------------------------------------------------------------------
     def _durable(self, p: str) -> str:

@@ -84,20 +84,6 @@ def stored_ids(dbs: list[Path]) -> list[str]:
     return out
 
 
-def consumers(url: str) -> list[str]:
-    """The stream's consumers by name."""
-
-    async def go() -> list[str]:
-        import nats
-
-        nc = await nats.connect(url.split(","))
-        names = [c.name for c in await nc.jetstream().consumers_info(STREAM)]
-        await nc.close()
-        return sorted(names)
-
-    return asyncio.run(go())
-
-
 def pending(url: str) -> int:
     """Messages of the stream no consumer has acknowledged yet (every partition)."""
 
