@@ -76,6 +76,9 @@ def union_edge_points(
 def flatten_points(
     keep: np.ndarray, lists: RowLists, total: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
+def generation_runs(
+    start: np.ndarray, one: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 def shifted_median(t: np.ndarray, host: np.ndarray, shift: np.ndarray) -> float: ...
 def fleet_times(
     t_raw: np.ndarray,

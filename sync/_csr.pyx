@@ -935,6 +935,52 @@ def flatten_points(const unsigned char[::1] keep, RowLists lists, Py_ssize_t tot
     return out_s, out_d, out_t, out_y, nulls
 
 
+def generation_runs(const int64_t[::1] start, int64_t one):
+    """The window generations ``floor((start + one // 2) / one)`` of the rows (``one`` > 0,
+    every row's window length), counted in two passes without a per-row array: the
+    distinct generations ascending, their row counts, and each one's first and last row
+    (a generation is contiguous where its count spans them: the look-back holds each
+    together); None where they span more than 4x the rows (wild start times)."""
+    cdef Py_ssize_t n = start.shape[0], k
+    cdef int64_t half = one >> 1, lo = 0, hi = 0, g, prev
+    if n == 0:
+        return None
+    with nogil:  # a batch's rows share their start: a division per change of start
+        prev = start[0]
+        lo = hi = g = _floor_div(prev + half, one)
+        for k in range(1, n):
+            if start[k] != prev:
+                prev = start[k]
+                g = _floor_div(prev + half, one)
+                lo = min(lo, g)
+                hi = max(hi, g)
+    if <uint64_t>(hi - lo) > <uint64_t>(4 * n):
+        return None
+    counts_a = np.zeros(hi - lo + 1, np.int64)
+    first_a = np.full(hi - lo + 1, -1, np.int64)
+    last_a = np.zeros(hi - lo + 1, np.int64)
+    cdef int64_t[::1] counts = counts_a, first = first_a, last = last_a
+    with nogil:
+        prev = start[0]
+        g = _floor_div(prev + half, one) - lo
+        for k in range(n):
+            if start[k] != prev:
+                prev = start[k]
+                g = _floor_div(prev + half, one) - lo
+            counts[g] += 1
+            if first[g] < 0:
+                first[g] = k
+            last[g] = k
+    ids = np.flatnonzero(counts_a)
+    return ids + lo, counts_a[ids], first_a[ids], last_a[ids]
+
+
+cdef inline int64_t _floor_div(int64_t a, int64_t b) noexcept nogil:
+    """``a // b`` rounded down, as numpy's floor_divide (``b`` > 0; C's rounds to zero)."""
+    cdef int64_t q = a / b
+    return q - 1 if (a % b) < 0 else q
+
+
 cdef int _i64_cmp(const void *a, const void *b) noexcept nogil:
     cdef int64_t p = (<const int64_t *>a)[0], q = (<const int64_t *>b)[0]
     return (p > q) - (p < q)

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._csr import ListColumn, RowLists, flatten_points, row_pair_hulls
+from ._csr import ListColumn, RowLists, flatten_points, generation_runs, row_pair_hulls
 from .scratch import Scratch
 
 
@@ -120,8 +120,15 @@ def complete_generations(
     dur, start = _ints(windows["duration_ns"]), _ints(windows["start_ns"])
     one = int(dur[0])
     if one > 0 and (dur == one).all():
-        # agents share one window length: scalar arithmetic, no masks (numpy's division by
-        # a scalar is several times faster)
+        # agents share one window length: each generation's rows counted and located in
+        # two passes, no per-row generation array or masks (:func:`generation_runs`)
+        runs = generation_runs(start, one)
+        if runs is not None:
+            ids, counts, first, last = runs
+            return [
+                (_run_rows(windows, start, one, g, int(first[i]), int(last[i]), int(counts[i])), g)
+                for i, g in _wanted(ids, counts, after, quorum)
+            ]
         gen = np.floor_divide(start + (one >> 1), one)
         ids, counts = _counts(gen)
     else:
@@ -130,9 +137,27 @@ def complete_generations(
             return []
         gen = np.where(ok, np.floor_divide(start + (dur >> 1), np.maximum(dur, 1)), -1)
         ids, counts = _counts(gen[ok])
+    return [(_rows(windows, gen == g), g) for _, g in _wanted(ids, counts, after, quorum)]
+
+
+def _wanted(
+    ids: np.ndarray, counts: np.ndarray, after: int | None, quorum: float
+) -> list[tuple[int, int]]:
+    """The generations to solve (:func:`complete_generations`), each with its place in
+    ``ids``."""
     newest = int(ids[counts >= quorum * counts.max()].max())
-    wanted = [newest] if after is None else [int(g) for g in ids if after < g <= newest]
-    return [(_rows(windows, gen == g), g) for g in wanted]
+    lo = newest - 1 if after is None else after
+    return [(i, g) for i, g in enumerate(ids.tolist()) if lo < g <= newest]
+
+
+def _run_rows(
+    windows: pa.Table, start: np.ndarray, one: int, gen: int, first: int, last: int, n: int
+) -> pa.Table:
+    """Generation ``gen``'s ``n`` rows, ``first`` to ``last`` among them: a zero-copy slice
+    where they are all its rows, else a filtered copy."""
+    if last - first + 1 == n:
+        return windows.slice(first, n)
+    return windows.filter(pa.array(np.floor_divide(start + (one >> 1), one) == gen))
 
 
 def _ints(col: pa.ChunkedArray) -> np.ndarray:

@@ -18,6 +18,7 @@ import scipy.sparse as sp
 from fleetlens.sync._csr import (
     edge_delays,
     fleet_times,
+    generation_runs,
     group_points,
     hull_groups,
     pair_hulls,
@@ -29,7 +30,7 @@ from fleetlens.sync._csr import (
 from fleetlens.sync.edgefit import fit_edges
 from fleetlens.sync.network import ActiveSets, _pcg
 from fleetlens.sync.pooling import _pair_hulls
-from fleetlens.sync.purity import hull_points
+from fleetlens.sync.purity import complete_generations, hull_points
 from scipy.sparse.linalg import cg
 
 from fleetlens.hull import lower_hull_rows
@@ -420,3 +421,29 @@ def test_point_mapping_kernels_are_bit_identical_to_numpy() -> None:
         got_up, got_y = edge_delays(owd, src, dst, np.ascontiguousarray(lat))
         assert np.array_equal(got_up, upper)
         assert np.array_equal(got_y, np.where(upper, owd_l, -owd_l))
+
+
+def test_generation_runs_count_and_locate_numpys_generations() -> None:
+    """Each generation's rows counted and their first and last row found in two passes:
+    numpy's floor division, negative starts included; a look-back in generation order is
+    handed on as zero-copy slices of the same rows; wild starts are told (None)."""
+    rng = np.random.default_rng(11)
+    one = 10**9
+    for trial in range(60):
+        n = int(rng.integers(1, 500))
+        gen = rng.integers(-3, 4, n)
+        if trial % 2:  # in generation order, each host's batch sharing its start
+            gen = np.sort(gen)
+        start = (gen * one + rng.choice(rng.integers(-(one // 2), one // 2, 8), n)).astype(np.int64)
+        got = generation_runs(start, one)
+        assert got is not None
+        g = np.floor_divide(start + one // 2, one)
+        ids, counts = np.unique(g, return_counts=True)
+        assert np.array_equal(got[0], ids) and np.array_equal(got[1], counts)
+        assert [np.flatnonzero(g == i)[[0, -1]].tolist() for i in ids] == np.c_[
+            got[2], got[3]
+        ].tolist()
+        table = pa.table({"start_ns": start, "duration_ns": np.full(n, one)})
+        for rows, i in complete_generations(table, after=-10, quorum=0.0):
+            assert rows["start_ns"].to_pylist() == start[g == i].tolist()
+    assert generation_runs(np.array([0, 10**18], np.int64), one) is None
