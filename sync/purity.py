@@ -187,7 +187,10 @@ def _rows(windows: pa.Table, mask: np.ndarray) -> pa.Table:
 
 
 def hull_points(
-    windows: pa.Table, reduce: bool = False, scratch: Scratch | None = None
+    windows: pa.Table,
+    reduce: bool = False,
+    scratch: Scratch | None = None,
+    known: KnownNics | None = None,
 ) -> HullPoints:
     """Flatten the hulls of the rows worth using; count what was dropped and why (each row
     for the first reason that applies, in the order below). The rows are tested in place and
@@ -195,8 +198,9 @@ def hull_points(
     null points left out. ``reduce``: only each directed pair's lower hull of those points,
     read from the buffers in one pass without the flattened copy (:func:`row_pair_hulls`),
     what the solve fits (``HullPool.window_hulls``), through ``scratch``'s buffers where
-    given (a solver's, :mod:`.scratch`)."""
-    rows, names, hosts, dropped = _kept_rows(windows)
+    given (a solver's, :mod:`.scratch`). ``known``: the NIC ids of earlier windows (a
+    solver's, :class:`KnownNics`), so that only ids new to it are hashed twice."""
+    rows, names, hosts, dropped = _kept_rows(windows, known)
     if reduce:
         src_p, dst_p, ht, hy, nulls = rows.pair_hulls(len(names), scratch)
     else:
@@ -206,7 +210,9 @@ def hull_points(
     return HullPoints(names, hosts, src_p, dst_p, ht, hy, dropped, rows if reduce else None)
 
 
-def _kept_rows(windows: pa.Table) -> tuple[_KeptRows, list[str], list[str], dict[str, int]]:
+def _kept_rows(
+    windows: pa.Table, known: KnownNics | None = None
+) -> tuple[_KeptRows, list[str], list[str], dict[str, int]]:
     """The rows' tests (:func:`hull_points`): the kept rows, the NIC ids they name (sorted)
     and those NICs' hosts, and the dropped rows counted per reason."""
     dropped: dict[str, int] = {}
@@ -217,10 +223,7 @@ def _kept_rows(windows: pa.Table) -> tuple[_KeptRows, list[str], list[str], dict
     keep = _count(keep, n_t > 0, "empty_hull", dropped)
     # Ids are validated once per distinct NIC, not per row or point; the names are those of
     # the rows kept so far.
-    src_col, dst_col = _flat(windows["src_nic"]), _flat(windows["dst_nic"])
-    every = pc.unique(pa.concat_arrays([src_col, dst_col])).to_pylist()
-    valid = sorted(n for n in every if _nic_ok(n))
-    src, dst = _index(src_col, valid), _index(dst_col, valid)
+    valid, src, dst = (known or KnownNics()).index(windows["src_nic"], windows["dst_nic"])
     seen = np.zeros(len(valid) + 1, bool)
     seen[src[keep]] = seen[dst[keep]] = True
     names = [n for n, s in zip(valid, seen[:-1], strict=True) if s]
@@ -235,6 +238,44 @@ def _kept_rows(windows: pa.Table) -> tuple[_KeptRows, list[str], list[str], dict
     lists = RowLists(src, dst, _list_column(windows["hull_t_ns"]),
                      _list_column(windows["hull_owd_ns"]))  # fmt: skip
     return _KeptRows(keep, src, dst, lists), names, hosts, dropped
+
+
+class KnownNics:
+    """The valid NIC ids seen so far, sorted, kept from window to window (one per solver):
+    a window's id columns are looked up in them, and only the ids they lack (a new NIC, a
+    bad id) are collected and validated, instead of the distinct ids of every row's two
+    columns hashed once more each window (~15 ms of ~0.9 M rows at 1024 hosts). Ids of NICs
+    gone stay: the list is every NIC the solver has seen, a few per host."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self._set = pa.array([], pa.string())
+
+    def index(
+        self, src: pa.ChunkedArray, dst: pa.ChunkedArray
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Sorted valid ids covering both columns' valid ids, and each row's position in
+        them (-1: a null or invalid id)."""
+        if self.ids:
+            at = [pc.index_in(col, value_set=self._set) for col in (src, dst)]
+            new = {n for col, i in zip((src, dst), at, strict=True) for n in _missed(col, i)}
+        else:  # nothing known yet: every distinct id at once
+            new = set(pc.unique(pa.chunked_array([*src.chunks, *dst.chunks], src.type)).to_pylist())
+        new = {n for n in new if _nic_ok(n)}
+        if new or not self.ids:  # NICs not seen before: renumber (positions follow sorted ids)
+            self.ids = sorted({*self.ids, *new})
+            self._set = pa.array(self.ids, pa.string())
+            at = [pc.index_in(col, value_set=self._set) for col in (src, dst)]
+        s, d = (pc.fill_null(i, -1).to_numpy().astype(np.int64) for i in at)
+        return self.ids, s, d
+
+
+def _missed(col: pa.ChunkedArray, at: pa.ChunkedArray) -> list[str]:
+    """The distinct non-null ids of ``col`` whose look-up ``at`` found nothing."""
+    miss = pc.and_(pc.is_null(at), pc.is_valid(col))
+    if not pc.any(miss).as_py():
+        return []
+    return pc.unique(pc.filter(col, miss)).to_pylist()
 
 
 def _bool(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -274,16 +315,6 @@ def _count(
     if n:
         dropped[reason] = dropped.get(reason, 0) + n
     return out
-
-
-def _flat(col: pa.ChunkedArray) -> pa.Array:
-    return col.combine_chunks() if col.num_chunks else pa.array([], pa.string())
-
-
-def _index(ids: pa.Array, names: list[str]) -> np.ndarray:
-    """Position of each row's id in ``names``; -1 for null or invalid ids."""
-    idx = pc.index_in(ids, value_set=pa.array(names, pa.string()))
-    return pc.fill_null(idx, -1).to_numpy().astype(np.int64)
 
 
 def _nic_ok(nic: object) -> bool:

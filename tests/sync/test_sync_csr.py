@@ -13,6 +13,7 @@ import itertools
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import scipy.sparse as sp
 from fleetlens.sync._csr import (
@@ -30,7 +31,7 @@ from fleetlens.sync._csr import (
 from fleetlens.sync.edgefit import fit_edges
 from fleetlens.sync.network import ActiveSets, _pcg
 from fleetlens.sync.pooling import _pair_hulls
-from fleetlens.sync.purity import complete_generations, hull_points
+from fleetlens.sync.purity import KnownNics, complete_generations, hull_points
 from scipy.sparse.linalg import cg
 
 from fleetlens.hull import lower_hull_rows
@@ -447,3 +448,26 @@ def test_generation_runs_count_and_locate_numpys_generations() -> None:
         for rows, i in complete_generations(table, after=-10, quorum=0.0):
             assert rows["start_ns"].to_pylist() == start[g == i].tolist()
     assert generation_runs(np.array([0, 10**18], np.int64), one) is None
+
+
+def test_nic_ids_carried_across_windows_read_as_each_window_alone() -> None:
+    """A solver's :class:`KnownNics` keeps the ids of earlier windows and looks each window's
+    up in them: NICs coming and going (and bad ids) give the same NIC lists, drops and pair
+    hulls as each window read alone."""
+    rng = np.random.default_rng(21)
+    known, seen = KnownNics(), []
+    for _ in range(20):
+        table = _rows_table(rng, int(rng.integers(1, 300)))
+        gone = [f"h{h}/" for h in range(6) if rng.random() < 0.4]
+        for col in ("src_nic", "dst_nic"):  # those hosts' NICs are not in this window
+            host = pc.utf8_slice_codeunits(pc.fill_null(table[col], ""), 0, 3)
+            table = table.filter(pc.invert(pc.is_in(host, pa.array(gone, pa.string()))))
+        seen.append(len(known.ids))
+        table = _chunked(rng, table) if table.num_rows else table
+        alone, carried = hull_points(table, reduce=True), hull_points(table, True, known=known)
+        assert (carried.nics, carried.nic_host, carried.dropped) == (
+            alone.nics, alone.nic_host, alone.dropped)  # fmt: skip
+        assert np.array_equal(np.c_[carried.src, carried.dst, carried.t_raw, carried.owd_raw],
+                              np.c_[alone.src, alone.dst, alone.t_raw, alone.owd_raw])  # fmt: skip
+    assert "bogus" not in known.ids and len(known.ids) == 12
+    assert 0 < seen[1] < 12  # NICs came in later windows
