@@ -289,7 +289,7 @@ def _list_column(col: pa.ChunkedArray) -> ListColumn:
     """A list<int64> column as the kernels read it, each chunk's buffers in place: its rows'
     offsets, its values (null slots hold anything) and their validity (empty: no nulls).
     The look-back holds a chunk per host's batch; combining them copied every point into
-    fresh memory each round (~60 MB at 1024 hosts, 0.1 s of page faults)."""
+    fresh memory each round (~60 MB at 1024 hosts, up to 0.1 s of page faults)."""
     offsets, values, oks = [], [], []
     for arr in col.chunks:
         if arr.type != _LIST_I64:
