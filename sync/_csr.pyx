@@ -15,6 +15,7 @@ import numpy as np
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort, realloc
+from libc.string cimport memmove
 
 
 cdef struct Pt:
@@ -379,34 +380,26 @@ cdef Py_ssize_t _chain_pts(const Pt *buf, Py_ssize_t m, Pt *out) noexcept nogil:
 
 cdef Py_ssize_t _runs_hull(const Pt *pts, Py_ssize_t n, Pt *hull, Pt *tmp) noexcept nogil:
     """The lower hull of ``pts[:n]``, a few runs sorted by (t, y) (a pair's paths), into
-    ``hull``; returns its size. Each run is merged into the hull of the runs before it and
-    re-hulled: the points under no earlier hull are the only ones that can be vertices, so
-    this is the hull of all of them (the same vertices as one sort and chain: the cross
-    products of in-window differences are exact in doubles), at a few hull points per merge
-    instead of every point per merge pass. A run's points on or above the hull so far are
-    left out of the merge (:func:`_below`), and a run with none under it leaves the hull as
-    it is: most of a pair's later paths add no vertex. ``hull`` and ``tmp`` hold ``n`` points
-    each."""
-    cdef Py_ssize_t h = 0, k = 0, r0, i, j, m, s
+    ``hull``; returns its size. The first run is chained; each point of a later run that
+    goes under the hull so far (or past its ends) is inserted into it (:func:`_insert`),
+    points on or above it are no vertex of the union's hull (the chain drops collinear
+    points and a higher point at an equal t) and are passed over (:func:`_below`). The hull
+    stays the strict lower hull of the points so far, the same vertices as one sort and
+    chain of them all (the cross products of in-window differences are exact in doubles),
+    at a few hull points per inserted point. ``hull`` and ``tmp`` hold ``n`` points each."""
+    cdef Py_ssize_t h = 0, k = 0, r0, j, s
     while k < n:
         r0 = k
         k += 1
         while k < n and _le(pts[k - 1], pts[k]):
             k += 1
-        i, j, m, s = 0, r0, 0, 0
-        while i < h or j < k:
-            if j >= k or (i < h and _le(hull[i], pts[j])):
-                tmp[m] = hull[i]
-                i += 1
-            elif _below(hull, h, &s, pts[j]):
-                tmp[m] = pts[j]
-                j += 1
-            else:  # on or above the hull so far: no vertex of the union's hull
-                j += 1
-                continue
-            m += 1
-        if m > h:  # no new point under the hull: it stands
-            h = _chain_pts(tmp, m, hull)
+        if h < 2:  # the first run (or a hull of one point): merged and chained
+            h = _merge_chain(hull, h, pts + r0, k - r0, tmp)
+            continue
+        s = 0
+        for j in range(r0, k):
+            if _below(hull, h, &s, pts[j]):
+                h = _insert(hull, h, &s, pts[j])
     return h
 
 
@@ -419,11 +412,58 @@ cdef inline bint _below(const Pt *hull, Py_ssize_t h, Py_ssize_t *s, Pt p) noexc
     cdef double cross
     if h < 2 or p.t < hull[0].t or p.t > hull[h - 1].t:
         return True
+    s[0] = min(s[0], h - 2)  # an insertion may have left it at the last vertex
     while hull[s[0] + 1].t < p.t:
         s[0] += 1
     cross = <double>(hull[s[0] + 1].t - hull[s[0]].t) * <double>(p.y - hull[s[0]].y) - (
         <double>(hull[s[0] + 1].y - hull[s[0]].y) * <double>(p.t - hull[s[0]].t))
     return cross < 0
+
+
+cdef Py_ssize_t _merge_chain(
+    Pt *hull, Py_ssize_t h, const Pt *run, Py_ssize_t r, Pt *tmp
+) noexcept nogil:
+    """The hull of ``hull[:h]`` and a sorted run, by one merge and a chain."""
+    cdef Py_ssize_t i = 0, j = 0, m = 0
+    while i < h or j < r:
+        if j >= r or (i < h and _le(hull[i], run[j])):
+            tmp[m] = hull[i]
+            i += 1
+        else:
+            tmp[m] = run[j]
+            j += 1
+        m += 1
+    return _chain_pts(tmp, m, hull)
+
+
+cdef inline double _cross(Pt a, Pt b, Pt c) noexcept nogil:
+    """The chain's turn test: > 0 where ``b`` is a vertex between ``a`` and ``c``."""
+    return <double>(b.t - a.t) * <double>(c.y - a.y) - <double>(b.y - a.y) * <double>(c.t - a.t)
+
+
+cdef Py_ssize_t _insert(Pt *hull, Py_ssize_t h, Py_ssize_t *s, Pt p) noexcept nogil:
+    """``p`` (under the strict lower hull ``hull[:h]``, h ≥ 2, or past its ends) made a
+    vertex: the vertices it hides on each side removed (those that no longer turn left:
+    the chain's test), a vertex at its t replaced. ``s``: the segment :func:`_below` found
+    (``hull[s].t <= p.t <= hull[s + 1].t`` within the range), left at ``p``. Returns the
+    new size."""
+    cdef Py_ssize_t i, j
+    if p.t < hull[0].t:
+        i, j = -1, 0
+    elif p.t > hull[h - 1].t:
+        i, j = h - 1, h
+    else:
+        i = s[0] if hull[s[0]].t < p.t else s[0] - 1
+        j = s[0] + 1 if hull[s[0] + 1].t > p.t else s[0] + 2
+    while i >= 1 and _cross(hull[i - 1], hull[i], p) <= 0:
+        i -= 1
+    while j + 1 < h and _cross(p, hull[j], hull[j + 1]) <= 0:
+        j += 1
+    if j != i + 2:
+        memmove(&hull[i + 2], &hull[j], (h - j) * sizeof(Pt))
+    hull[i + 1] = p
+    s[0] = i + 1
+    return i + 2 + h - j
 
 
 def pair_hulls(

@@ -82,6 +82,28 @@ def test_group_hulls_equal_the_padded_rows(ties: bool) -> None:
             assert pair_hulls(src[::-1].copy(), dst[::-1].copy(), t, y, 4) is None
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_a_pairs_path_runs_hulled_as_all_its_points(ties: bool) -> None:
+    """A pair's points as sorted runs (its paths' hulls, or any sorted runs), each later run
+    inserted point by point into the hull of those before it: the padded reference's hull
+    of all of them, with equal times, collinear points and runs past either end."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        runs = []
+        for _ in range(int(rng.integers(1, 12))):
+            t, y = _points(rng, int(rng.integers(1, 12)), ties)
+            if rng.random() < 0.3:  # a run reaching past the others' times
+                t = t + int(rng.integers(-(10**9), 10**9))
+            order = np.lexsort((y, t))
+            runs.append((t[order], y[order]))
+        t, y = (np.concatenate([r[i] for r in runs]) for i in (0, 1))
+        zero = np.zeros(t.size, np.int64)
+        got = pair_hulls(zero, zero, t, y, 1)
+        assert got is not None
+        want = _reference(zero, 1, t, y)[0]
+        assert np.array_equal(np.c_[got[2], got[3]], want)
+
+
 def test_union_of_hulls_is_the_hull_of_every_point() -> None:
     rng = np.random.default_rng(2)
     for _ in range(30):
