@@ -36,26 +36,22 @@ def pair_hulls(
     src: np.ndarray, dst: np.ndarray, t: np.ndarray, y: np.ndarray, n_nic: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 
+class ListColumn:
+    values: list[np.ndarray]
+    oks: list[np.ndarray]
+    ch: np.ndarray
+    at: np.ndarray
+    n: np.ndarray
+    def __init__(
+        self, offsets: list[np.ndarray], values: list[np.ndarray], oks: list[np.ndarray]
+    ) -> None: ...
+
 class RowLists:
     src: np.ndarray
     dst: np.ndarray
-    t_off: np.ndarray
-    t_val: np.ndarray
-    t_ok: np.ndarray
-    y_off: np.ndarray
-    y_val: np.ndarray
-    y_ok: np.ndarray
-    def __init__(
-        self,
-        src: np.ndarray,
-        dst: np.ndarray,
-        t_off: np.ndarray,
-        t_val: np.ndarray,
-        t_ok: np.ndarray,
-        y_off: np.ndarray,
-        y_val: np.ndarray,
-        y_ok: np.ndarray,
-    ) -> None: ...
+    t: ListColumn
+    y: ListColumn
+    def __init__(self, src: np.ndarray, dst: np.ndarray, t: ListColumn, y: ListColumn) -> None: ...
 
 def row_pair_hulls(
     keep: np.ndarray, lists: RowLists, n_nic: int, scratch: _Out = None
@@ -80,6 +76,9 @@ def union_edge_points(
 def flatten_points(
     keep: np.ndarray, lists: RowLists, total: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]: ...
+def generation_runs(
+    start: np.ndarray, one: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 def shifted_median(t: np.ndarray, host: np.ndarray, shift: np.ndarray) -> float: ...
 def fleet_times(
     t_raw: np.ndarray,

@@ -13,8 +13,9 @@ the edge fits' slope is the exact optimum (:func:`slope_edges`).
 import numpy as np
 
 from libc.math cimport INFINITY
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort, realloc
+from libc.string cimport memmove
 
 
 cdef struct Pt:
@@ -379,28 +380,90 @@ cdef Py_ssize_t _chain_pts(const Pt *buf, Py_ssize_t m, Pt *out) noexcept nogil:
 
 cdef Py_ssize_t _runs_hull(const Pt *pts, Py_ssize_t n, Pt *hull, Pt *tmp) noexcept nogil:
     """The lower hull of ``pts[:n]``, a few runs sorted by (t, y) (a pair's paths), into
-    ``hull``; returns its size. Each run is merged into the hull of the runs before it and
-    re-hulled: the points under no earlier hull are the only ones that can be vertices, so
-    this is the hull of all of them (the same vertices as one sort and chain: the cross
-    products of in-window differences are exact in doubles), at a few hull points per merge
-    instead of every point per merge pass. ``hull`` and ``tmp`` hold ``n`` points each."""
-    cdef Py_ssize_t h = 0, k = 0, r0, i, j, m
+    ``hull``; returns its size. The first run is chained; each point of a later run that
+    goes under the hull so far (or past its ends) is inserted into it (:func:`_insert`),
+    points on or above it are no vertex of the union's hull (the chain drops collinear
+    points and a higher point at an equal t) and are passed over (:func:`_below`). The hull
+    stays the strict lower hull of the points so far, the same vertices as one sort and
+    chain of them all (the cross products of in-window differences are exact in doubles),
+    at a few hull points per inserted point. ``hull`` and ``tmp`` hold ``n`` points each."""
+    cdef Py_ssize_t h = 0, k = 0, r0, j, s
     while k < n:
         r0 = k
         k += 1
         while k < n and _le(pts[k - 1], pts[k]):
             k += 1
-        i, j, m = 0, r0, 0
-        while i < h or j < k:
-            if j >= k or (i < h and _le(hull[i], pts[j])):
-                tmp[m] = hull[i]
-                i += 1
-            else:
-                tmp[m] = pts[j]
-                j += 1
-            m += 1
-        h = _chain_pts(tmp, m, hull)
+        if h < 2:  # the first run (or a hull of one point): merged and chained
+            h = _merge_chain(hull, h, pts + r0, k - r0, tmp)
+            continue
+        s = 0
+        for j in range(r0, k):
+            if _below(hull, h, &s, pts[j]):
+                h = _insert(hull, h, &s, pts[j])
     return h
+
+
+cdef inline bint _below(const Pt *hull, Py_ssize_t h, Py_ssize_t *s, Pt p) noexcept nogil:
+    """Whether ``p`` lies strictly below the lower hull ``hull[:h]`` or outside its time
+    range, points asked in (t, y) order (``s``: the segment reached so far). A point on or
+    above it is above or on the hull of any superset: never one of its vertices (the chain
+    drops collinear points and a higher point at an equal t), so leaving it out changes no
+    vertex. The cross product is the chain's own, exact on in-window differences."""
+    cdef double cross
+    if h < 2 or p.t < hull[0].t or p.t > hull[h - 1].t:
+        return True
+    s[0] = min(s[0], h - 2)  # an insertion may have left it at the last vertex
+    while hull[s[0] + 1].t < p.t:
+        s[0] += 1
+    cross = <double>(hull[s[0] + 1].t - hull[s[0]].t) * <double>(p.y - hull[s[0]].y) - (
+        <double>(hull[s[0] + 1].y - hull[s[0]].y) * <double>(p.t - hull[s[0]].t))
+    return cross < 0
+
+
+cdef Py_ssize_t _merge_chain(
+    Pt *hull, Py_ssize_t h, const Pt *run, Py_ssize_t r, Pt *tmp
+) noexcept nogil:
+    """The hull of ``hull[:h]`` and a sorted run, by one merge and a chain."""
+    cdef Py_ssize_t i = 0, j = 0, m = 0
+    while i < h or j < r:
+        if j >= r or (i < h and _le(hull[i], run[j])):
+            tmp[m] = hull[i]
+            i += 1
+        else:
+            tmp[m] = run[j]
+            j += 1
+        m += 1
+    return _chain_pts(tmp, m, hull)
+
+
+cdef inline double _cross(Pt a, Pt b, Pt c) noexcept nogil:
+    """The chain's turn test: > 0 where ``b`` is a vertex between ``a`` and ``c``."""
+    return <double>(b.t - a.t) * <double>(c.y - a.y) - <double>(b.y - a.y) * <double>(c.t - a.t)
+
+
+cdef Py_ssize_t _insert(Pt *hull, Py_ssize_t h, Py_ssize_t *s, Pt p) noexcept nogil:
+    """``p`` (under the strict lower hull ``hull[:h]``, h ≥ 2, or past its ends) made a
+    vertex: the vertices it hides on each side removed (those that no longer turn left:
+    the chain's test), a vertex at its t replaced. ``s``: the segment :func:`_below` found
+    (``hull[s].t <= p.t <= hull[s + 1].t`` within the range), left at ``p``. Returns the
+    new size."""
+    cdef Py_ssize_t i, j
+    if p.t < hull[0].t:
+        i, j = -1, 0
+    elif p.t > hull[h - 1].t:
+        i, j = h - 1, h
+    else:
+        i = s[0] if hull[s[0]].t < p.t else s[0] - 1
+        j = s[0] + 1 if hull[s[0] + 1].t > p.t else s[0] + 2
+    while i >= 1 and _cross(hull[i - 1], hull[i], p) <= 0:
+        i -= 1
+    while j + 1 < h and _cross(p, hull[j], hull[j + 1]) <= 0:
+        j += 1
+    if j != i + 2:
+        memmove(&hull[i + 2], &hull[j], (h - j) * sizeof(Pt))
+    hull[i + 1] = p
+    s[0] = i + 1
+    return i + 2 + h - j
 
 
 def pair_hulls(
@@ -483,32 +546,92 @@ cdef inline void _write_hull(
         oy[w + i] = hull[i].y
 
 
+cdef class ListColumn:
+    """A ``list<int64>`` column read in place, chunk by chunk (the collector's look-back is a
+    chunk per host's batch: no combined copy of its values): row ``r``'s values are
+    ``values[ch[r]][at[r] : at[r] + n[r]]``, their validity ``oks[ch[r]]`` from ``at[r]``
+    likewise (an empty array: no value of the chunk is null). Built from each chunk's list
+    offsets (``offsets[c]``, int32, one more than its rows), values and validity."""
+
+    cdef readonly list values, oks
+    cdef readonly object ch, at, n  # (rows,) int64 each
+    cdef const int64_t[::1] _ch, _at, _n
+    cdef const int64_t **_vals
+    cdef const unsigned char **_okp
+
+    def __cinit__(self, list offsets, list values, list oks):
+        cdef Py_ssize_t c, i, r = 0, rows = 0, chunks = len(offsets)
+        cdef const int32_t[::1] off
+        cdef const int64_t[::1] v
+        cdef const unsigned char[::1] ok
+        for c in range(chunks):
+            rows += len(offsets[c]) - 1
+        self.values, self.oks = values, oks
+        self.ch, self.at, self.n = (np.empty(rows, np.int64) for _ in range(3))
+        self._ch, self._at, self._n = self.ch, self.at, self.n
+        cdef int64_t[::1] ch = self.ch, at = self.at, n = self.n
+        self._vals = <const int64_t **>malloc(max(chunks, 1) * sizeof(int64_t *))
+        self._okp = <const unsigned char **>malloc(max(chunks, 1) * sizeof(unsigned char *))
+        if self._vals == NULL or self._okp == NULL:
+            raise MemoryError()
+        for c in range(chunks):
+            off, v, ok = offsets[c], values[c], oks[c]
+            self._vals[c] = &v[0] if v.shape[0] else NULL
+            self._okp[c] = &ok[0] if ok.shape[0] else NULL
+            for i in range(off.shape[0] - 1):
+                ch[r], at[r], n[r] = c, off[i], off[i + 1] - off[i]
+                r += 1
+
+    def __dealloc__(self):
+        free(self._vals)
+        free(self._okp)
+
+
+cdef inline const int64_t *_row_vals(ListColumn col, Py_ssize_t r) noexcept nogil:
+    return col._vals[col._ch[r]] + col._at[r]
+
+
+cdef inline const unsigned char *_row_oks(ListColumn col, Py_ssize_t r) noexcept nogil:
+    """Row ``r``'s validity bytes, NULL where its chunk has no null value."""
+    cdef const unsigned char *ok = col._okp[col._ch[r]]
+    return ok + col._at[r] if ok != NULL else NULL
+
+
 cdef class RowLists:
     """A window's rows as the kernels below read them: each row's NIC numbers (``src``,
-    ``dst``) and its hull lists' Arrow buffers, ``t`` and ``y`` each as offsets, values and
-    validity (empty: no value null); row ``r``'s points are ``t_val[t_off[r]:t_off[r + 1]]``
-    and ``y_val`` from ``y_off[r]``, the same count."""
+    ``dst``) and its hull lists ``t`` and ``y`` (:class:`ListColumn`, read in place); a kept
+    row has as many ``y`` as ``t``."""
 
-    cdef readonly const int64_t[::1] src, dst, t_off, t_val, y_off, y_val
-    cdef readonly const unsigned char[::1] t_ok, y_ok
+    cdef readonly const int64_t[::1] src, dst
+    cdef readonly ListColumn t, y
 
     def __init__(
-        self,
-        const int64_t[::1] src,
-        const int64_t[::1] dst,
-        const int64_t[::1] t_off,
-        const int64_t[::1] t_val,
-        const unsigned char[::1] t_ok,
-        const int64_t[::1] y_off,
-        const int64_t[::1] y_val,
-        const unsigned char[::1] y_ok,
+        self, const int64_t[::1] src, const int64_t[::1] dst, ListColumn t, ListColumn y
     ) -> None:
-        self.src, self.dst, self.t_off, self.t_val, self.t_ok = src, dst, t_off, t_val, t_ok
-        self.y_off, self.y_val, self.y_ok = y_off, y_val, y_ok
+        self.src, self.dst, self.t, self.y = src, dst, t, y
 
 
 cdef inline bint _same_pair(RowLists lists, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
     return lists.src[a] == lists.src[b] and lists.dst[a] == lists.dst[b]
+
+
+cdef inline Py_ssize_t _row_points(
+    RowLists lists, Py_ssize_t r, Pt *out, Py_ssize_t *nulls
+) noexcept nogil:
+    """Row ``r``'s points into ``out``, null ones left out and counted; returns how many."""
+    cdef const int64_t *t = _row_vals(lists.t, r)
+    cdef const int64_t *y = _row_vals(lists.y, r)
+    cdef const unsigned char *t_ok = _row_oks(lists.t, r)
+    cdef const unsigned char *y_ok = _row_oks(lists.y, r)
+    cdef Py_ssize_t k, m = 0
+    for k in range(lists.t._n[r]):
+        if (t_ok != NULL and not t_ok[k]) or (y_ok != NULL and not y_ok[k]):
+            nulls[0] += 1
+            continue
+        out[m].t = t[k]
+        out[m].y = y[k]
+        m += 1
+    return m
 
 
 def row_pair_hulls(
@@ -523,9 +646,9 @@ def row_pair_hulls(
     its points are the same runs :func:`pair_hulls` merges. No copy of every point is made:
     only the hulls (a fifth of the points) are written, into ``scratch(n)`` where given (as
     :func:`union_hulls`), and copied out."""
-    cdef Py_ssize_t rows = keep.shape[0], r, k, i, total = 0, width = 1, m, w = 0, h, dy
+    cdef Py_ssize_t rows = keep.shape[0], r, k, i, total = 0, width = 1, m, w = 0, h
     cdef Py_ssize_t nulls = 0, kept = 0, a, b
-    cdef bint t_all = lists.t_ok.shape[0] == 0, y_all = lists.y_ok.shape[0] == 0
+    cdef const int64_t[::1] n_pts = lists.t._n
     cnt_a = np.zeros(n_nic + 1, np.int64)
     by_dst_a = np.empty(rows, np.int64)
     order_a = np.empty(rows, np.int64)
@@ -534,7 +657,7 @@ def row_pair_hulls(
         for r in range(rows):
             if keep[r]:
                 cnt[lists.dst[r] + 1] += 1
-                total += lists.t_off[r + 1] - lists.t_off[r]
+                total += n_pts[r]
                 kept += 1
         for i in range(n_nic):
             cnt[i + 1] += cnt[i]
@@ -557,7 +680,7 @@ def row_pair_hulls(
         while a < kept:
             b, m = a, 0
             while b < kept and _same_pair(lists, order[a], order[b]):
-                m += lists.t_off[order[b] + 1] - lists.t_off[order[b]]
+                m += n_pts[order[b]]
                 b += 1
             width = max(width, m)
             a = b
@@ -570,15 +693,7 @@ def row_pair_hulls(
             while a < kept:
                 b, m = a, 0
                 while b < kept and _same_pair(lists, order[a], order[b]):
-                    r = order[b]
-                    dy = lists.y_off[r] - lists.t_off[r]
-                    for k in range(lists.t_off[r], lists.t_off[r + 1]):
-                        if not ((t_all or lists.t_ok[k]) and (y_all or lists.y_ok[k + dy])):
-                            nulls += 1
-                            continue
-                        mem[m].t = lists.t_val[k]
-                        mem[m].y = lists.y_val[k + dy]
-                        m += 1
+                    m += _row_points(lists, order[b], mem + m, &nulls)
                     b += 1
                 h = _runs_hull(mem, m, mem + width, mem + 2 * width)
                 r = order[a]
@@ -832,29 +947,78 @@ cdef Py_ssize_t _union(
 
 def flatten_points(const unsigned char[::1] keep, RowLists lists, Py_ssize_t total):
     """The points of the kept rows in one pass (:class:`RowLists`), each point with its row's
-    ``src``/``dst``; ``total`` the kept rows' points. A point null in ``t_ok`` or ``y_ok``
-    (empty: none null) is left out. Returns ``(src, dst, t, y, nulls)``."""
-    cdef Py_ssize_t rows = keep.shape[0], r, k, w = 0, nulls = 0, dy
-    cdef bint t_all = lists.t_ok.shape[0] == 0, y_all = lists.y_ok.shape[0] == 0
+    ``src``/``dst``; ``total`` the kept rows' points. A point null in ``t`` or ``y`` is left
+    out. Returns ``(src, dst, t, y, nulls)``."""
+    cdef Py_ssize_t rows = keep.shape[0], r, k, m, w = 0, nulls = 0, width = 1
+    for r in range(rows):
+        if keep[r]:
+            width = max(width, lists.t._n[r])
     out_s, out_d, out_t, out_y = _columns(total)
     cdef int64_t[::1] os = out_s, od = out_d, ot = out_t, oy = out_y
-    with nogil:
-        for r in range(rows):
-            if not keep[r]:
-                continue
-            dy = lists.y_off[r] - lists.t_off[r]
-            for k in range(lists.t_off[r], lists.t_off[r + 1]):
-                if not ((t_all or lists.t_ok[k]) and (y_all or lists.y_ok[k + dy])):
-                    nulls += 1
+    cdef Pt *mem = _points(width)
+    try:
+        with nogil:
+            for r in range(rows):
+                if not keep[r]:
                     continue
-                os[w] = lists.src[r]
-                od[w] = lists.dst[r]
-                ot[w] = lists.t_val[k]
-                oy[w] = lists.y_val[k + dy]
-                w += 1
+                m = _row_points(lists, r, mem, &nulls)
+                for k in range(m):
+                    os[w + k] = lists.src[r]
+                    od[w + k] = lists.dst[r]
+                    ot[w + k] = mem[k].t
+                    oy[w + k] = mem[k].y
+                w += m
+    finally:
+        free(mem)
     if w < total:
         return out_s[:w].copy(), out_d[:w].copy(), out_t[:w].copy(), out_y[:w].copy(), nulls
     return out_s, out_d, out_t, out_y, nulls
+
+
+def generation_runs(const int64_t[::1] start, int64_t one):
+    """The window generations ``floor((start + one // 2) / one)`` of the rows (``one`` > 0,
+    every row's window length), counted in two passes without a per-row array: the
+    distinct generations ascending, their row counts, and each one's first and last row
+    (a generation is contiguous where its count spans them: the look-back holds each
+    together); None where they span more than 4x the rows (wild start times)."""
+    cdef Py_ssize_t n = start.shape[0], k
+    cdef int64_t half = one >> 1, lo = 0, hi = 0, g, prev
+    if n == 0:
+        return None
+    with nogil:  # a batch's rows share their start: a division per change of start
+        prev = start[0]
+        lo = hi = g = _floor_div(prev + half, one)
+        for k in range(1, n):
+            if start[k] != prev:
+                prev = start[k]
+                g = _floor_div(prev + half, one)
+                lo = min(lo, g)
+                hi = max(hi, g)
+    if <uint64_t>(hi - lo) > <uint64_t>(4 * n):
+        return None
+    counts_a = np.zeros(hi - lo + 1, np.int64)
+    first_a = np.full(hi - lo + 1, -1, np.int64)
+    last_a = np.zeros(hi - lo + 1, np.int64)
+    cdef int64_t[::1] counts = counts_a, first = first_a, last = last_a
+    with nogil:
+        prev = start[0]
+        g = _floor_div(prev + half, one) - lo
+        for k in range(n):
+            if start[k] != prev:
+                prev = start[k]
+                g = _floor_div(prev + half, one) - lo
+            counts[g] += 1
+            if first[g] < 0:
+                first[g] = k
+            last[g] = k
+    ids = np.flatnonzero(counts_a)
+    return ids + lo, counts_a[ids], first_a[ids], last_a[ids]
+
+
+cdef inline int64_t _floor_div(int64_t a, int64_t b) noexcept nogil:
+    """``a // b`` rounded down, as numpy's floor_divide (``b`` > 0; C's rounds to zero)."""
+    cdef int64_t q = a / b
+    return q - 1 if (a % b) < 0 else q
 
 
 cdef int _i64_cmp(const void *a, const void *b) noexcept nogil:

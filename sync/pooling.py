@@ -82,6 +82,8 @@ class _Tracks:
 
     def find(self, code: np.ndarray) -> tuple[_Tracks, np.ndarray]:
         """The track of each code (any where not tracked), and whether it is tracked."""
+        if np.array_equal(self.code, code):  # the same edges as last window: the usual case
+            return self, np.ones(code.size, bool)
         if not self.code.size:
             n, s = code.size, self.a.shape[1]
             blank = [np.zeros((n, s), getattr(self, f.name).dtype) for f in fields(self)[2:]]
@@ -347,9 +349,12 @@ class HullPool:
         """This window's lines and scores replace the edges' tracks; tracks of edges not in
         this window are kept until they are stale (they would start over anyway)."""
         tr = self.tracks
-        keep = ~np.isin(tr.code, codes) & (t_ref - tr.t_ref <= self.cfg.pool_stale_ns)
         n = codes.size
         new = _Tracks(codes, np.full(n, t_ref, np.int64), *(x.T.copy() for x in state))
+        if np.array_equal(tr.code, codes):  # the same edges (sorted): each track replaced
+            self.tracks = new
+            return
+        keep = ~np.isin(tr.code, codes) & (t_ref - tr.t_ref <= self.cfg.pool_stale_ns)
         both = [tr.take(keep), new]
         merged = _Tracks(*(np.concatenate([getattr(t, f.name) for t in both])
                            for f in fields(_Tracks)))  # fmt: skip

@@ -52,7 +52,7 @@ from .config import SyncConfig
 from .edgefit import EdgeFits, Points, fit_edges
 from .network import ActiveSets, NetSolution, solve_network
 from .pooling import HullPool, WindowEdges
-from .purity import HullPoints, complete_generations, hull_points
+from .purity import HullPoints, KnownNics, complete_generations, hull_points
 from .scratch import Scratch
 from .tracking import DriftTracker
 
@@ -121,6 +121,7 @@ class HuygensSync:
         self.idle_calls = 0
         self.tracker = DriftTracker(self.cfg)
         self.scratch = Scratch()  # the merges' buffers, kept from window to window
+        self.known = KnownNics()  # NIC ids of earlier windows: only new ones hashed twice
         self.pool = HullPool(self.cfg, self.scratch)
         self.report = SolveReport()
         self._excess: np.ndarray | None = None  # the pooled fit's margin excess per edge
@@ -151,7 +152,7 @@ class HuygensSync:
         prev: dict[str, ClockModel],
         gen: int | None,
     ) -> list[ClockModel]:
-        pts = hull_points(windows, reduce=True, scratch=self.scratch)
+        pts = hull_points(windows, reduce=True, scratch=self.scratch, known=self.known)
         hosts = _host_list(pts, topology, prev, self.tracker)
         if pts.t_raw.size == 0:
             self.report = SolveReport(hosts=hosts, dropped=pts.dropped)

@@ -13,11 +13,13 @@ import itertools
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import scipy.sparse as sp
 from fleetlens.sync._csr import (
     edge_delays,
     fleet_times,
+    generation_runs,
     group_points,
     hull_groups,
     pair_hulls,
@@ -29,7 +31,7 @@ from fleetlens.sync._csr import (
 from fleetlens.sync.edgefit import fit_edges
 from fleetlens.sync.network import ActiveSets, _pcg
 from fleetlens.sync.pooling import _pair_hulls
-from fleetlens.sync.purity import hull_points
+from fleetlens.sync.purity import KnownNics, complete_generations, hull_points
 from scipy.sparse.linalg import cg
 
 from fleetlens.hull import lower_hull_rows
@@ -78,6 +80,28 @@ def test_group_hulls_equal_the_padded_rows(ties: bool) -> None:
         assert np.array_equal(got[0] * 4 + got[1], np.repeat(np.arange(n), size))
         if m > 1 and group.min() != group.max():  # not grouped: told, not miscomputed
             assert pair_hulls(src[::-1].copy(), dst[::-1].copy(), t, y, 4) is None
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_a_pairs_path_runs_hulled_as_all_its_points(ties: bool) -> None:
+    """A pair's points as sorted runs (its paths' hulls, or any sorted runs), each later run
+    inserted point by point into the hull of those before it: the padded reference's hull
+    of all of them, with equal times, collinear points and runs past either end."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        runs = []
+        for _ in range(int(rng.integers(1, 12))):
+            t, y = _points(rng, int(rng.integers(1, 12)), ties)
+            if rng.random() < 0.3:  # a run reaching past the others' times
+                t = t + int(rng.integers(-(10**9), 10**9))
+            order = np.lexsort((y, t))
+            runs.append((t[order], y[order]))
+        t, y = (np.concatenate([r[i] for r in runs]) for i in (0, 1))
+        zero = np.zeros(t.size, np.int64)
+        got = pair_hulls(zero, zero, t, y, 1)
+        assert got is not None
+        want = _reference(zero, 1, t, y)[0]
+        assert np.array_equal(np.c_[got[2], got[3]], want)
 
 
 def test_union_of_hulls_is_the_hull_of_every_point() -> None:
@@ -420,3 +444,52 @@ def test_point_mapping_kernels_are_bit_identical_to_numpy() -> None:
         got_up, got_y = edge_delays(owd, src, dst, np.ascontiguousarray(lat))
         assert np.array_equal(got_up, upper)
         assert np.array_equal(got_y, np.where(upper, owd_l, -owd_l))
+
+
+def test_generation_runs_count_and_locate_numpys_generations() -> None:
+    """Each generation's rows counted and their first and last row found in two passes:
+    numpy's floor division, negative starts included; a look-back in generation order is
+    handed on as zero-copy slices of the same rows; wild starts are told (None)."""
+    rng = np.random.default_rng(11)
+    one = 10**9
+    for trial in range(60):
+        n = int(rng.integers(1, 500))
+        gen = rng.integers(-3, 4, n)
+        if trial % 2:  # in generation order, each host's batch sharing its start
+            gen = np.sort(gen)
+        start = (gen * one + rng.choice(rng.integers(-(one // 2), one // 2, 8), n)).astype(np.int64)
+        got = generation_runs(start, one)
+        assert got is not None
+        g = np.floor_divide(start + one // 2, one)
+        ids, counts = np.unique(g, return_counts=True)
+        assert np.array_equal(got[0], ids) and np.array_equal(got[1], counts)
+        assert [np.flatnonzero(g == i)[[0, -1]].tolist() for i in ids] == np.c_[
+            got[2], got[3]
+        ].tolist()
+        table = pa.table({"start_ns": start, "duration_ns": np.full(n, one)})
+        for rows, i in complete_generations(table, after=-10, quorum=0.0):
+            assert rows["start_ns"].to_pylist() == start[g == i].tolist()
+    assert generation_runs(np.array([0, 10**18], np.int64), one) is None
+
+
+def test_nic_ids_carried_across_windows_read_as_each_window_alone() -> None:
+    """A solver's :class:`KnownNics` keeps the ids of earlier windows and looks each window's
+    up in them: NICs coming and going (and bad ids) give the same NIC lists, drops and pair
+    hulls as each window read alone."""
+    rng = np.random.default_rng(21)
+    known, seen = KnownNics(), []
+    for _ in range(20):
+        table = _rows_table(rng, int(rng.integers(1, 300)))
+        gone = [f"h{h}/" for h in range(6) if rng.random() < 0.4]
+        for col in ("src_nic", "dst_nic"):  # those hosts' NICs are not in this window
+            host = pc.utf8_slice_codeunits(pc.fill_null(table[col], ""), 0, 3)
+            table = table.filter(pc.invert(pc.is_in(host, pa.array(gone, pa.string()))))
+        seen.append(len(known.ids))
+        table = _chunked(rng, table) if table.num_rows else table
+        alone, carried = hull_points(table, reduce=True), hull_points(table, True, known=known)
+        assert (carried.nics, carried.nic_host, carried.dropped) == (
+            alone.nics, alone.nic_host, alone.dropped)  # fmt: skip
+        assert np.array_equal(np.c_[carried.src, carried.dst, carried.t_raw, carried.owd_raw],
+                              np.c_[alone.src, alone.dst, alone.t_raw, alone.owd_raw])  # fmt: skip
+    assert "bogus" not in known.ids and len(known.ids) == 12
+    assert 0 < seen[1] < 12  # NICs came in later windows

@@ -143,18 +143,23 @@ def _shifted(t: pa.Table, shift: int) -> pa.Table:
 def _flatten_by_numpy(
     keep: np.ndarray, lists: RowLists, total: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """:func:`fleetlens.sync._csr.flatten_points` by numpy gathers (as hull_points had it)."""
-    src, dst, t_off, t_val, t_ok, y_off, y_val, y_ok = (np.asarray(getattr(lists, n)) for n in (
-        "src", "dst", "t_off", "t_val", "t_ok", "y_off", "y_val", "y_ok"))  # fmt: skip
+    """:func:`fleetlens.sync._csr.flatten_points` by numpy gathers (as hull_points had it),
+    over the columns' chunks concatenated."""
+    src, dst = np.asarray(lists.src), np.asarray(lists.dst)
     rows = np.flatnonzero(keep)
-    n = t_off[rows + 1] - t_off[rows]
+    n = np.asarray(lists.t.n)[rows]
     row = np.repeat(rows, n)
-    k = np.repeat(t_off[rows], n) + np.arange(total) - np.repeat(np.cumsum(n) - n, n)
-    ky = k + (y_off - t_off)[row]
-    good = np.ones(total, bool)
-    good &= t_ok[k].astype(bool) if t_ok.size else True
-    good &= y_ok[ky].astype(bool) if y_ok.size else True
-    return src[row][good], dst[row][good], t_val[k][good], y_val[ky][good], int((~good).sum())
+    within = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+    vals, good = [], np.ones(total, bool)
+    for col in (lists.t, lists.y):
+        base = np.cumsum([0, *(v.size for v in col.values)])
+        k = (base[np.asarray(col.ch)] + np.asarray(col.at))[row] + within
+        vals.append(np.concatenate([np.zeros(0, np.int64), *col.values])[k])
+        if any(ok.size for ok in col.oks):
+            oks = zip(col.oks, col.values, strict=True)
+            ok = [o if o.size else np.ones(v.size, np.uint8) for o, v in oks]
+            good &= np.concatenate(ok)[k].astype(bool)
+    return src[row][good], dst[row][good], vals[0][good], vals[1][good], int((~good).sum())
 
 
 def test_kernels_give_the_models_of_their_numpy_forms(monkeypatch: pytest.MonkeyPatch) -> None:
