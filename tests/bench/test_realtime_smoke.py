@@ -60,8 +60,11 @@ def test_shifted_body_is_the_window_moved_in_time() -> None:
     assert decode_batch(body, CT_ARROW).windows["start_ns"].equals(rows["start_ns"])
 
 
+# Not serial: it replays at wall-clock pace, but asserts only that every figure is printed and
+# measured, never how large a lag is (the bench's own PASS/FAIL line may say either), so a
+# busy machine slows the figures without failing it; a collector on a free port, its own
+# work directory. It held 33 s of the serial phase.
 @pytest.mark.slow
-@pytest.mark.serial  # replays at wall-clock pace and measures its lags
 def test_smoke_run_prints_measured_lags(tmp_path: Path) -> None:
     args = ["--hosts", "64", "--minutes", "0.25", "--baseline-minutes", "0.1", "--windows", "3",
             "--sample-s", "1", "--cache", str(tmp_path / "cache"),

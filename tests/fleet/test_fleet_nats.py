@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -100,6 +101,23 @@ def _start_shard(tmp: Path, url: str, inventory: Path, i: int) -> procs.Collecto
     return procs.start_collector(d / "shard.duckdb", inventory, args, log=d / "shard.log")
 
 
+def _start_shards(tmp: Path, url: str, inventory: Path) -> list[procs.CollectorProcess]:
+    """Every shard at once: each start is a process's imports and a health check (~2.5 s
+    here) that the others overlap. A shard that fails to start stops the ones that did."""
+    with ThreadPoolExecutor(SHARDS) as pool:
+        started = [pool.submit(_start_shard, tmp, url, inventory, i) for i in range(SHARDS)]
+    if any(f.exception() for f in started):
+        for f in started:
+            if f.exception() is None:
+                f.result().stop()
+    return [f.result() for f in started]
+
+
+def _after(delay_s: float, start: Callable[[], procs.CollectorProcess]) -> procs.CollectorProcess:
+    time.sleep(delay_s)
+    return start()
+
+
 def test_fleet_tier_equals_one_collector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The rounds run at explicit times after each simulated window; the arrival times the
     # writers' commit hooks note are on the same clock (windows arrive 0.5 s after their end).
@@ -124,18 +142,26 @@ def test_fleet_tier_equals_one_collector(tmp_path: Path, monkeypatch: pytest.Mon
         _settings(tmp_path / "fleet.duckdb", inventory), parquet=[tmp_path / "parquet"]
     )
     with fixture.NatsCluster(tmp_path / "nats") as nc:
-        shards = [_start_shard(tmp_path, nc.url, inventory, i) for i in range(SHARDS)]
+        shards = _start_shards(tmp_path, nc.url, inventory)
         agents = Publisher(nc.url)
         consumer = fleet_mod.SummaryConsumer(fleet, nc.url, replicas=3)
         one.start(loops=False)
         fleet.start(loops=False)
         consumer.start()
         publishers = ThreadPoolExecutor(PUBLISHERS)
+        # Shard 1 comes back DOWN_S after its kill while the stream goes on (the windows
+        # after the kill are stored by the others meanwhile), and before shard 2's pause:
+        # one shard is out at a time.
+        outage = ThreadPoolExecutor(1)
+        restarted: Future[procs.CollectorProcess] | None = None
         try:
             # hostile: garbage, and a summary whose rows are another host's (forged)
             asyncio.run(_publish_raw(nc.url, fleet_mod.subject("leaf0"), b"garbage", "g1"))
             batches = 0
             for w in _ahead(sim.Simulator(topo, cfg, seed=7).stream(ROUNDS)):
+                if w.index == PAUSE_AT:
+                    assert restarted is not None
+                    shards[1] = restarted.result()
                 window = w.windows.select(WINDOW_SCHEMA.names)
                 end = pc.max(window["start_ns"]).as_py() + 10**9
                 clock[0] = end + ARRIVAL_NS
@@ -158,17 +184,12 @@ def test_fleet_tier_equals_one_collector(tmp_path: Path, monkeypatch: pytest.Mon
                 assert all(f.result(timeout=60) for f in acks)  # each one new
                 if w.index == KILL_AT:  # mid-stream: its group in flight is never acknowledged
                     shards[1].stop(signal.SIGKILL)
-                    back = time.monotonic() + DOWN_S
+                    restart = partial(_start_shard, tmp_path, nc.url, inventory, 1)
+                    restarted = outage.submit(_after, DOWN_S, restart)
                 if w.index == PAUSE_AT:
                     shards[2].proc.send_signal(signal.SIGSTOP)
                     resume = time.monotonic() + PAUSE_S
                 _wait(lambda n=batches: _stored(fleet) >= n)  # the others took over
-                if w.index == KILL_AT:
-                    time.sleep(max(0.0, back - time.monotonic()))
-                    shards[1] = _start_shard(tmp_path, nc.url, inventory, 1)
-                if w.index == PAUSE_AT:
-                    time.sleep(max(0.0, resume - time.monotonic()))
-                    shards[2].proc.send_signal(signal.SIGCONT)
                 time.sleep(0.2)  # the commit hook's last steps (arrivals) after the count
                 now = end + SETTLED_NS
                 one.run_round(now)
@@ -181,6 +202,9 @@ def test_fleet_tier_equals_one_collector(tmp_path: Path, monkeypatch: pytest.Mon
                     middle, CLOCK_NS,
                 )  # fmt: skip
                 print(f"window {w.index}: clock models {worst:.2f} ns apart")
+                if w.index == PAUSE_AT:  # the round above did not need it: judged meanwhile
+                    time.sleep(max(0.0, resume - time.monotonic()))
+                    shards[2].proc.send_signal(signal.SIGCONT)
             # republished after a "restart": dropped (JetStream's duplicate window, batch ids)
             again = fleet_mod.SummaryPublisher(nc.url, f"0/{SHARDS}")
             again.committed(part.of(last[0].host_id), last[:8])
@@ -192,11 +216,15 @@ def test_fleet_tier_equals_one_collector(tmp_path: Path, monkeypatch: pytest.Mon
             # that own partitions (4 pods here: the hash may leave a shard without one)
             published = [fleet.summaries.labels(f"{i}/{SHARDS}")._value.get() for i in range(3)]
             assert sum(published) == batches and sum(map(bool, published)) >= 2, published
-            for shard in shards:  # each writes every minute it touched as it stops
-                # uvicorn raises the signal again once it shut down: -SIGTERM, not a SIGKILL
-                assert shard.stop() == -signal.SIGTERM
+            # Each writes every minute it touched as it stops (side by side: ~1 s each).
+            # uvicorn raises the signal again once it shut down: -SIGTERM, not a SIGKILL.
+            with ThreadPoolExecutor(SHARDS) as pool:
+                assert list(pool.map(procs.CollectorProcess.stop, shards)) == [-signal.SIGTERM] * 3
             _same_flow_totals(one, fleet, epoch, clock[0])
         finally:
+            if restarted is not None and restarted.exception() is None:
+                shards[1] = restarted.result()  # a shard restarted as the test failed: stopped
+            outage.shutdown()
             publishers.shutdown()
             consumer.stop()
             agents.close()

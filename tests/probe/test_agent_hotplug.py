@@ -2,7 +2,10 @@
 away stops being probed, and the agent keeps running (real agents, real collector, the lab).
 
 Host h00's ``eth1`` cable (a veth pair) is deleted before its agent starts, plugged in again
-(a new veth, its address and route) while it runs, then deleted again.
+(a new veth, its address and route) once both agents probe, then deleted again once the
+collector holds windows of its probes both ways from 2 s after the plug on; the agents stop
+once it holds a window of h00's other NIC from 2 s after the unplug on. (Fixed waits of 4, 5
+and 4 s did it before: waits on what the checks need, not on a guess of this box's speed.)
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
+from collector_waits import until
 from fleetlens.api.store import Store
 from fleetlens.fixtures.lab.fabric import HOST_TABLE_BASE, Lab, lab_fabric
 from fleetlens.fixtures.lab.stack import lab_stack
@@ -33,6 +39,20 @@ class Run:
     t_unplug: int
     log: str
     exit_codes: dict[str, int]
+
+
+def _probing(log: Path) -> bool:
+    return log.exists() and "probing" in log.read_text()
+
+
+def _sent(url: str, since_ns: int, key: str, nic: str) -> int:
+    """Probes sent on flows whose ``key`` (src_nic, dst_nic) is ``nic``, over the windows the
+    collector holds from ``since_ns`` on (none before a whole window has passed since)."""
+    if time.time_ns() < since_ns + 1_000_000_000:
+        return 0  # the API refuses a period that starts in the future
+    r = httpx.get(f"{url}/v1/flows", params={"since": since_ns, "limit": 1000}, timeout=5)
+    r.raise_for_status()
+    return sum(f["sent"] for f in r.json() if f[key] == nic)
 
 
 def _unplug(lab: Lab, nic_id: str) -> None:
@@ -70,13 +90,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         with lab_stack(lab, work, port=18472) as stack:
             for host in lab.topo.hosts:
                 stack.start_agent(host)
-            time.sleep(4)
+            logs = [work / f"agent-{h}.log" for h in lab.topo.hosts]
+            until(lambda: all(map(_probing, logs)), 30, "both agents probing")
             _plug(lab, NIC)
             t_plug = time.time_ns()
-            time.sleep(5)
+            plugged = t_plug + 2_000_000_000
+            until(lambda: min(_sent(stack.url, plugged, k, NIC) for k in ("src_nic", "dst_nic"))
+                  > 100, 30, f"{NIC}'s probes both ways after the plug")  # fmt: skip
             _unplug(lab, NIC)
             t_unplug = time.time_ns()
-            time.sleep(4)
+            after = t_unplug + 2_000_000_000
+            until(lambda: _sent(stack.url, after, "src_nic", "h00/eth0") > 0, 30,
+                  "h00's windows after the unplug")  # fmt: skip
             codes = stack.stop_agents()
             stack.stop_collector()
             store = Store(stack.db)
