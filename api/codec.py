@@ -16,6 +16,13 @@ run without a per-row Python loop:
   Reads name them again (strings out): rows read whole through :func:`from_storage`
   (``pc.take`` on the dictionary), aggregates in SQL joined to ``nic_dict``.
 
+The ids of a commit group's rows are found without hashing a row's strings in Python, numpy or
+Arrow (:func:`to_storage`): ``fleetlens._batchscan`` numbers the group's distinct NIC, link
+and ts_source ids in one pass over its buffers, only those go through the dictionaries' Python
+dicts, and each row's path (its link indices) is found in, or added to, the path
+dictionary's table in Cython as well (an agent batch: ~0.15 ms, 0.75x, with its paths known;
+~0.2 ms, 0.5x, when they are new).
+
 Files written before the dictionaries stored ``path`` as the packed int32 link indices (a
 BLOB) and NICs as strings; a read-only open of such a file still reads them as they are.
 """
