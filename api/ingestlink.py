@@ -189,7 +189,7 @@ class _Frames(asyncio.BufferedProtocol):
             # keeps freed memory: fleetlens/heap.py), not Arrow's pool: from mimalloc the reads
             # of a batch cost 0.5-2.6x the StreamReader's copies (fresh pages each time).
             self._payload = np.empty(size, np.uint8)
-            self._into, self._got = memoryview(self._payload), 0
+            self._into, self._got = self._payload.data, 0
             if size:
                 return
         payload, self._into, self._got = pa.py_buffer(self._payload), self._head, 0
