@@ -29,8 +29,9 @@ range the rows use must be ascending (so inside the data).
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from cpython.mem cimport PyMem_Calloc, PyMem_Malloc, PyMem_Free, PyMem_Realloc
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.math cimport isnan, isinf
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 
@@ -146,6 +147,14 @@ cdef inline uint64_t _hash_bytes(const char* p, int64_t m, const char* end,
     h = (h ^ w) * _K
     ascii[0] = high & 0x8080808080808080ULL == 0
     return _mix(h)
+
+
+cdef inline bint _ascii(const char* p, int64_t m) noexcept nogil:
+    cdef int64_t k
+    for k in range(m):
+        if <uint8_t>p[k] >= 0x80:
+            return False
+    return True
 
 
 cdef inline bint _equal(const char* a, const char* a_end, const char* b, const char* b_end,
@@ -293,22 +302,20 @@ cdef struct Numbering:
     int32_t count
 
 
-cdef int _numbering(Numbering* nb, int64_t n) except -1:
-    """Room for up to ``n`` strings."""
-    cdef int64_t k
+cdef int _numbering(Numbering* nb, int64_t n) noexcept nogil:
+    """Room for up to ``n`` strings; -1 when out of memory (C's allocator: no GIL needed)."""
     nb.size = 64
     while nb.size < 2 * n and nb.size < 4096:
         nb.size <<= 1
     nb.count, nb.used, nb.room = 0, 0, 1 << 16
-    nb.table = <uint64_t*>PyMem_Calloc(nb.size, sizeof(uint64_t))
-    nb.rep_o = <int64_t*>PyMem_Malloc((n + 1) * sizeof(int64_t))
-    nb.rep_m = <int64_t*>PyMem_Malloc((n + 1) * sizeof(int64_t))
-    nb.rep_h = <uint64_t*>PyMem_Malloc((n + 1) * sizeof(uint64_t))
-    nb.arena = <char*>PyMem_Malloc(nb.room + 8)  # 8 readable bytes past the last string
+    nb.table = <uint64_t*>calloc(nb.size, sizeof(uint64_t))
+    nb.rep_o = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    nb.rep_m = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    nb.rep_h = <uint64_t*>malloc((n + 1) * sizeof(uint64_t))
+    nb.arena = <char*>malloc(nb.room + 8)  # 8 readable bytes past the last string
     if nb.table == NULL or nb.rep_o == NULL or nb.rep_m == NULL or nb.rep_h == NULL or \
             nb.arena == NULL:
-        _numbering_free(nb)
-        raise MemoryError()
+        return -1
     return 0
 
 
@@ -316,41 +323,42 @@ cdef inline uint64_t _entry(uint64_t h, int64_t c) noexcept nogil:
     return (h & 0xFFFFFFFF00000000ULL) | <uint64_t>(c + 1)
 
 
-cdef int _grow(Numbering* nb) except -1:
-    """Double the table (every string placed again by its hash)."""
+cdef int _grow(Numbering* nb) noexcept nogil:
+    """Double the table (every string placed again by its hash); -1 when out of memory."""
     cdef int64_t size = 2 * nb.size, k, slot
-    cdef uint64_t* table = <uint64_t*>PyMem_Calloc(size, sizeof(uint64_t))
+    cdef uint64_t* table = <uint64_t*>calloc(size, sizeof(uint64_t))
     if table == NULL:
-        raise MemoryError()
+        return -1
     for k in range(nb.count):
         slot = <int64_t>(nb.rep_h[k] & <uint64_t>(size - 1))
         while table[slot] != 0:
             slot = (slot + 1) & (size - 1)
         table[slot] = _entry(nb.rep_h[k], k)
-    PyMem_Free(nb.table)
+    free(nb.table)
     nb.table, nb.size = table, size
     return 0
 
 
-cdef void _numbering_free(Numbering* nb) noexcept:
-    PyMem_Free(nb.table)
-    PyMem_Free(nb.rep_o)
-    PyMem_Free(nb.rep_m)
-    PyMem_Free(nb.rep_h)
-    PyMem_Free(nb.arena)
+cdef void _numbering_free(Numbering* nb) noexcept nogil:
+    free(nb.table)
+    free(nb.rep_o)
+    free(nb.rep_m)
+    free(nb.rep_h)
+    free(nb.arena)
     nb.table, nb.rep_o, nb.rep_m, nb.rep_h, nb.arena = NULL, NULL, NULL, NULL, NULL
 
 
-cdef int _keep(Numbering* nb, const char* p, int64_t m, uint64_t h) except -1:
-    """Record string ``nb.count``: its bytes copied into the arena, its hash."""
+cdef int _keep(Numbering* nb, const char* p, int64_t m, uint64_t h) noexcept nogil:
+    """Record string ``nb.count``: its bytes copied into the arena, its hash; -1 when out of
+    memory."""
     cdef int64_t room = nb.room
     cdef char* arena
     while nb.used + m > room:
         room *= 2
     if room != nb.room:
-        arena = <char*>PyMem_Realloc(nb.arena, room + 8)
+        arena = <char*>realloc(nb.arena, room + 8)
         if arena == NULL:
-            raise MemoryError()
+            return -1
         nb.arena, nb.room = arena, room
     memcpy(nb.arena + nb.used, p, m)
     nb.rep_o[nb.count], nb.rep_m[nb.count], nb.rep_h[nb.count] = nb.used, m, h
@@ -360,17 +368,16 @@ cdef int _keep(Numbering* nb, const char* p, int64_t m, uint64_t h) except -1:
 
 
 cdef int _number(Numbering* nb, const FlArrowArray* a, int64_t start, int64_t n,
-                 const uint8_t* skip, bint runs, int32_t* code, list out) except -1:
-    """Number the strings of ``a``'s rows ``start`` .. ``start + n`` (``code`` per row), the
-    text of each one new to ``nb`` appended to ``out`` (undecodable bytes replaced: not a NIC
-    or link id either way). A null row, or one ``skip`` flags (NULL: none), gets -1.
-    ``runs``: equal strings tend to be adjacent (a batch's rows of one NIC), so a row is first
-    compared with the one before."""
+                 const uint8_t* skip, bint runs, int32_t* code) noexcept nogil:
+    """Number the strings of ``a``'s rows ``start`` .. ``start + n`` (``code`` per row); a
+    null row, or one ``skip`` flags (NULL: none), gets -1. ``runs``: equal strings tend to be
+    adjacent (a batch's rows of one NIC), so a row is first compared with the one before.
+    No Python object is made (:func:`_texts` makes the new strings' afterwards): the writer
+    runs this without the GIL. -1 when out of memory."""
     cdef const int32_t* off = <const int32_t*>a.buffers[1] + a.offset + start
     cdef const char* data = <const char*>a.buffers[2]
     cdef const char* end = data + off[n]  # the strings' bytes end here, at least
     cdef const char* p
-    cdef const char* kept
     cdef Bits valid = _bits(a)
     cdef int64_t i, m, slot, c, last = -1
     cdef uint64_t h, t
@@ -382,8 +389,7 @@ cdef int _number(Numbering* nb, const FlArrowArray* a, int64_t start, int64_t n,
         p, m = data + off[i], off[i + 1] - off[i]
         if runs and last >= 0:
             c = code[last]
-            kept = nb.arena + nb.rep_o[c]
-            if nb.rep_m[c] == m and _equal(kept, nb.arena + nb.used, p, end, m):
+            if nb.rep_m[c] == m and _equal(nb.arena + nb.rep_o[c], nb.arena + nb.used, p, end, m):
                 code[i] = <int32_t>c
                 last = i
                 continue
@@ -395,10 +401,8 @@ cdef int _number(Numbering* nb, const FlArrowArray* a, int64_t start, int64_t n,
             if t == 0:
                 c = nb.count
                 nb.table[slot] = _entry(h, c)
-                _keep(nb, p, m, h)
-                out.append(_id_text(p, m, h, ascii))
-                if 2 * nb.count > nb.size:
-                    _grow(nb)
+                if _keep(nb, p, m, h) < 0 or (2 * nb.count > nb.size and _grow(nb) < 0):
+                    return -1
                 break
             c = <int64_t>(t & 0xFFFFFFFFULL) - 1
             if (t ^ h) >> 32 == 0 and nb.rep_h[c] == h and nb.rep_m[c] == m and \
@@ -409,15 +413,27 @@ cdef int _number(Numbering* nb, const FlArrowArray* a, int64_t start, int64_t n,
     return 0
 
 
-cdef int _distinct(const FlArrowArray* a, int64_t n, int32_t[::1] code, list out) except -1:
-    """Number the distinct strings of ``a`` by first appearance (``code`` per row)."""
+cdef list _texts(const Numbering* nb):
+    """The numbered strings' text, in number order (undecodable bytes replaced: not a NIC or
+    link id either way)."""
+    cdef int64_t k
+    cdef const char* p
+    cdef list out = []
+    for k in range(nb.count):
+        p = nb.arena + nb.rep_o[k]
+        out.append(_id_text(p, nb.rep_m[k], nb.rep_h[k], _ascii(p, nb.rep_m[k])))
+    return out
+
+
+cdef list _distinct(const FlArrowArray* a, int64_t n, int32_t[::1] code):
+    """The distinct strings of ``a`` by first appearance (``code``: each row's number)."""
     cdef Numbering nb
-    _numbering(&nb, n)
     try:
-        _number(&nb, a, 0, n, NULL, True, &code[0] if n else NULL, out)
+        if _numbering(&nb, n) < 0 or _number(&nb, a, 0, n, NULL, True, &code[0] if n else NULL) < 0:
+            raise MemoryError()
+        return _texts(&nb)
     finally:
         _numbering_free(&nb)
-    return 0
 
 
 def scan(batch) -> Scan:
@@ -448,8 +464,8 @@ cdef Scan _scan(const FlArrowArray* top):
     if _offsets(col, n, &first[0], &count[0]):
         s.failed = True
         return s  # nothing else is read through offsets that are not ascending
-    _distinct(col[SRC], n, s.src_code, s.src)
-    _distinct(col[DST], n, s.dst_code, s.dst)
+    s.src = _distinct(col[SRC], n, s.src_code)
+    s.dst = _distinct(col[DST], n, s.dst_code)
     # With the GIL held: ~10 us of work, and a collector thread that took the GIL meanwhile
     # would keep it for up to its switch interval (5 ms) before this request goes on.
     s.end_max = _rows(col, n, &first[0], &count[0])
@@ -696,43 +712,57 @@ cdef Codes _codes(FlArrowArray* tops, Py_ssize_t nb):
         elems += off[n] - off[0] if n else 0
     if elems >= 2**31:
         raise ValueError("too many path elements for one group")
-    c.nics, c.ts, c.links = [], [], []
     cdef int32_t[::1] src = np.empty(rows, np.int32), dst = np.empty(rows, np.int32)
     cdef int32_t[::1] tsc = np.empty(rows, np.int32), link = np.empty(elems, np.int32)
     cdef int32_t[::1] row_off = np.empty(rows + 1, np.int32)
     cdef uint8_t[::1] valid = np.ones(rows, np.uint8), skip = np.zeros(elems, np.uint8)
-    _numbering(&nics, 2 * rows)
-    _numbering(&ts, rows)
-    _numbering(&links, elems)
+    cdef int failed = 0  # 1: out of memory, 2: a null link id (in row ``bad``)
+    cdef int64_t bad = -1
     try:
-        for b in range(nb):
-            col = <const FlArrowArray**>tops[b].children
-            n = tops[b].length
-            if n == 0:
-                continue
-            _number(&nics, col[SRC], 0, n, NULL, True, &src[at], c.nics)
-            _number(&nics, col[DST], 0, n, NULL, True, &dst[at], c.nics)
-            _number(&ts, col[TS_SOURCE], 0, n, NULL, True, &tsc[at], c.ts)
-            path, child = col[PATH], col[PATH].children[0]
-            off = <const int32_t*>_values(path, 4)
-            valid_rows, valid_elements = _bits(path), _bits(child)
-            lo = off[0]
-            for i in range(n):
-                row_off[at + i] = <int32_t>(el + off[i] - lo)
-                if _ok(valid_rows, i):
-                    for j in range(off[i], off[i + 1]):
-                        if not _ok(valid_elements, j):
-                            raise ValueError(f"path of row {i}: a null link id")
-                else:
-                    valid[at + i] = 0
-                    any_null = True
-                    for j in range(off[i] - lo, off[i + 1] - lo):
-                        skip[el + j] = 1
-            if off[n] > lo:
-                _number(&links, child, lo, off[n] - lo, &skip[el], False, &link[el], c.links)
-            at += n
-            el += off[n] - lo
-        row_off[rows] = <int32_t>el
+        # Without the GIL: the writer thread's ~0.1 ms a batch here would hold up the event
+        # loop (HTTP, or the workers' link) on the other core.
+        with nogil:
+            if _numbering(&nics, 2 * rows) < 0 or _numbering(&ts, rows) < 0 or \
+                    _numbering(&links, elems) < 0:
+                failed = 1
+            b = 0
+            while b < nb and failed == 0:
+                col = <const FlArrowArray**>tops[b].children
+                n = tops[b].length
+                b += 1
+                if n == 0:
+                    continue
+                if _number(&nics, col[SRC], 0, n, NULL, True, &src[at]) < 0 or \
+                        _number(&nics, col[DST], 0, n, NULL, True, &dst[at]) < 0 or \
+                        _number(&ts, col[TS_SOURCE], 0, n, NULL, True, &tsc[at]) < 0:
+                    failed = 1
+                    break
+                path, child = col[PATH], col[PATH].children[0]
+                off = <const int32_t*>_values(path, 4)
+                valid_rows, valid_elements = _bits(path), _bits(child)
+                lo = off[0]
+                for i in range(n):
+                    row_off[at + i] = <int32_t>(el + off[i] - lo)
+                    if _ok(valid_rows, i):
+                        for j in range(off[i], off[i + 1]):
+                            if not _ok(valid_elements, j) and failed == 0:
+                                failed, bad = 2, i
+                    else:
+                        valid[at + i] = 0
+                        any_null = True
+                        for j in range(off[i] - lo, off[i + 1] - lo):
+                            skip[el + j] = 1
+                if failed == 0 and off[n] > lo and \
+                        _number(&links, child, lo, off[n] - lo, &skip[el], False, &link[el]) < 0:
+                    failed = 1
+                at += n
+                el += off[n] - lo
+            row_off[rows] = <int32_t>el
+        if failed == 1:
+            raise MemoryError()
+        if failed == 2:
+            raise ValueError(f"path of row {bad}: a null link id")
+        c.nics, c.ts, c.links = _texts(&nics), _texts(&ts), _texts(&links)
     finally:
         _numbering_free(&nics)
         _numbering_free(&ts)
@@ -789,6 +819,18 @@ def intern_lists(const int32_t[::1] off, const int32_t[::1] values, const uint8_
     A fleet's path dictionary (~10^6 paths at 1024 hosts) is far larger than the CPU's
     caches and each row reads it at random, so rows go by blocks: their slots are fetched
     ahead, then their ids' hashes and offsets, then the lists compared."""
+    cdef (int64_t, int64_t) got
+    with nogil:  # as codes(): the event loop goes on meanwhile
+        got = _intern(off, values, valid, slots, hash_of, stored_off, stored, count, mask,
+                      start, ids)
+    return got
+
+
+cdef (int64_t, int64_t) _intern(const int32_t[::1] off, const int32_t[::1] values,
+                                const uint8_t[::1] valid, int32_t[::1] slots,
+                                uint64_t[::1] hash_of, int32_t[::1] stored_off,
+                                int32_t[::1] stored, int64_t count, uint64_t mask,
+                                int64_t start, int32_t[::1] ids) noexcept nogil:
     cdef int64_t n = off.shape[0] - 1, i, b, e, k, m, end
     cdef int64_t size = slots.shape[0], cap_ids = min(hash_of.shape[0], stored_off.shape[0] - 1)
     cdef int64_t pos[_BLOCK]
@@ -796,7 +838,8 @@ def intern_lists(const int32_t[::1] off, const int32_t[::1] values, const uint8_
     cdef int32_t s
     cdef uint64_t h
     cdef bint same
-    for b in range(start, n, _BLOCK):
+    b = start
+    while b < n:
         e = min(n, b + _BLOCK)
         for i in range(b, e):
             m = off[i + 1] - off[i]
@@ -836,4 +879,5 @@ def intern_lists(const int32_t[::1] off, const int32_t[::1] values, const uint8_
                     ids[i] = s if same else -1  # the table holds one id per hash
                     break
                 pos[i - b] = (pos[i - b] + 1) & (size - 1)
+        b = e
     return n, count
