@@ -109,7 +109,8 @@ class NameDict:
         get = self._index.get
         ids = [get(name, -1) for name in names]
         if -1 in ids:
-            new = [name for name, i in zip(names, ids, strict=True) if i < 0]
+            # distinct bytes may name one str (undecodable ones replaced): added once
+            new = list(dict.fromkeys(name for name, i in zip(names, ids, strict=True) if i < 0))
             for name in new:
                 self._index[name] = len(self._index)
             self.ids = pa.concat_arrays([self.ids, pa.array(new, pa.string())])
