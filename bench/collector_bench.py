@@ -344,11 +344,12 @@ def bench_agents(
                                for i in range(clients)))  # fmt: skip
 
     try:
-        cpu0, own0 = tree_cpu_s(col.pid), time.process_time()
+        cpu0, own0, main0 = tree_cpu_s(col.pid), time.process_time(), process_cpu_s(col.pid)
         t0 = time.perf_counter()
         asyncio.run(run())
         dt = time.perf_counter() - t0
         cpu, own = tree_cpu_s(col.pid) - cpu0, time.process_time() - own0
+        main_cpu = process_cpu_s(col.pid) - main0
         rss, peak = tree_rss_mib(col.pid)
         busy, group = writer_busy_cpu(col), commit_group_mean(col)
     finally:
@@ -367,8 +368,17 @@ def bench_agents(
           f"{(per_batch - writer.cpu_per_batch_s) * 1e3:.2f} ms per batch); writer thread in "
           f"transactions {busy:.1f} s, {group:.0f} batches per commit on average; load "
           f"generator {own:.1f} s")  # fmt: skip
+    if workers:
+        print(f"  the writer process alone: {main_cpu / dt:.2f} cores, "
+              f"{main_cpu / n * 1e3:.2f} ms per batch")  # fmt: skip
     print(f"  collector RSS: {rss:,.0f} MiB at the end, peak {peak:,.0f} MiB (all its processes)")
     return rows / dt
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (every thread), without its children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- one batch's path, stage by stage ----------------------------------------------------------
@@ -620,6 +630,19 @@ def main() -> int:
                 if a.ingest_workers:
                     hw = bench_agents(work, fleet, batches, a.threads, clients, w,
                                       a.ingest_workers)  # fmt: skip
+                    if a.against:  # the revision's workers too, alternated as above
+                        oldw = bench_agents(work, fleet, batches, a.threads, clients, w,
+                                            a.ingest_workers, rev=a.against)  # fmt: skip
+                        for _ in range(a.repeat - 1):
+                            hw += bench_agents(work, fleet, batches, a.threads, clients, w,
+                                               a.ingest_workers)  # fmt: skip
+                            oldw += bench_agents(work, fleet, batches, a.threads, clients, w,
+                                                 a.ingest_workers, rev=a.against)  # fmt: skip
+                        hw, oldw = hw / a.repeat, oldw / a.repeat
+                        print(
+                            f"ratio with {a.ingest_workers} ingest workers this tree / "
+                            f"{a.against} (wall rows/s, mean of {a.repeat}) = {hw / oldw:.2f}"
+                        )
                     print(f"ratio {a.ingest_workers} ingest workers / in one process (wall "
                           f"rows/s) = {hw / h:.2f}; workers / writer-alone = "
                           f"{hw / w.rows_per_s:.2f}")  # fmt: skip

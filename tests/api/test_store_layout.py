@@ -60,7 +60,7 @@ def test_path_ids_round_trip_nulls_and_empty_paths() -> None:
 
 
 def test_a_hash_collision_keeps_ids_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(codec, "_hash_rows", lambda mat: np.zeros(len(mat), np.uint64))
+    monkeypatch.setattr(codec, "_HASH_MASK", 0)  # every path hashes to 0
     paths = PathDict(pa.array([], LISTS))
     rows = pa.array([[1], [2], [1], [3], None, [2]], LISTS)
     ids, _ = paths.encode(rows)
@@ -70,6 +70,26 @@ def test_a_hash_collision_keeps_ids_exact(monkeypatch: pytest.MonkeyPatch) -> No
     reloaded = PathDict(paths.paths)
     assert reloaded.encode(paths.paths)[0].to_pylist() == [0, 1, 2, 3]
     assert reloaded.decode(pa.array([3, 0], pa.int32())).to_pylist() == [[4], [1]]
+
+
+def test_path_ids_over_growth_and_a_reload() -> None:
+    """Thousands of paths of mixed lengths, added in rounds that outgrow the table and the
+    arrays several times, known ones repeated among them: every row decodes to its path, each
+    distinct path has one id, and a dictionary reloaded from the paths finds the same ids."""
+    rng = np.random.default_rng(3)
+    paths = PathDict(pa.array([], LISTS))
+    seen: dict[tuple[int, ...], int] = {}
+    for _ in range(6):
+        rows = [tuple(rng.integers(0, 50, rng.integers(0, 6)).tolist()) for _ in range(3000)]
+        rows += list(seen)[:500]  # known ones
+        ids, _ = paths.encode(pa.array([list(r) for r in rows], LISTS))
+        for r, i in zip(rows, ids.to_pylist(), strict=True):
+            assert seen.setdefault(r, i) == i
+    assert len(paths) == len(seen) == len(set(seen.values()))
+    want = pa.array([list(r) for r in seen], LISTS)
+    assert paths.decode(pa.array(list(seen.values()), pa.int32())).to_pylist() == want.to_pylist()
+    reloaded = PathDict(paths.paths)
+    assert reloaded.encode(want)[0].to_pylist() == list(seen.values())
 
 
 def _windows() -> pa.Table:
@@ -124,6 +144,33 @@ def test_the_windows_table_stores_path_ids_and_the_dictionary_stays_bounded(
         assert reopened.con.execute("SELECT count(*) FROM path_dict").fetchall()[0][0] == n_paths
     finally:
         reopened.close()
+
+
+def test_the_layout_of_chunks_slices_and_nulls_round_trips() -> None:
+    """``codec.to_storage`` numbers a commit group's strings chunk by chunk (one chunk per
+    batch, sliced ones among them), a null path, NIC or ts_source stays null, and the
+    dictionaries' ids (stable as they grow over two groups) name every row back."""
+    t = _windows()
+    ts = t["ts_source"].combine_chunks()
+    some_null = pa.compute.if_else(
+        pa.array(np.arange(len(ts)) % 5 == 1), pa.nulls(len(ts), ts.type), ts
+    )
+    t = t.set_column(t.schema.get_field_index("ts_source"), "ts_source", some_null)
+    chunks = [t.slice(0, 7), t.slice(7, 0), t.slice(7, 40), t.slice(47)]
+    d = codec.Dicts()
+    for group in (pa.concat_tables(chunks[:2]), pa.concat_tables(chunks[2:])):
+        stored, _ = codec.to_storage(group, d)
+        back = codec.from_storage(stored, d)
+        for name in ("src_nic", "dst_nic", "ts_source", "path"):
+            assert back[name].to_pylist() == group[name].to_pylist(), name
+    assert len(d.nics.ids) == len(set(d.nics.ids.to_pylist())) == len(TOPO.nics)
+    # columns in another order, strings as large_string: conformed before the pass reads them
+    other = t.select(list(reversed(t.column_names)))
+    other = other.cast(pa.schema([f.with_type(pa.large_string()) if f.type == pa.string()
+                                  else f for f in other.schema]))  # fmt: skip
+    stored, _ = codec.to_storage(other, d)
+    assert codec.from_storage(stored, d)["src_nic"].to_pylist() == t["src_nic"].to_pylist()
+    assert len(d.paths) == len(set(map(tuple, t["path"].drop_null().to_pylist())))
 
 
 def _types(store: Store) -> dict[str, str]:
