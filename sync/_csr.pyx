@@ -27,11 +27,34 @@ cdef inline bint _le(Pt a, Pt b) noexcept nogil:
     return a.t < b.t or (a.t == b.t and a.y <= b.y)
 
 
+cdef inline void _merge(
+    const Pt *x, Py_ssize_t nx, const Pt *y, Py_ssize_t ny, Pt *out
+) noexcept nogil:
+    """Two sorted runs into ``out``, ``x``'s point first on a tie."""
+    cdef Py_ssize_t a = 0, b = 0, w = 0
+    while a < nx and b < ny:
+        if _le(x[a], y[b]):
+            out[w] = x[a]
+            a += 1
+        else:
+            out[w] = y[b]
+            b += 1
+        w += 1
+    while a < nx:
+        out[w] = x[a]
+        a += 1
+        w += 1
+    while b < ny:
+        out[w] = y[b]
+        b += 1
+        w += 1
+
+
 cdef Pt *_merge_runs(Pt *buf, Pt *tmp, Py_ssize_t n) noexcept nogil:
     """Sort ``buf[:n]`` by (t, y) by merging its ascending runs pairwise until one is left
     (a group is a few sorted runs: the paths of a pair, the blocks of a span); returns the
     buffer that holds the result."""
-    cdef Py_ssize_t i, j, l, a, b, w, runs = 2
+    cdef Py_ssize_t i, j, l, runs = 2
     cdef Pt *swap
     while runs > 1:
         runs = 0
@@ -43,23 +66,7 @@ cdef Pt *_merge_runs(Pt *buf, Pt *tmp, Py_ssize_t n) noexcept nogil:
             l = j + 1 if j < n else j
             while l < n and _le(buf[l - 1], buf[l]):
                 l += 1
-            a, b, w = i, j, i
-            while a < j and b < l:
-                if _le(buf[a], buf[b]):
-                    tmp[w] = buf[a]
-                    a += 1
-                else:
-                    tmp[w] = buf[b]
-                    b += 1
-                w += 1
-            while a < j:
-                tmp[w] = buf[a]
-                a += 1
-                w += 1
-            while b < l:
-                tmp[w] = buf[b]
-                b += 1
-                w += 1
+            _merge(buf + i, j - i, buf + j, l - j, tmp + i)
             runs += 1
             i = l
         swap = buf
@@ -424,16 +431,8 @@ cdef Py_ssize_t _merge_chain(
     Pt *hull, Py_ssize_t h, const Pt *run, Py_ssize_t r, Pt *tmp
 ) noexcept nogil:
     """The hull of ``hull[:h]`` and a sorted run, by one merge and a chain."""
-    cdef Py_ssize_t i = 0, j = 0, m = 0
-    while i < h or j < r:
-        if j >= r or (i < h and _le(hull[i], run[j])):
-            tmp[m] = hull[i]
-            i += 1
-        else:
-            tmp[m] = run[j]
-            j += 1
-        m += 1
-    return _chain_pts(tmp, m, hull)
+    _merge(hull, h, run, r, tmp)
+    return _chain_pts(tmp, h + r, hull)
 
 
 cdef inline double _cross(Pt a, Pt b, Pt c) noexcept nogil:
