@@ -229,9 +229,10 @@ class _Columns:
     def __init__(self, inc: Incidence, sent: np.ndarray) -> None:
         self.inc, self.sent = inc, sent
         self.at = np.full(inc.n_links, -1)  # per link, its column (-1: none yet)
-        self.C = np.empty((8, inc.n_links))  # the columns, as rows; grown by doubling
-        self.s = np.empty(8)
-        self.n = 0  # columns made
+        # the columns' nonzero entries, column after column: (link, value, column)
+        self.ent: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.s: list[float] = []
         self.cap = 1.0 / inc.max_links()
 
     def packets(self, links: np.ndarray) -> np.ndarray:
@@ -241,20 +242,26 @@ class _Columns:
             one = np.zeros(self.inc.n_links)
             one[k] = 1.0
             x = self.inc.row_sums(rows, one) * self.sent[rows]
-            i = self.n
-            self.n += 1
-            if i == self.s.size:
-                self.C = np.concatenate([self.C, np.empty_like(self.C)])
-                self.s = np.concatenate([self.s, np.empty_like(self.s)])
-            self.C[i], self.s[i], self.at[k] = self.inc.link_sums_of(rows, x), x.sum(), i
-        return self.s[self.at[links]]
+            col = self.inc.link_sums_of(rows, x)
+            on = np.flatnonzero(col)  # a link's rows reach few others (a leaf's, on spread)
+            self.at[k] = len(self.s)
+            self.ent.append((on, col[on], np.full(on.size, self.at[k])))
+            self.s.append(float(x.sum()))
+            self.flat = None
+        return np.array(self.s)[self.at[links]]
 
     def explained(self, links: np.ndarray, rate: np.ndarray) -> np.ndarray:
         """Per link: ``Σ_r w_rl sent_r min(Σ_k w_rk rate_k, 1)`` over ``links`` at ``rate``."""
         self.packets(links)
-        on = np.zeros(self.n)
+        if not links.size:
+            return np.zeros(self.inc.n_links)
+        if self.flat is None:
+            lk, val, col = zip(*self.ent, strict=True)
+            self.flat = np.concatenate(lk), np.concatenate(val), np.concatenate(col)
+        lk, val, col = self.flat
+        on = np.zeros(len(self.s))
         on[self.at[links]] = rate
-        out = on @ self.C[: self.n]
+        out = np.bincount(lk, val * on[col], self.inc.n_links)
         big = links[rate > self.cap]
         if rate.sum() > 1.0 and big.size:  # rows whose rate the cap at 1 cuts
             rows = self.inc.rows_of(big)
