@@ -220,14 +220,15 @@ class _Columns:
     """What the fit reads of the rows the links it picks may carry, one pass per link picked
     (``Incidence.link_sums_of``, no entries expanded): per link k, its weighted packets
     ``s_k = Σ_r w_rk sent_r`` and its column of ``C_lk = Σ_r w_rl w_rk sent_r``, so that
-    the loss the chosen links explain on every link's rows is ``Σ_k rate_k C_lk``.
+    the loss the chosen links explain on every link's rows is ``Σ_k rate_k C_lk``; kept
+    only on the links the fit ``need``s it for (those with lost packets enough to be picked).
 
     Exact while no row's summed rate passes 1 (the fit's row rate is capped there): a row
     crossing no link of rate above ``1 / max_links`` cannot pass it, and the rows of those
     that are above (a black hole, a heavy fault: few links) are read again each time."""
 
-    def __init__(self, inc: Incidence, sent: np.ndarray) -> None:
-        self.inc, self.sent = inc, sent
+    def __init__(self, inc: Incidence, sent: np.ndarray, need: np.ndarray) -> None:
+        self.inc, self.sent, self.need = inc, sent, need
         self.at = np.full(inc.n_links, -1)  # per link, its column (-1: none yet)
         # the columns' nonzero entries, column after column: (link, value, column)
         self.ent: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -243,7 +244,7 @@ class _Columns:
             one[k] = 1.0
             x = self.inc.row_sums(rows, one) * self.sent[rows]
             col = self.inc.link_sums_of(rows, x)
-            on = np.flatnonzero(col)  # a link's rows reach few others (a leaf's, on spread)
+            on = np.flatnonzero(self.need & (col != 0))  # few: a leaf's links, on spread
             self.at[k] = len(self.s)
             self.ent.append((on, col[on], np.full(on.size, self.at[k])))
             self.s.append(float(x.sum()))
@@ -251,7 +252,8 @@ class _Columns:
         return np.array(self.s)[self.at[links]]
 
     def explained(self, links: np.ndarray, rate: np.ndarray) -> np.ndarray:
-        """Per link: ``Σ_r w_rl sent_r min(Σ_k w_rk rate_k, 1)`` over ``links`` at ``rate``."""
+        """Per link where ``need`` is set (0 elsewhere): ``Σ_r w_rl sent_r min(Σ_k w_rk rate_k,
+        1)`` over ``links`` at ``rate``."""
         self.packets(links)
         if not links.size:
             return np.zeros(self.inc.n_links)
@@ -269,7 +271,7 @@ class _Columns:
             per_link[links] = rate
             over = np.maximum(self.inc.row_sums(rows, per_link) - 1.0, 0.0)
             if over.any():
-                out -= self.inc.link_sums_of(rows, self.sent[rows] * over)
+                out -= self.need * self.inc.link_sums_of(rows, self.sent[rows] * over)
         return out
 
 
@@ -300,7 +302,7 @@ def fit_incidence(
     chosen, rate = np.empty(0, np.int64), np.empty(0)
     banned = min_lost > O
     cand = f.on_links(~banned)
-    cols = _Columns(inc, sent)
+    cols = _Columns(inc, sent, ~banned)  # the links that can be picked: their expectation
     rate_lossy = np.zeros(lossy.size)  # explained rate of the lossy rows
     for _ in range(max_links):
         if banned.all():
