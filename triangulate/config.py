@@ -26,10 +26,9 @@ class TriangulateConfig:
     # lost acks (records' ``acks_lost``) as loss evidence on each ack's reverse path, in a
     # one-window fit beside the probes' in every window that lost an ack, against the acks'
     # own background, no link's evidence resting on one agent's rows (evidence.py: agents
-    # count late acks lost, by turns). Off by default: on the reference fabric with paths
-    # unknown, a loss fault's window built ~98 M entries for the acks' local fit and took
-    # over 10 minutes (triangulate/README.md)
-    ack_evidence: bool = False
+    # count late acks lost, by turns); its fit reads the rows of the links it picks as
+    # per-link sums (loss.fit_incidence), so it costs about what the probes' fit does
+    ack_evidence: bool = True
     # delay tomography
     delay_min_ns: float = 1_000.0  # smallest excess delay reported on a link
     delay_quantile: float = 0.25  # a link's statistic: this quantile of its flows' excess

@@ -11,6 +11,9 @@ never expanded to millions of (row, link) entries except for the rows a fit actu
 - ``rows_of(links)``: the rows crossing any of ``links``, from inverse indexes built once per
   layout (the flows an agent probes are the same window after window) and dropped when a route
   changes;
+- ``link_sums_of(rows, x)`` and ``row_sums(rows, per_link)``: ``A^T x`` and ``A v`` over a
+  subset of rows, per route those rows take (what the loss fit needs of the rows a chosen link
+  may carry, which with paths unknown are a leaf's whole share of the window);
 - ``hop_factors(sent)``: per link, the hop-packets of its rows per packet of its (weighted)
   sum, what the background model of ``evidence`` scales by.
 """
@@ -133,6 +136,17 @@ class RouteTable:
         owner = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
         return np.bincount(link, per_route[owner] if whole else w * per_route[owner], self.n_links)
 
+    def entries_of(self, routes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(position in ``routes``, link, weight) of every link of the given routes."""
+        ptr, link, w = self.csr()
+        at = _ranges(np.arange(link.size), ptr[routes], ptr[routes + 1])
+        return np.repeat(np.arange(routes.size), ptr[routes + 1] - ptr[routes]), link[at], w[at]
+
+    def longest(self) -> int:
+        """The most fabric links any route has."""
+        ptr = self.csr()[0]
+        return int(np.diff(ptr).max(initial=0))
+
     def routes_of(self, links: np.ndarray) -> np.ndarray:
         """Routes containing any of ``links``."""
         if self._by_link is None:
@@ -231,6 +245,37 @@ class Incidence:
             np.concatenate([up[has_up], dn[has_dn], link[at]]),
             np.concatenate([np.ones(int(has_up.sum()) + int(has_dn.sum())), w[at]]),
         )
+
+    def link_sums_of(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """``A^T x`` over ``rows`` alone (``x`` per row of them), without expanding their
+        entries: the fabric part per route those rows take, then over those routes' links
+        (a fit's few links' rows take few routes: an unknown path's ECMP spread, ~16 links
+        on the reference fabric, is one route per leaf pair)."""
+        n = self.n_links
+        up = np.bincount(self.up[rows], x, n + 1)[:n]
+        dn = np.bincount(self.dn[rows], x, n + 1)[:n]
+        per_route = np.bincount(self.route[rows], x, len(self.routes))
+        used = np.flatnonzero(per_route)
+        pos, link, w = self.routes.entries_of(used)
+        return (up + dn) + np.bincount(link, w * per_route[used][pos], n)
+
+    def row_sums(self, rows: np.ndarray, per_link: np.ndarray) -> np.ndarray:
+        """Per row of ``rows``: the sum over its links of weight times ``per_link`` (a row's
+        loss rate from the links' rates; its weight on one link from that link's indicator),
+        per route those rows take rather than per entry."""
+        v = np.append(per_link, 0.0)  # the access columns' sentinel (n_links) reads 0
+        route = self.route[rows]
+        used = np.zeros(len(self.routes), bool)
+        used[route] = True
+        ids = np.flatnonzero(used)
+        pos, link, w = self.routes.entries_of(ids)
+        per_route = np.zeros(len(self.routes))
+        per_route[ids] = np.bincount(pos, w * v[link], ids.size)
+        return (v[self.up[rows]] + v[self.dn[rows]]) + per_route[route]
+
+    def max_links(self) -> int:
+        """The most links any row may cross (both access links and the longest route)."""
+        return 2 + self.routes.longest()
 
     def rows_of(self, links: np.ndarray) -> np.ndarray:
         """Sorted rows crossing any of ``links``."""

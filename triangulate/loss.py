@@ -20,9 +20,10 @@ Black holes (rate 1) fit the same way; the Poisson ratio is only used to rank an
 
 ``fit_incidence`` is the same search over a factorized :class:`~.incidence.Incidence`: a flow
 without lost packets only enters the likelihood through its link's packet total ``S`` (given,
-computed once per window), so the search expands the entries of the lossy flows only, plus —
-once links are chosen — the flows crossing them (their explained rate sets the expectation of
-the other links those flows cross). With no loss anywhere it returns at once.
+computed once per window), so the search expands the entries of the lossy flows only; of the
+flows crossing a chosen link (their explained rate sets the expectation of the other links
+those flows cross) it reads per-link sums, made once per link picked. With no loss anywhere
+it returns at once.
 """
 
 from __future__ import annotations
@@ -100,16 +101,21 @@ class _Fit:
         e = rows[self.row]
         return _Fit(self.row[e], self.link[e], self.w[e], self.sent, self.lost, self.n, self.p0)
 
-    def em(self, links: np.ndarray, rate: np.ndarray, iters: int = 30) -> np.ndarray:
+    def em(
+        self, links: np.ndarray, rate: np.ndarray, iters: int = 30, s: np.ndarray | None = None
+    ) -> np.ndarray:
         """Maximum-likelihood rates of ``links`` (EM for the Poisson linear model): each lost
-        packet is shared among the links of its flow in proportion to their rates."""
+        packet is shared among the links of its flow in proportion to their rates. ``s``: the
+        links' weighted packets when this fit holds only some of their rows (the lossy ones:
+        a row without lost packets enters only through them)."""
         if not links.size:
             return rate
         pos = np.full(self.n, -1)
         pos[links] = np.arange(links.size)
         on = pos[self.link] >= 0
         r, li, w = self.row[on], pos[self.link[on]], self.w[on]
-        s = np.bincount(li, w * self.sent[r], links.size)
+        if s is None:
+            s = np.bincount(li, w * self.sent[r], links.size)
         lost_w = w * self.lost[r]
         for _ in range(iters):
             m = self.p0 + np.bincount(r, w * rate[li], self.sent.size)
@@ -122,8 +128,11 @@ class _Fit:
                 break
         return rate
 
-    def drop_llr(self, links: np.ndarray, rate: np.ndarray) -> np.ndarray:
-        """Per chosen link: log-likelihood lost when its rate is set to 0, others fixed."""
+    def drop_llr(
+        self, links: np.ndarray, rate: np.ndarray, s: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Per chosen link: log-likelihood lost when its rate is set to 0, others fixed;
+        ``s`` as for :meth:`em` (the packets' term is then ``rate · s``)."""
         pos = np.full(self.n, -1)
         pos[links] = np.arange(links.size)
         on = pos[self.link] >= 0
@@ -131,6 +140,8 @@ class _Fit:
         m = self.p0 + np.bincount(r, w * rate[li], self.sent.size)
         part = w * rate[li]
         without = np.maximum(m[r] - part, self.p0)
+        if s is not None:
+            return np.bincount(li, self.lost[r] * np.log(m[r] / without), links.size) - rate * s
         gain = self.lost[r] * np.log(m[r] / without) - self.sent[r] * part
         return np.bincount(li, gain, links.size)
 
@@ -205,6 +216,65 @@ def _local(inc: Incidence, rows: np.ndarray, sent, lost, S, n_links, p0) -> _Fit
     return f
 
 
+class _Columns:
+    """What the fit reads of the rows the links it picks may carry, one pass per link picked
+    (``Incidence.link_sums_of``, no entries expanded): per link k, its weighted packets
+    ``s_k = Σ_r w_rk sent_r`` and its column of ``C_lk = Σ_r w_rl w_rk sent_r``, so that
+    the loss the chosen links explain on every link's rows is ``Σ_k rate_k C_lk``; kept
+    only on the links the fit ``need``s it for (those with lost packets enough to be picked).
+
+    Exact while no row's summed rate passes 1 (the fit's row rate is capped there): a row
+    crossing no link of rate above ``1 / max_links`` cannot pass it, and the rows of those
+    that are above (a black hole, a heavy fault: few links) are read again each time."""
+
+    def __init__(self, inc: Incidence, sent: np.ndarray, need: np.ndarray) -> None:
+        self.inc, self.sent, self.need = inc, sent, need
+        self.at = np.full(inc.n_links, -1)  # per link, its column (-1: none yet)
+        # the columns' nonzero entries, column after column: (link, value, column)
+        self.ent: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.s: list[float] = []
+        self.cap = 1.0 / inc.max_links()
+
+    def packets(self, links: np.ndarray) -> np.ndarray:
+        """``s_k`` of ``links`` (their columns made when first asked for)."""
+        for k in links[self.at[links] < 0].tolist():
+            rows = self.inc.rows_of(np.array([k]))
+            one = np.zeros(self.inc.n_links)
+            one[k] = 1.0
+            x = self.inc.row_sums(rows, one) * self.sent[rows]
+            col = self.inc.link_sums_of(rows, x)
+            on = np.flatnonzero(self.need & (col != 0))  # few: a leaf's links, on spread
+            self.at[k] = len(self.s)
+            self.ent.append((on, col[on], np.full(on.size, self.at[k])))
+            self.s.append(float(x.sum()))
+            self.flat = None
+        return np.array(self.s)[self.at[links]]
+
+    def explained(self, links: np.ndarray, rate: np.ndarray) -> np.ndarray:
+        """Per link where ``need`` is set (0 elsewhere): ``Σ_r w_rl sent_r min(Σ_k w_rk rate_k,
+        1)`` over ``links`` at ``rate``."""
+        self.packets(links)
+        if not links.size:
+            return np.zeros(self.inc.n_links)
+        if self.flat is None:
+            lk, val, col = zip(*self.ent, strict=True)
+            self.flat = np.concatenate(lk), np.concatenate(val), np.concatenate(col)
+        lk, val, col = self.flat
+        on = np.zeros(len(self.s))
+        on[self.at[links]] = rate
+        out = np.bincount(lk, val * on[col], self.inc.n_links)
+        big = links[rate > self.cap]
+        if rate.sum() > 1.0 and big.size:  # rows whose rate the cap at 1 cuts
+            rows = self.inc.rows_of(big)
+            per_link = np.zeros(self.inc.n_links)
+            per_link[links] = rate
+            over = np.maximum(self.inc.row_sums(rows, per_link) - 1.0, 0.0)
+            if over.any():
+                out -= self.need * self.inc.link_sums_of(rows, self.sent[rows] * over)
+        return out
+
+
 def fit_incidence(
     inc: Incidence,
     sent: np.ndarray,
@@ -217,7 +287,13 @@ def fit_incidence(
     lossy: np.ndarray | None = None,
 ) -> LossFit:
     """:func:`fit_loss` on a factorized incidence; ``S = inc.link_sums(sent)``; ``lossy``:
-    the rows with ``lost > 0`` in order, when the caller has them."""
+    the rows with ``lost > 0`` in order, when the caller has them.
+
+    Only the lossy rows' entries are expanded: the likelihood's other terms are per link
+    (``S``, and the chosen links' packets and explained loss, ``_Columns``), so a pick costs
+    a pass over its own rows once, not over every chosen link's rows' entries each time
+    (with paths unknown a fabric link's rows are its leaf's share of the window, each spread
+    over ~16 candidate links: ~98 M entries in a fit of the acks on the reference fabric)."""
     n = inc.n_links
     if lossy is None:
         lossy = np.flatnonzero(lost > 0)
@@ -226,15 +302,12 @@ def fit_incidence(
     chosen, rate = np.empty(0, np.int64), np.empty(0)
     banned = min_lost > O
     cand = f.on_links(~banned)
+    cols = _Columns(inc, sent, ~banned)  # the links that can be picked: their expectation
     rate_lossy = np.zeros(lossy.size)  # explained rate of the lossy rows
-    x: _Fit | None = None  # the rows crossing the chosen links
-    x_rate = np.empty(0)
     for _ in range(max_links):
         if banned.all():
             break
-        exp = p0 * S
-        if x is not None:
-            exp = exp + np.bincount(x.link, x.ws * x_rate[x.row], n)
+        exp = p0 * S + cols.explained(chosen, rate)
         p_hat = np.clip((O - exp) / np.maximum(S, 1e-12), 0.0, 1.0)
         m = p0 + rate_lossy[cand.row]
         g = cand.lost[cand.row] * np.log1p(cand.w * p_hat[cand.link] / m)
@@ -244,26 +317,14 @@ def fit_incidence(
         if llr[best] < threshold:
             break
         chosen, rate = np.append(chosen, best), np.append(rate, max(float(p_hat[best]), 1e-6))
-        sub = _local(inc, inc.rows_of(chosen), sent, lost, S, n, p0)
-        rate = sub.em(chosen, rate)
-        keep = sub.drop_llr(chosen, rate) >= threshold
+        s = cols.packets(chosen)
+        rate = f.em(chosen, rate, s=s)
+        keep = f.drop_llr(chosen, rate, s) >= threshold
         if not keep.all():  # a link that only shared flows with the bad ones: never again
             banned[chosen[~keep]] = True
-            chosen, rate = chosen[keep], sub.em(chosen[keep], rate[keep])
-        rows = inc.rows_of(chosen)
-        if rows.size == 0:
-            x, rate_lossy = None, np.zeros(lossy.size)
-            continue
-        x = _local(inc, rows, sent, lost, S, n, p0)
-        x_rate = x.row_rate(chosen, rate)
-        at = np.searchsorted(rows, lossy)
-        hit = at < rows.size
-        hit[hit] = rows[at[hit]] == lossy[hit]
-        rate_lossy = np.where(hit, x_rate[np.minimum(at, rows.size - 1)], 0.0)
-    if chosen.size:
-        sub = _local(inc, inc.rows_of(chosen), sent, lost, S, n, p0)
-        llr = sub.drop_llr(chosen, rate)
-    else:
-        llr = np.empty(0)
+            chosen, s = chosen[keep], s[keep]
+            rate = f.em(chosen, rate[keep], s=s)
+        rate_lossy = f.row_rate(chosen, rate)
+    llr = f.drop_llr(chosen, rate, cols.packets(chosen)) if chosen.size else np.empty(0)
     keep = llr >= threshold
     return LossFit(chosen[keep], rate[keep], llr[keep], S, O, f.spread)

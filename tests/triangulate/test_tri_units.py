@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from fleetlens.triangulate.horizon import WindowSums
-from fleetlens.triangulate.loss import fit_loss, poisson_llr
+from fleetlens.triangulate.incidence import Incidence, RouteTable
+from fleetlens.triangulate.loss import fit_incidence, fit_loss, poisson_llr
 from fleetlens.triangulate.paths import PathModel
 from fleetlens.triangulate.quantile import Groups, bins_of
 from fleetlens.triangulate.store import FlowStore
@@ -136,3 +137,49 @@ def test_window_sums_are_the_last_windows_counts() -> None:
             last = [h.get(k, (0.0, 0.0)) for h in hist[-3:]]
             assert ws.sent[at[k]] == sum(s for s, _ in last)
             assert ws.lost[at[k]] == sum(x for _, x in last)
+
+
+def _random_incidence(rng: np.random.Generator, n_rows: int = 3000) -> Incidence:
+    """Rows over 10 up and 10 down access links (or none) and 20 routes over links 20-59:
+    known paths (weight 1) and ECMP spreads (1/2, 1/3)."""
+    routes = RouteTable(60)
+    ids = [0]
+    for j in range(20):
+        links = rng.choice(np.arange(20, 60), rng.integers(1, 5), replace=False)
+        share = 1.0 if j % 2 else 1.0 / rng.integers(2, 4)
+        ids.append(routes.add(b"r%d" % j, links, np.full(links.size, share)))
+    up = np.where(rng.random(n_rows) < 0.9, rng.integers(0, 10, n_rows), 60)
+    dn = np.where(rng.random(n_rows) < 0.9, rng.integers(10, 20, n_rows), 60)
+    return Incidence(up, dn, np.array(ids)[rng.integers(0, len(ids), n_rows)], routes, 60)
+
+
+def test_subset_sums_equal_the_expanded_entries() -> None:
+    rng = np.random.default_rng(5)
+    inc = _random_incidence(rng)
+    rows = np.flatnonzero(rng.random(inc.n) < 0.3)
+    x, per_link = rng.random(rows.size), rng.random(60)
+    r, lk, w = inc.entries(rows)
+    assert np.allclose(inc.link_sums_of(rows, x), np.bincount(lk, w * x[r], 60))
+    assert np.allclose(inc.row_sums(rows, per_link), np.bincount(r, w * per_link[lk], rows.size))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_factorized_loss_fit_is_the_fit_over_every_entry(seed: int) -> None:
+    """``fit_incidence`` (lossy rows' entries and per-link sums) picks the links and rates of
+    ``fit_loss`` over every row's entries: background loss on every row, so the greedy picks
+    many links at a low floor, and faults up to a black hole (rows whose summed rate the fit
+    caps at 1)."""
+    rng = np.random.default_rng(seed)
+    inc = _random_incidence(rng)
+    rate = np.zeros(61)
+    bad = rng.choice(60, 3, replace=False)
+    rate[bad] = [0.02, 0.3, 1.0] if seed % 2 else [0.01, 0.05, 0.2]
+    r, lk, w = inc.entries()
+    sent = rng.integers(1, 50, inc.n).astype(float)
+    p = np.minimum(np.bincount(r, w * rate[lk], inc.n), 1.0) * 0.999 + 1e-3
+    lost = rng.binomial(sent.astype(int), p).astype(float)
+    for p0 in (1e-6, 1e-4):
+        ref = fit_loss(r, lk, w, sent, lost, 60, p0)
+        got = fit_incidence(inc, sent, lost, inc.link_sums(sent), p0)
+        assert got.links.tolist() == ref.links.tolist()
+        assert np.allclose(got.rate, ref.rate, rtol=1e-6) and np.allclose(got.llr, ref.llr)
