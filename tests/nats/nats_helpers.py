@@ -22,6 +22,10 @@ TOPO = Topology.load(SPEC)
 PARTS = Partitions(TOPO)
 HOSTS = sorted(TOPO.nics_by_host)
 SENT = 100
+# How long a publish may go unconfirmed after a node's kill -9: a stream whose leader died
+# waits out a Raft election timeout (4-9 s, randomized, in nats-server) and the meta leader's
+# too if it led both; on a loaded 2-core box the 10 s once allowed was exceeded.
+ELECTION_WAIT_S = 60.0
 # Windows of closed minutes (exported at once), each batch its own window start.
 EPOCH_NS = (time.time_ns() // 60_000_000_000 - 3) * 60_000_000_000
 
@@ -47,15 +51,18 @@ def windows(host: str, k: int, epoch_ns: int = EPOCH_NS) -> pa.Table:
 
 
 def publish(pub: Publisher, host: str, k: int) -> tuple[str, bool]:
-    """Host's k-th batch (id ``b-HOST-K``), retried until the stream confirms it."""
+    """Host's k-th batch (id ``b-HOST-K``), retried until the stream confirms it or
+    :data:`ELECTION_WAIT_S` has passed."""
     bid = f"b-{host}-{k}"
     body, ctype = encode_batch(host, windows(host, k), bid)
-    for _ in range(100):
+    deadline = time.monotonic() + ELECTION_WAIT_S
+    while True:
         try:
             return bid, pub.publish(PARTS.of(host), bid, body, ctype)
-        except Exception:
+        except Exception as e:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{bid} never confirmed: {e}") from e
             time.sleep(0.1)
-    raise AssertionError(f"{bid} never confirmed")
 
 
 def metric_sum(text: str, line_start: str) -> float:

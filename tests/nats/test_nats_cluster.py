@@ -8,10 +8,12 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from fleetlens.fixtures.nats import NatsCluster
+from nats_helpers import ELECTION_WAIT_S
 
 nats = pytest.importorskip("nats")
 from nats.js.api import StreamConfig  # noqa: E402
@@ -21,14 +23,15 @@ async def _publish(url: str, subject: str, n: int, start: int) -> None:
     nc = await nats.connect(url.split(","))
     js = nc.jetstream()
     for i in range(start, start + n):
-        for _ in range(100):  # a stream electing its leader (after creation, after the kill)
+        deadline = time.monotonic() + ELECTION_WAIT_S  # the stream electing its leader
+        while True:
             try:
                 await js.publish(subject, str(i).encode(), headers={"Nats-Msg-Id": f"m{i}"})
                 break
-            except (nats.js.errors.NoStreamResponseError, nats.errors.TimeoutError):
+            except (nats.js.errors.NoStreamResponseError, nats.errors.TimeoutError) as e:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"m{i} never stored: {e}") from e
                 await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"m{i} never stored")
     await nc.close()
 
 
