@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pytest
-from fleetlens.triangulate.horizon import WindowSums
+from fleetlens.triangulate.horizon import DecayedCounts, WindowSums
 from fleetlens.triangulate.incidence import Incidence, RouteTable
 from fleetlens.triangulate.loss import fit_incidence, fit_loss, poisson_llr
 from fleetlens.triangulate.paths import PathModel
@@ -119,7 +119,8 @@ def test_engine_handles_empty_and_unknown_input() -> None:
 
 def test_window_sums_are_the_last_windows_counts() -> None:
     """The onset horizon: per flow, the sums of its last 3 windows (0 where absent), through
-    flows leaving and arriving, and a healed flow's losses forgotten for good."""
+    flows leaving and arriving, and a healed flow's counts (packets and losses) forgotten for
+    good."""
     ws = WindowSums(3, n_links=1)
     rng = np.random.default_rng(5)
     hist: list[dict[int, tuple[float, float]]] = []
@@ -129,14 +130,44 @@ def test_window_sums_are_the_last_windows_counts() -> None:
         lost = rng.integers(0, 3, keys.size).astype(float)
         ws.add(SimpleNamespace(key=keys.astype(np.int64), sent=sent, lost=lost))
         hist.append({int(k): (s, x) for k, s, x in zip(keys, sent, lost, strict=True)})
-        if w == 6:  # flow 2 healed: its losses so far are gone
+        if w == 6:  # flow 2 healed: its counts so far are gone
             ws.forget(ws.acc.locate(np.array([2], np.int64)))
-            hist = [{k: (s, 0.0 if k == 2 else x) for k, (s, x) in h.items()} for h in hist]
+            hist = [{k: (0.0, 0.0) if k == 2 else c for k, c in h.items()} for h in hist]
         at = ws.acc.locate(np.arange(20, dtype=np.int64))
         for k in range(20):
             last = [h.get(k, (0.0, 0.0)) for h in hist[-3:]]
             assert ws.sent[at[k]] == sum(s for s, _ in last)
             assert ws.lost[at[k]] == sum(x for _, x in last)
+
+
+def test_a_healed_flows_counts_leave_the_long_horizon_whole() -> None:
+    """Forgetting a healed link's flows forgets their packets with their losses: the flows
+    left hold the horizon's background, and its per-link sums are those of what is kept (a
+    flow's losses forgotten but its packets kept counted clean and biased the background
+    low, so clean flows beside it read as lossy)."""
+    rng = np.random.default_rng(3)
+    n, tau = 40, 30.0
+    inc = Incidence(np.arange(n) % 4, 4 + np.arange(n) % 4, np.zeros(n, np.int64),
+                    RouteTable(8), 8)  # fmt: skip
+    dc = DecayedCounts(tau)
+    key = np.arange(n, dtype=np.int64)
+    healed = np.arange(n) < 10  # these flows crossed the faulted link
+    for w in range(40):
+        sent = rng.integers(900, 1100, n).astype(float)
+        rate = np.where(healed & (w < 30), 0.05, 1e-3)
+        lost = rng.binomial(sent.astype(np.int64), rate).astype(float)
+        f = SimpleNamespace(key=key, sent=sent, lost=lost, n=n, token=1,
+                            start_ns=w * 10**9, end_ns=(w + 1) * 10**9)  # fmt: skip
+        gamma = dc.add(f)[0]
+        sums = dc.link_sums(f, inc, True, inc.link_sums(sent), gamma)
+        np.testing.assert_allclose(sums, inc.link_sums(dc.sent))  # also after the forget
+        if w == 30:  # the first clean window healed it
+            dc.forget(np.flatnonzero(healed))
+            assert not dc.sent[healed].any() and not dc.lost[healed].any()
+            assert dc.sent[~healed].all()
+    assert dc.lost[healed].sum() / dc.sent[healed].sum() < 2e-3  # only the clean windows
+    # the background over every flow is the clean flows' rate (was 0.75x it)
+    assert dc.lost.sum() / dc.sent.sum() == pytest.approx(1e-3, rel=0.15)
 
 
 def _random_incidence(rng: np.random.Generator, n_rows: int = 3000) -> Incidence:
