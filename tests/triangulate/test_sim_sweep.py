@@ -166,7 +166,7 @@ SCENARIOS = [
     # the per-hop background at once
     Scenario(small("rail", 2, 2), "loss", 5, "up", "unknown", quick=True),
 ]
-# Measured failures of the engine, diagnosed in triangulate/README.md ("Simulator sweep");
+# Measured failures of the engine, diagnosed in docs/notes/triangulate.md (the sim sweep);
 # strict, so a fix shows up as XPASS and the marker must go.
 FAILS: dict[str, str] = {}  # none at present (the last: spread rows, evidence.py)
 REPRESENTATIVE = {s for s in SCENARIOS if s.quick}
