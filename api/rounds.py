@@ -28,6 +28,7 @@ from fleetlens.api.feed import TriangulationFeed
 from fleetlens.api.known import KnownNics
 from fleetlens.api.loops import timed
 from fleetlens.api.metrics import Metrics
+from fleetlens.api.owdhist import NicIds
 from fleetlens.api.publish import Published
 from fleetlens.api.store import Store
 from fleetlens.triangulate import decisions, decisions_by_nic
@@ -91,10 +92,19 @@ class Rounds:
         newest = max(max(starts) for _, starts, _ in sent)
         self.newest_start_ns = max(self.newest_start_ns or newest, newest)
         m.windows.inc(sum(b.rows for b in full))
-        m.owd.observe(pa.concat_tables([b.windows for b in full]))
+        rows = pa.concat_tables([b.windows for b in full])
+        m.owd.observe(rows, self._nic_ids(rows.num_rows))
         self.feed.recent.add_all([b.windows for b in full])
         if self.arrivals.stored(sent, time.time_ns()):
             self.wake()
+
+    def _nic_ids(self, rows: int) -> NicIds | None:
+        """The NIC ids the store's layout gave the group's new rows (the same rows, in the
+        same order), or None (a store that keeps none: the names are looked up)."""
+        got = self.store.last_nic_ids
+        if got is None or len(got[0]) != rows:
+            return None
+        return NicIds(got[0], got[1], self.store.dicts.nics.ids)
 
     def newest_windows(self, now_ns: int | None = None) -> pa.Table:
         """The look-back up to the newest window generation every live agent has uploaded."""
