@@ -58,11 +58,15 @@ class RecentWindows:
         """A committed batch's rows (``WINDOW_SCHEMA``); called on the writer thread."""
         self.add_all([windows])
 
-    def add_all(self, tables: list[pa.Table]) -> None:
+    def add_all(
+        self, tables: list[pa.Table], spans: tuple[list[int], list[int]] | None = None
+    ) -> None:
         """A commit group's batches, each as its rows: a batch nearly always holds one
         generation and is kept whole (filtering the group's table by generation would copy
-        its list columns)."""
-        parts = [(s, part) for t in tables for s, part in _generations(t)]
+        its list columns). ``spans``: each table's first and last window start, if known."""
+        lo, hi = spans or ([None] * len(tables), [None] * len(tables))
+        parts = [(s, part) for t, a, b in zip(tables, lo, hi, strict=True)
+                 for s, part in _generations(t, a, b)]  # fmt: skip
         with self._lock:
             for s, part in parts:
                 if self._upto is not None and s <= self._upto:
@@ -102,18 +106,22 @@ class RecentWindows:
         return self.between(start_ns, start_ns, without)
 
 
-def _generations(windows: pa.Table) -> list[tuple[int, pa.Table]]:
-    """A batch's rows per window generation (start), as ``WINDOW_SCHEMA``."""
+def _generations(
+    windows: pa.Table, lo: int | None = None, hi: int | None = None
+) -> list[tuple[int, pa.Table]]:
+    """A batch's rows per window generation (start), as ``WINDOW_SCHEMA``; ``lo``, ``hi``:
+    its first and last start, if known."""
     if not windows.num_rows:
         return []
     # Batches are decoded to WINDOW_SCHEMA exactly: a cast would only cost a copy's time.
     if not windows.schema.equals(WINDOW_SCHEMA):
         windows = windows.select(WINDOW_SCHEMA.names).cast(WINDOW_SCHEMA)
-    start = windows["start_ns"].to_numpy()
-    lo, hi = int(start.min()), int(start.max())
+    if lo is None or hi is None:
+        start = windows["start_ns"].to_numpy()
+        lo, hi = int(start.min()), int(start.max())
     if lo == hi:
         return [(lo, windows)]
-    starts = np.unique(start).tolist()
+    starts = np.unique(windows["start_ns"].to_numpy()).tolist()
     return [(s, windows.filter(pc.equal(windows["start_ns"], s))) for s in starts]
 
 

@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import struct
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
@@ -86,6 +87,8 @@ class LinkServer:
         self._server: asyncio.AbstractServer | None = None
         self.linked = 0  # workers connected now
         self._changed = asyncio.Event()
+        self._settling = threading.Lock()
+        self._settled: list[tuple[Transport, int, Future]] = []  # not answered yet
 
     async def start(self, sock: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -130,20 +133,43 @@ class LinkServer:
             self._answer(out, rid, {"status": 429, "retry_after": e.retry_after_s})
             return
         loop = asyncio.get_running_loop()
-        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._done, out, rid, f))
+        fut.add_done_callback(lambda f: self._settle(loop, out, rid, f))
 
-    def _done(self, out: Transport, rid: int, fut: Future) -> None:
+    def _settle(self, loop: asyncio.AbstractEventLoop, out: Transport, rid: int, fut: Future
+                ) -> None:  # fmt: skip
+        """A batch's commit settled (on the writer thread): its answer goes out on the loop.
+        The writer settles a commit group's futures in one burst; the burst is handed to the
+        loop in one wake-up (each ``call_soon_threadsafe`` writes the loop's self-pipe: a
+        syscall and a turn of the loop per batch) and answered with one write per worker."""
+        with self._settling:
+            self._settled.append((out, rid, fut))
+            first = len(self._settled) == 1
+        if first:
+            loop.call_soon_threadsafe(self._answer_settled)
+
+    def _answer_settled(self) -> None:
+        with self._settling:
+            settled, self._settled = self._settled, []
+        frames: dict[Transport, list[bytes | pa.Buffer]] = {}
+        for out, rid, fut in settled:
+            frames.setdefault(out, []).extend(_frame(ANSWER, rid, self._outcome(fut)))
+        for out, parts in frames.items():
+            if not out.is_closing():  # the worker died: its agents retry, batch ids dedupe
+                out.writelines(parts)
+
+    def _outcome(self, fut: Future) -> bytes:
         error = fut.exception()
         if error is not None:
-            self._answer(out, rid, {"status": 503, "detail": str(error)})
-        else:
-            self._answer(out, rid, {"status": 200, "stored": bool(fut.result())})
+            return self._encode({"status": 503, "detail": str(error)})
+        return self._encode({"status": 200, "stored": bool(fut.result())})
+
+    def _encode(self, doc: dict[str, Any]) -> bytes:
+        doc["known"] = self.c.known.version
+        return json.dumps(doc).encode()
 
     def _answer(self, out: Transport, rid: int, doc: dict[str, Any]) -> None:
-        if out.is_closing():
-            return  # the worker died: its agent retries, the batch id dedupes
-        doc["known"] = self.c.known.version
-        out.writelines(_frame(ANSWER, rid, json.dumps(doc).encode()))
+        if not out.is_closing():  # the worker died: its agent retries, the batch id dedupes
+            out.writelines(_frame(ANSWER, rid, self._encode(doc)))
 
 
 class _Frames(asyncio.BufferedProtocol):

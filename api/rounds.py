@@ -28,6 +28,7 @@ from fleetlens.api.feed import TriangulationFeed
 from fleetlens.api.known import KnownNics
 from fleetlens.api.loops import timed
 from fleetlens.api.metrics import Metrics
+from fleetlens.api.owdhist import NicIds
 from fleetlens.api.publish import Published
 from fleetlens.api.store import Store
 from fleetlens.triangulate import decisions, decisions_by_nic
@@ -87,14 +88,24 @@ class Rounds:
         full = [b for b in new if b.rows]
         if not full:
             return
-        sent = [_sent(b) for b in full]
+        rows = pa.concat_tables([b.windows for b in full])
+        lo, hi, duration = _spans(rows, [b.rows for b in full])
+        sent = [_sent(*each) for each in zip(full, lo, hi, duration, strict=True)]
         newest = max(max(starts) for _, starts, _ in sent)
         self.newest_start_ns = max(self.newest_start_ns or newest, newest)
-        m.windows.inc(sum(b.rows for b in full))
-        m.owd.observe(pa.concat_tables([b.windows for b in full]))
-        self.feed.recent.add_all([b.windows for b in full])
+        m.windows.inc(rows.num_rows)
+        m.owd.observe(rows, self._nic_ids(rows.num_rows))
+        self.feed.recent.add_all([b.windows for b in full], (lo, hi))
         if self.arrivals.stored(sent, time.time_ns()):
             self.wake()
+
+    def _nic_ids(self, rows: int) -> NicIds | None:
+        """The NIC ids the store's layout gave the group's new rows (the same rows, in the
+        same order), or None (a store that keeps none: the names are looked up)."""
+        got = self.store.last_nic_ids
+        if got is None or len(got[0]) != rows:
+            return None
+        return NicIds(got[0], got[1], self.store.dicts.nics.ids)
 
     def newest_windows(self, now_ns: int | None = None) -> pa.Table:
         """The look-back up to the newest window generation every live agent has uploaded."""
@@ -167,9 +178,19 @@ class Rounds:
         return timed(self.metrics, "triangulate", self.triangulate, windows, self.topology, prev)
 
 
-def _sent(batch: Batch) -> tuple[str, list[int], int]:
-    """A batch's host, the window starts in it (nearly always one) and their duration."""
-    start = batch.windows["start_ns"].to_numpy()
-    lo, hi = int(start.min()), int(start.max())
-    starts = [lo] if lo == hi else np.unique(start).tolist()
-    return batch.host_id, starts, batch.windows["duration_ns"][0].as_py() or DEFAULT_WINDOW_NS
+def _spans(rows: pa.Table, sizes: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Per batch of a commit group (``rows``: theirs, concatenated; ``sizes``: their row
+    counts), its first and last window start and its first window's duration: in one pass
+    over the group, not three numpy calls per batch (~15 us an agent batch)."""
+    first = np.cumsum([0, *sizes[:-1]])
+    start = rows["start_ns"].to_numpy()
+    duration = pc.fill_null(rows["duration_ns"], 0).to_numpy()[first]
+    lo, hi = np.minimum.reduceat(start, first), np.maximum.reduceat(start, first)
+    return lo.tolist(), hi.tolist(), duration.tolist()
+
+
+def _sent(batch: Batch, lo: int, hi: int, duration_ns: int) -> tuple[str, list[int], int]:
+    """A batch's host, the window starts in it (nearly always one: its first and last start
+    are ``lo`` and ``hi``) and their duration."""
+    starts = [lo] if lo == hi else np.unique(batch.windows["start_ns"].to_numpy()).tolist()
+    return batch.host_id, starts, duration_ns or DEFAULT_WINDOW_NS

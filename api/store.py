@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from fleetlens.api.codec import (
@@ -450,6 +451,10 @@ class Store:
         self.con = connect(self.path, threads, memory_limit, read_only)
         self._local = threading.local()
         self.dicts = self._load_dicts()
+        # The NIC ids (src, dst) of the rows the last insert_batches stored, as the storage
+        # layout numbered them (None: it stored none, or this store keeps no ids): the commit
+        # hook counts them per NIC without hashing the NIC names again.
+        self.last_nic_ids: tuple[np.ndarray, np.ndarray] | None = None
         types = _column_types(self.con)
         self._window_cols = set(types)
         # A read-only file from before the NIC dictionary names NICs in its rows.
@@ -495,6 +500,7 @@ class Store:
         The ids go in first with INSERT OR IGNORE ... RETURNING: one primary-key probe per id,
         never a scan of the id table."""
         con = self.con
+        self.last_nic_ids = None
         first: dict[str, Batch] = {}
         first_pos: dict[str, int] = {}
         for pos, b in enumerate(batches):
@@ -515,7 +521,8 @@ class Store:
                 ).fetchall()}  # fmt: skip
             finally:
                 con.unregister("_ids")
-            tables = [first[i].windows for i in new if first[i].rows]
+            # In the batches' order: the commit hook reads the rows' NIC ids in that order.
+            tables = [b.windows for i, b in first.items() if i in new and b.rows]
             if tables:
                 self._insert_windows(pa.concat_tables(tables))
             con.execute("COMMIT")
@@ -553,6 +560,7 @@ class Store:
     def _insert_windows(self, table: pa.Table) -> None:
         stored, added = to_storage(table, self.dicts)
         self._save_added(added)
+        self.last_nic_ids = (stored["src_nic"].to_numpy(), stored["dst_nic"].to_numpy())
         self.con.register("_incoming", stored)
         try:
             self.con.execute(f"INSERT INTO windows SELECT {_INSERT_COLS} FROM _incoming")

@@ -176,10 +176,24 @@ def send_clean_window(
     received: int = 100,
     path: list[str] | None = None,
 ) -> None:
-    """One window of clean probes from every NIC of ``host`` to every NIC of other hosts,
-    written through the collector's writer as an agent's upload would be. ``with_hull`` adds
-    a one-point hull per row so the clock solve has something to fit; ``received`` (of 100)
-    and ``path`` are every row's."""
+    """One window of clean probes from every NIC of ``host`` to every NIC of other hosts
+    (:func:`clean_window`), written through the collector's writer as an agent's upload
+    would be."""
+    t = clean_window(topo, host, start, with_hull, received, path)
+    c.submit(Batch(f"{host}-{start}", host, t)).result(timeout=30)
+
+
+def clean_window(
+    topo: Topology,
+    host: str,
+    start: int,
+    with_hull: bool = False,
+    received: int = 100,
+    path: list[str] | None = None,
+) -> pa.Table:
+    """One window of clean probes from every NIC of ``host`` to every NIC of other hosts.
+    ``with_hull`` adds a one-point hull per row so the clock solve has something to fit;
+    ``received`` (of 100) and ``path`` are every row's."""
     pairs = [(s.id, d.id) for s in topo.nics_by_host[host] for d in topo.nics if d.host != host]
     n = len(pairs)
     hull_t, hull_owd = ([5], [20_000]) if with_hull else ([], [])
@@ -195,4 +209,4 @@ def send_clean_window(
         },
         schema=WINDOW_SCHEMA,
     )  # fmt: skip
-    c.submit(Batch(f"{host}-{start}", host, t)).result(timeout=30)
+    return t

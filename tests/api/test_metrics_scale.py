@@ -217,3 +217,45 @@ def test_without_inventory_tiers_come_from_paths_and_rails_are_bounded() -> None
     assert len(rails) == MAX_RAILS + 1 and "other" in rails
     total = value(m.exposition(), "fleetlens_rail_owd_seconds_count", rail="other", direction="tx")
     assert total == 3 * MAX_RAILS - (MAX_RAILS - 2)  # e0 and e1 took two of the names
+
+
+@pytest.mark.parametrize("per_nic", [False, True])
+def test_the_commit_hooks_nic_ids_count_what_the_names_count(tmp_path: Any, per_nic: bool) -> None:
+    """The collector's commit hook counts the rows through the NIC ids the storage layout gave
+    them: the same histograms as looking the names up, with NICs outside the inventory, rows
+    without a median and a retried batch (not counted again) in the groups."""
+    from fleetlens.api.config import Settings
+    from fleetlens.api.service import Collector
+
+    from fleetlens.batch import Batch
+
+    topo = from_spec(SMALL)
+    c = Collector(Settings(db_path=tmp_path / "c.duckdb", inventory=SMALL, per_nic_metrics=per_nic))
+    by_names = metrics(topo, per_nic)
+    tables = fleet_batches(topo)[:24]
+    rng = np.random.default_rng(5)
+    for i, t in enumerate(tables[::3]):  # a few rows without a median, some NICs unknown
+        owd = t["owd_p50_ns"].to_numpy(zero_copy_only=False)
+        src = np.array(t["src_nic"].to_pylist())
+        src[rng.random(len(src)) < 0.2] = f"x{i}/eth9"
+        mask = rng.random(len(owd)) < 0.3
+        tables[3 * i] = table(src.tolist(), t["dst_nic"].to_pylist(), pa.array(owd, mask=mask))
+    batches = [Batch(f"b{i}", t["src_nic"][0].as_py().split("/")[0], t)
+               for i, t in enumerate(tables)]  # fmt: skip
+    groups = [batches[:10], [batches[3], *batches[10:]]]  # batches[3] again: a retry
+    for g in groups:
+        stored = c.store.insert_batches(g, T0)
+        ids = c.store.last_nic_ids  # the hook's: one per row stored, in the group's order
+        assert ids is not None
+        assert len(ids[0]) == sum(b.rows for b, s in zip(g, stored, strict=True) if s)
+        c.rounds.committed(list(zip(g, stored, strict=True)), 0.01)
+        for b, s in zip(g, stored, strict=True):
+            if s:
+                by_names.owd.observe(b.windows)
+    assert c.metrics.owd.collect() and by_names.owd.collect()
+    got = [(f.name, f.samples) for f in c.metrics.owd.collect()]
+    want = [(f.name, f.samples) for f in by_names.owd.collect()]
+    assert got == want
+    assert value(c.metrics.exposition(), "fleetlens_leaf_owd_seconds_count", leaf="unknown",
+                 direction="tx") > 0  # fmt: skip
+    c.store.close()

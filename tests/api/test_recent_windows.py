@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-from collector_helpers import send_clean_window
+from collector_helpers import clean_window, send_clean_window
 from fleetlens.api.config import Settings
 from fleetlens.api.feed import RecentWindows
 from fleetlens.api.service import Collector
 
+from fleetlens.batch import Batch
 from fleetlens.records import HULLS, WINDOW_SCHEMA
 from fleetlens.topology import leaf_spine
 
@@ -121,3 +122,29 @@ def test_per_host_starts_are_held_and_pruned_as_one_look_back() -> None:
         assert got is not None
         want = [batch(v, h) for v in range(max(w - 1, 0), w + 1) for h in range(hosts)]
         assert _sorted(got).equals(_sorted(pa.concat_tables(want)))
+
+
+def test_a_commit_group_with_a_batch_of_two_generations(tmp_path: Path) -> None:
+    """The commit hook reads each batch's first and last window start off the group's rows
+    at once: a batch holding two generations is held under both, next to one-generation
+    batches of the same group, and the arrivals and the newest start see both."""
+    c = _collector(tmp_path)
+    topo = c.topology
+    assert topo is not None
+    try:
+        h0, h1, h2 = topo.hosts[:3]
+        c.writer.stop()  # the group committed below by hand, as the writer would
+        got = {h: pa.concat_tables([clean_window(topo, h, s) for s in starts])
+               for h, starts in ((h0, [T0]), (h1, [T0, T0 + SEC]), (h2, [T0 + SEC]))}  # fmt: skip
+        group = [Batch(f"g-{h}", h, got[h]) for h in (h0, h1, h2)]
+        stored = c.store.insert_batches(group, T0)
+        c.rounds.committed(list(zip(group, stored, strict=True)), 0.01)
+        per_host = ROWS // 4
+        for start, rows in ((T0, 2 * per_host), (T0 + SEC, 2 * per_host)):
+            held = c.feed.recent.at(start)
+            assert held is not None and held.num_rows == rows
+            assert held["start_ns"].to_pylist() == [start] * rows
+            assert c.arrivals.first_arrival(start) is not None
+        assert c.rounds.newest_start_ns == T0 + SEC
+    finally:
+        c.stop()
