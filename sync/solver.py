@@ -125,6 +125,7 @@ class HuygensSync:
         self.pool = HullPool(self.cfg, self.scratch)
         self.report = SolveReport()
         self._excess: np.ndarray | None = None  # the pooled fit's margin excess per edge
+        self._lat: tuple[list[str], np.ndarray] | None = None  # _latency's last NICs and answer
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, ClockModel]
@@ -302,8 +303,10 @@ class HuygensSync:
 
     def _latency(self, pts: HullPoints) -> np.ndarray:
         """Per NIC of the window, its calibrated (egress, ingress) latency in ns."""
-        lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
-        return lat.reshape(-1, 2)
+        if self._lat is None or self._lat[0] is not pts.nics:  # the last window's NICs: kept
+            lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
+            self._lat = (pts.nics, lat.reshape(-1, 2))
+        return self._lat[1]
 
     def _prior(
         self, hosts: list[str], pts: HullPoints, src_h: np.ndarray
