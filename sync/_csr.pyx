@@ -1164,23 +1164,31 @@ def flatten_points(const unsigned char[::1] keep, RowLists lists, Py_ssize_t tot
 
 def generation_runs(const int64_t[::1] start, int64_t one):
     """The window generations ``floor((start + one // 2) / one)`` of the rows (``one`` > 0,
-    every row's window length), counted in two passes without a per-row array: the
-    distinct generations ascending, their row counts, and each one's first and last row
-    (a generation is contiguous where its count spans them: the look-back holds each
-    together); None where they span more than 4x the rows (wild start times)."""
-    cdef Py_ssize_t n = start.shape[0], k
-    cdef int64_t half = one >> 1, lo = 0, hi = 0, g, prev
+    every row's window length), counted without a per-row array: the distinct generations
+    ascending, their row counts, and each one's first and last row (a generation is
+    contiguous where its count spans them: the look-back holds each together); None where
+    they span more than 4x the rows (wild start times). The rows are read as runs of equal
+    start (a batch's rows share it: a compare a row), the generations worked out per run."""
+    cdef Py_ssize_t n = start.shape[0], k, q, runs = 1, end
+    cdef int64_t half = one >> 1, lo, hi, g
     if n == 0:
         return None
-    with nogil:  # a batch's rows share their start: a division per change of start
-        prev = start[0]
-        lo = hi = g = _floor_div(prev + half, one)
+    with nogil:
         for k in range(1, n):
-            if start[k] != prev:
-                prev = start[k]
-                g = _floor_div(prev + half, one)
-                lo = min(lo, g)
-                hi = max(hi, g)
+            runs += start[k] != start[k - 1]
+    at_a = np.empty(runs, np.int64)  # each run's first row
+    cdef int64_t[::1] at = at_a
+    with nogil:
+        at[0], q = 0, 1
+        for k in range(1, n):
+            if start[k] != start[k - 1]:
+                at[q] = k
+                q += 1
+        lo = hi = _floor_div(start[0] + half, one)
+        for q in range(runs):
+            g = _floor_div(start[at[q]] + half, one)
+            lo = min(lo, g)
+            hi = max(hi, g)
     if <uint64_t>(hi - lo) > <uint64_t>(4 * n):
         return None
     counts_a = np.zeros(hi - lo + 1, np.int64)
@@ -1188,16 +1196,13 @@ def generation_runs(const int64_t[::1] start, int64_t one):
     last_a = np.zeros(hi - lo + 1, np.int64)
     cdef int64_t[::1] counts = counts_a, first = first_a, last = last_a
     with nogil:
-        prev = start[0]
-        g = _floor_div(prev + half, one) - lo
-        for k in range(n):
-            if start[k] != prev:
-                prev = start[k]
-                g = _floor_div(prev + half, one) - lo
-            counts[g] += 1
+        for q in range(runs):
+            end = at[q + 1] if q + 1 < runs else n
+            g = _floor_div(start[at[q]] + half, one) - lo
+            counts[g] += end - at[q]
             if first[g] < 0:
-                first[g] = k
-            last[g] = k
+                first[g] = at[q]
+            last[g] = end - 1
     ids = np.flatnonzero(counts_a)
     return ids + lo, counts_a[ids], first_a[ids], last_a[ids]
 

@@ -99,6 +99,10 @@ class SolveReport:
         return [(ids[a], ids[b]) for a, b in self.edge_nic[edges].tolist()]
 
 
+_READ = ("src_nic", "dst_nic", "start_ns", "duration_ns", "pure", "hull_t_ns", "hull_owd_ns",
+         "ts_source")  # fmt: skip
+
+
 class HuygensSync:
     """Stateful ``SolveClocks``: call once per window with the newest windows."""
 
@@ -132,6 +136,9 @@ class HuygensSync:
     ) -> list[ClockModel]:
         for m in prev.values():
             self.tracker.seed(m)
+        # the columns the solve reads: a generation's slice cuts their chunks only (the
+        # look-back holds a chunk per host's batch in every column)
+        windows = windows.select([c for c in _READ if c in windows.schema.names])
         todo: Sequence[tuple[pa.Table, int | None]]
         todo = complete_generations(windows, after=self.generation)
         if not todo:
