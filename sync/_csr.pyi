@@ -1,6 +1,7 @@
 from collections.abc import Callable
 
 import numpy as np
+import pyarrow as pa
 
 _Out = Callable[[int], list[np.ndarray]] | None
 
@@ -37,14 +38,16 @@ def pair_hulls(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
 
 class ListColumn:
-    values: list[np.ndarray]
-    oks: list[np.ndarray]
+    col: pa.ChunkedArray
     ch: np.ndarray
     at: np.ndarray
     n: np.ndarray
-    def __init__(
-        self, offsets: list[np.ndarray], values: list[np.ndarray], oks: list[np.ndarray]
-    ) -> None: ...
+    null: np.ndarray
+    def __init__(self, col: pa.ChunkedArray) -> None: ...
+
+class StringIndex:
+    def __init__(self, ids: list[str]) -> None: ...
+    def of(self, col: pa.ChunkedArray) -> np.ndarray: ...
 
 class RowLists:
     src: np.ndarray

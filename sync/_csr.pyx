@@ -15,7 +15,8 @@ import numpy as np
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort, realloc
-from libc.string cimport memmove
+from libc.string cimport memcmp, memmove
+from cpython.pycapsule cimport PyCapsule_GetPointer
 
 
 cdef struct Pt:
@@ -545,55 +546,244 @@ cdef inline void _write_hull(
         oy[w + i] = hull[i].y
 
 
+cdef extern from *:
+    """
+    #ifndef ARROW_C_DATA_INTERFACE
+    #define ARROW_C_DATA_INTERFACE
+    struct ArrowSchema {
+      const char* format;
+      const char* name;
+      const char* metadata;
+      int64_t flags;
+      int64_t n_children;
+      struct ArrowSchema** children;
+      struct ArrowSchema* dictionary;
+      void (*release)(struct ArrowSchema*);
+      void* private_data;
+    };
+    struct ArrowArray {
+      int64_t length;
+      int64_t null_count;
+      int64_t offset;
+      int64_t n_buffers;
+      int64_t n_children;
+      const void** buffers;
+      struct ArrowArray** children;
+      struct ArrowArray* dictionary;
+      void (*release)(struct ArrowArray*);
+      void* private_data;
+    };
+    #endif
+    #ifndef ARROW_C_STREAM_INTERFACE
+    #define ARROW_C_STREAM_INTERFACE
+    struct ArrowArrayStream {
+      int (*get_schema)(struct ArrowArrayStream*, struct ArrowSchema* out);
+      int (*get_next)(struct ArrowArrayStream*, struct ArrowArray* out);
+      const char* (*get_last_error)(struct ArrowArrayStream*);
+      void (*release)(struct ArrowArrayStream*);
+      void* private_data;
+    };
+    #endif
+    """
+    struct ArrowArray:
+        int64_t length
+        int64_t null_count
+        int64_t offset
+        const void **buffers
+        ArrowArray **children
+        void (*release)(ArrowArray *) noexcept nogil
+
+    struct ArrowArrayStream:
+        int (*get_next)(ArrowArrayStream *, ArrowArray *) noexcept nogil
+        const char *(*get_last_error)(ArrowArrayStream *) noexcept nogil
+
+
+cdef inline bint _bit(const unsigned char *bits, int64_t i) noexcept nogil:
+    return (bits[i >> 3] >> (i & 7)) & 1
+
+
 cdef class ListColumn:
-    """A ``list<int64>`` column read in place, chunk by chunk (the collector's look-back is a
-    chunk per host's batch: no combined copy of its values): row ``r``'s values are
-    ``values[ch[r]][at[r] : at[r] + n[r]]``, their validity ``oks[ch[r]]`` from ``at[r]``
-    likewise (an empty array: no value of the chunk is null). Built from each chunk's list
-    offsets (``offsets[c]``, int32, one more than its rows), values and validity."""
+    """A ``list<int64>`` column (``col``, a ChunkedArray) read in place, chunk by chunk,
+    through the Arrow C stream interface (the collector's look-back is a chunk per host's
+    batch: no combined copy of its values, and no Python work per chunk): row ``r``'s values
+    are those of its chunk ``ch[r]`` from ``at[r]`` (the chunk's list offset), ``n[r]`` of
+    them (from the offsets, null rows included); ``null[r]`` marks a null list. The chunks
+    are held exported (their buffers pinned) until the column is freed."""
 
-    cdef readonly list values, oks
-    cdef readonly object ch, at, n  # (rows,) int64 each
+    cdef readonly object col
+    cdef readonly object ch, at, n, null  # (rows,) int64 x3, bool
     cdef const int64_t[::1] _ch, _at, _n
-    cdef const int64_t **_vals
-    cdef const unsigned char **_okp
+    cdef ArrowArray *_chunks
+    cdef Py_ssize_t _n_chunks
+    cdef const int64_t **_vals  # per chunk: its values, from the child's offset
+    cdef const unsigned char **_okbits  # per chunk: its values' validity bitmap (NULL: none)
+    cdef int64_t *_okoff  # ... and the child's offset in it
 
-    def __cinit__(self, list offsets, list values, list oks):
-        cdef Py_ssize_t c, i, r = 0, rows = 0, chunks = len(offsets)
-        cdef const int32_t[::1] off
-        cdef const int64_t[::1] v
-        cdef const unsigned char[::1] ok
-        for c in range(chunks):
-            rows += len(offsets[c]) - 1
-        self.values, self.oks = values, oks
+    def __cinit__(self, object col):
+        cdef Py_ssize_t c, i, r = 0, rows = len(col), cap = 0
+        cdef ArrowArrayStream *stream
+        cdef ArrowArray *arr
+        cdef ArrowArray *child
+        cdef const int32_t *off
+        cdef const unsigned char *valid
+        self.col = col
         self.ch, self.at, self.n = (np.empty(rows, np.int64) for _ in range(3))
+        self.null = np.zeros(rows, bool)
         self._ch, self._at, self._n = self.ch, self.at, self.n
         cdef int64_t[::1] ch = self.ch, at = self.at, n = self.n
-        self._vals = <const int64_t **>malloc(max(chunks, 1) * sizeof(int64_t *))
-        self._okp = <const unsigned char **>malloc(max(chunks, 1) * sizeof(unsigned char *))
-        if self._vals == NULL or self._okp == NULL:
+        cdef unsigned char[::1] null = self.null.view(np.uint8)
+        capsule = col.__arrow_c_stream__()
+        stream = <ArrowArrayStream *>PyCapsule_GetPointer(capsule, "arrow_array_stream")
+        while True:  # every chunk exported, kept
+            if self._n_chunks == cap:
+                cap = 2 * cap + 16
+                arr = <ArrowArray *>realloc(self._chunks, cap * sizeof(ArrowArray))
+                if arr == NULL:
+                    raise MemoryError()
+                self._chunks = arr
+            arr = &self._chunks[self._n_chunks]
+            if stream.get_next(stream, arr) != 0:
+                raise RuntimeError(stream.get_last_error(stream).decode())
+            if arr.release == NULL:
+                break
+            self._n_chunks += 1
+        self._vals = <const int64_t **>malloc(max(self._n_chunks, 1) * sizeof(int64_t *))
+        self._okbits = <const unsigned char **>malloc(
+            max(self._n_chunks, 1) * sizeof(unsigned char *))
+        self._okoff = <int64_t *>malloc(max(self._n_chunks, 1) * sizeof(int64_t))
+        if self._vals == NULL or self._okbits == NULL or self._okoff == NULL:
             raise MemoryError()
-        for c in range(chunks):
-            off, v, ok = offsets[c], values[c], oks[c]
-            self._vals[c] = &v[0] if v.shape[0] else NULL
-            self._okp[c] = &ok[0] if ok.shape[0] else NULL
-            for i in range(off.shape[0] - 1):
+        for c in range(self._n_chunks):
+            arr = &self._chunks[c]
+            child = arr.children[0]
+            self._vals[c] = <const int64_t *>child.buffers[1]
+            if self._vals[c] != NULL:
+                self._vals[c] += child.offset
+            self._okbits[c] = <const unsigned char *>(
+                child.buffers[0] if child.null_count != 0 else NULL)
+            self._okoff[c] = child.offset
+            off = <const int32_t *>arr.buffers[1] + arr.offset
+            valid = <const unsigned char *>(arr.buffers[0] if arr.null_count != 0 else NULL)
+            for i in range(arr.length):
                 ch[r], at[r], n[r] = c, off[i], off[i + 1] - off[i]
+                null[r] = valid != NULL and not _bit(valid, arr.offset + i)
                 r += 1
+        if r != rows:
+            raise ValueError(f"the column's chunks hold {r} rows, not {rows}")
 
     def __dealloc__(self):
+        cdef Py_ssize_t c
+        for c in range(self._n_chunks):
+            if self._chunks[c].release != NULL:
+                self._chunks[c].release(&self._chunks[c])
+        free(self._chunks)
         free(self._vals)
-        free(self._okp)
+        free(self._okbits)
+        free(self._okoff)
+
+
+cdef inline uint64_t _fnv(const char *s, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = 14695981039346656037ULL
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = (h ^ <unsigned char>s[i]) * 1099511628211ULL
+    return h
+
+
+cdef class StringIndex:
+    """Positions of strings in a list of distinct strings (``ids``), by an open-addressing
+    hash table of their UTF-8 bytes: what ``pc.index_in(col, value_set=ids)`` answers, read
+    from a string column's chunks in place (:meth:`of`). A row whose string equals the row
+    before's (in a host's batch a sender's rows share their source NIC, a pair's rows their
+    destination) takes its position without hashing."""
+
+    cdef bytes _blob
+    cdef const char *_chars
+    cdef int64_t[::1] _off
+    cdef int32_t[::1] _slots
+    cdef uint64_t _mask
+
+    def __init__(self, list ids) -> None:
+        cdef Py_ssize_t i, n = len(ids), size = 16
+        cdef uint64_t j
+        encoded = [s.encode() for s in ids]
+        self._blob = b"".join(encoded)
+        self._chars = self._blob
+        self._off = np.cumsum([0, *(len(b) for b in encoded)], dtype=np.int64)
+        while size < 2 * n:
+            size *= 2
+        self._slots = np.full(size, -1, np.int32)
+        self._mask = size - 1
+        for i in range(n):
+            j = _fnv(self._chars + self._off[i], self._off[i + 1] - self._off[i]) & self._mask
+            while self._slots[j] >= 0:
+                j = (j + 1) & self._mask
+            self._slots[j] = i
+
+    cdef inline int64_t _find(self, const char *s, Py_ssize_t n) noexcept nogil:
+        cdef uint64_t j = _fnv(s, n) & self._mask
+        cdef int32_t i
+        while True:
+            i = self._slots[j]
+            if i < 0:
+                return -1
+            if self._off[i + 1] - self._off[i] == n and memcmp(self._chars + self._off[i], s, n) == 0:
+                return i
+            j = (j + 1) & self._mask
+
+    def of(self, object col):
+        """Each row's position in the ids: -1 where its string is not among them, -2 where
+        it is null (``col``: a ChunkedArray of strings)."""
+        cdef Py_ssize_t r = 0, i, rows = len(col)
+        cdef ArrowArrayStream *stream
+        cdef ArrowArray arr
+        cdef const int32_t *off
+        cdef const char *data
+        cdef const unsigned char *valid
+        cdef const char *prev = NULL
+        cdef int32_t prev_n = -1, n
+        cdef int64_t prev_i = -1
+        out_a = np.empty(rows, np.int64)
+        cdef int64_t[::1] out = out_a
+        capsule = col.__arrow_c_stream__()
+        stream = <ArrowArrayStream *>PyCapsule_GetPointer(capsule, "arrow_array_stream")
+        while True:
+            if stream.get_next(stream, &arr) != 0:
+                raise RuntimeError(stream.get_last_error(stream).decode())
+            if arr.release == NULL:
+                break
+            if r + arr.length > rows:
+                arr.release(&arr)
+                raise ValueError(f"the column's chunks hold more than {rows} rows")
+            off = <const int32_t *>arr.buffers[1] + arr.offset
+            data = <const char *>arr.buffers[2]
+            valid = <const unsigned char *>(arr.buffers[0] if arr.null_count != 0 else NULL)
+            with nogil:
+                prev_n = -1  # a chunk's strings are compared with its own only
+                for i in range(arr.length):
+                    if valid != NULL and not _bit(valid, arr.offset + i):
+                        out[r + i] = -2
+                        continue
+                    n = off[i + 1] - off[i]
+                    if n != prev_n or memcmp(data + off[i], prev, n) != 0:
+                        prev, prev_n = data + off[i], n
+                        prev_i = self._find(prev, n)
+                    out[r + i] = prev_i
+            r += arr.length
+            arr.release(&arr)
+        if r != rows:
+            raise ValueError(f"the column's chunks hold {r} rows, not {rows}")
+        return out_a
 
 
 cdef inline const int64_t *_row_vals(ListColumn col, Py_ssize_t r) noexcept nogil:
     return col._vals[col._ch[r]] + col._at[r]
 
 
-cdef inline const unsigned char *_row_oks(ListColumn col, Py_ssize_t r) noexcept nogil:
-    """Row ``r``'s validity bytes, NULL where its chunk has no null value."""
-    cdef const unsigned char *ok = col._okp[col._ch[r]]
-    return ok + col._at[r] if ok != NULL else NULL
+cdef inline bint _row_ok(ListColumn col, Py_ssize_t r, Py_ssize_t k) noexcept nogil:
+    """Whether row ``r``'s ``k``-th value is not null."""
+    cdef const unsigned char *bits = col._okbits[col._ch[r]]
+    return bits == NULL or _bit(bits, col._okoff[col._ch[r]] + col._at[r] + k)
 
 
 cdef class RowLists:
@@ -620,11 +810,9 @@ cdef inline Py_ssize_t _row_points(
     """Row ``r``'s points into ``out``, null ones left out and counted; returns how many."""
     cdef const int64_t *t = _row_vals(lists.t, r)
     cdef const int64_t *y = _row_vals(lists.y, r)
-    cdef const unsigned char *t_ok = _row_oks(lists.t, r)
-    cdef const unsigned char *y_ok = _row_oks(lists.y, r)
     cdef Py_ssize_t k, m = 0
     for k in range(lists.t._n[r]):
-        if (t_ok != NULL and not t_ok[k]) or (y_ok != NULL and not y_ok[k]):
+        if not (_row_ok(lists.t, r, k) and _row_ok(lists.y, r, k)):
             nulls[0] += 1
             continue
         out[m].t = t[k]
@@ -976,23 +1164,31 @@ def flatten_points(const unsigned char[::1] keep, RowLists lists, Py_ssize_t tot
 
 def generation_runs(const int64_t[::1] start, int64_t one):
     """The window generations ``floor((start + one // 2) / one)`` of the rows (``one`` > 0,
-    every row's window length), counted in two passes without a per-row array: the
-    distinct generations ascending, their row counts, and each one's first and last row
-    (a generation is contiguous where its count spans them: the look-back holds each
-    together); None where they span more than 4x the rows (wild start times)."""
-    cdef Py_ssize_t n = start.shape[0], k
-    cdef int64_t half = one >> 1, lo = 0, hi = 0, g, prev
+    every row's window length), counted without a per-row array: the distinct generations
+    ascending, their row counts, and each one's first and last row (a generation is
+    contiguous where its count spans them: the look-back holds each together); None where
+    they span more than 4x the rows (wild start times). The rows are read as runs of equal
+    start (a batch's rows share it: a compare a row), the generations worked out per run."""
+    cdef Py_ssize_t n = start.shape[0], k, q, runs = 1, end
+    cdef int64_t half = one >> 1, lo, hi, g
     if n == 0:
         return None
-    with nogil:  # a batch's rows share their start: a division per change of start
-        prev = start[0]
-        lo = hi = g = _floor_div(prev + half, one)
+    with nogil:
         for k in range(1, n):
-            if start[k] != prev:
-                prev = start[k]
-                g = _floor_div(prev + half, one)
-                lo = min(lo, g)
-                hi = max(hi, g)
+            runs += start[k] != start[k - 1]
+    at_a = np.empty(runs, np.int64)  # each run's first row
+    cdef int64_t[::1] at = at_a
+    with nogil:
+        at[0], q = 0, 1
+        for k in range(1, n):
+            if start[k] != start[k - 1]:
+                at[q] = k
+                q += 1
+        lo = hi = _floor_div(start[0] + half, one)
+        for q in range(runs):
+            g = _floor_div(start[at[q]] + half, one)
+            lo = min(lo, g)
+            hi = max(hi, g)
     if <uint64_t>(hi - lo) > <uint64_t>(4 * n):
         return None
     counts_a = np.zeros(hi - lo + 1, np.int64)
@@ -1000,16 +1196,13 @@ def generation_runs(const int64_t[::1] start, int64_t one):
     last_a = np.zeros(hi - lo + 1, np.int64)
     cdef int64_t[::1] counts = counts_a, first = first_a, last = last_a
     with nogil:
-        prev = start[0]
-        g = _floor_div(prev + half, one) - lo
-        for k in range(n):
-            if start[k] != prev:
-                prev = start[k]
-                g = _floor_div(prev + half, one) - lo
-            counts[g] += 1
+        for q in range(runs):
+            end = at[q + 1] if q + 1 < runs else n
+            g = _floor_div(start[at[q]] + half, one) - lo
+            counts[g] += end - at[q]
             if first[g] < 0:
-                first[g] = k
-            last[g] = k
+                first[g] = at[q]
+            last[g] = end - 1
     ids = np.flatnonzero(counts_a)
     return ids + lo, counts_a[ids], first_a[ids], last_a[ids]
 

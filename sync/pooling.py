@@ -181,7 +181,7 @@ class HullPool:
         self.newest: int | None = None  # generation of the newest remembered window
         self._nic_ids: dict[str, int] = {}  # NIC id -> number, stable across windows
         self._memo: tuple[HullPoints, HullPoints, _Hulls] | None = None
-        self._ids: tuple[HullPoints, np.ndarray] | None = None
+        self._ids: tuple[list[str], np.ndarray] | None = None  # nic_numbers' last
         self.tracks = _Tracks.empty(len(sizes))
         self.noise = np.zeros(0)  # per edge of the last choice: the chosen span's noise, ns
         self.best = 0  # the fleet's best-ranked span at the last choice (index)
@@ -366,12 +366,14 @@ class HullPool:
 
     def nic_numbers(self, pts: HullPoints) -> np.ndarray:
         """Stable numbers of the window's NICs: the same NIC has the same number in every
-        window (edge numbers across windows are built from them)."""
-        if self._ids is not None and self._ids[0] is pts:
+        window (edge numbers across windows are built from them). Kept for the last id list
+        asked: a window naming the NICs the last one named has the same list
+        (:meth:`.purity.KnownNics.named`)."""
+        if self._ids is not None and self._ids[0] is pts.nics:
             return self._ids[1]
         reg = self._nic_ids
         ids = np.array([reg.setdefault(n, len(reg)) for n in pts.nics], np.int64)
-        self._ids = (pts, ids)
+        self._ids = (pts.nics, ids)
         return ids
 
 

@@ -22,7 +22,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._csr import ListColumn, RowLists, flatten_points, generation_runs, row_pair_hulls
+from ._csr import (
+    ListColumn,
+    RowLists,
+    StringIndex,
+    flatten_points,
+    generation_runs,
+    row_pair_hulls,
+)
 from .scratch import Scratch
 
 
@@ -217,65 +224,81 @@ def _kept_rows(
     and those NICs' hosts, and the dropped rows counted per reason."""
     dropped: dict[str, int] = {}
     keep = _count(None, _bool(pc.greater(windows["pure"], 0)), "no_pure_pair", dropped)
-    n_t = pc.fill_null(pc.list_value_length(windows["hull_t_ns"]), -1).to_numpy()
-    n_y = pc.fill_null(pc.list_value_length(windows["hull_owd_ns"]), -2).to_numpy()
+    t, y = _list_column(windows["hull_t_ns"]), _list_column(windows["hull_owd_ns"])
+    n_t = np.where(t.null, -1, t.n)  # a null list's length -1 (t) or -2 (y): a mismatch
+    n_y = np.where(y.null, -2, y.n)
     keep = _count(keep, n_t == n_y, "hull_length_mismatch", dropped)
     keep = _count(keep, n_t > 0, "empty_hull", dropped)
     # Ids are validated once per distinct NIC, not per row or point; the names are those of
     # the rows kept so far.
-    valid, src, dst = (known or KnownNics()).index(windows["src_nic"], windows["dst_nic"])
+    known = known or KnownNics()
+    valid, src, dst = known.index(windows["src_nic"], windows["dst_nic"])
     seen = np.zeros(len(valid) + 1, bool)
     seen[src[keep]] = seen[dst[keep]] = True
-    names = [n for n, s in zip(valid, seen[:-1], strict=True) if s]
-    renum = np.cumsum(seen[:-1]) - 1
-    renum = np.append(np.where(seen[:-1], renum, -1), -1)  # index -1 (invalid) stays -1
+    names, hosts, host_of, renum = known.named(seen[:-1])
     src, dst = renum[src], renum[dst]
-    hosts = [n.partition("/")[0] for n in names]
-    number = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
-    host_of = np.array([*(number[h] for h in hosts), -1], np.int64)  # [-1]: invalid id
     ok = (src >= 0) & (dst >= 0) & (host_of[src] != host_of[dst])
     keep = _count(keep, ok, "bad_nic_or_self_probe", dropped)
-    lists = RowLists(src, dst, _list_column(windows["hull_t_ns"]),
-                     _list_column(windows["hull_owd_ns"]))  # fmt: skip
-    return _KeptRows(keep, src, dst, lists), names, hosts, dropped
+    return _KeptRows(keep, src, dst, RowLists(src, dst, t, y)), names, hosts, dropped
 
 
 class KnownNics:
     """The valid NIC ids seen so far, sorted, kept from window to window (one per solver):
-    a window's id columns are looked up in them, and only the ids they lack (a new NIC, a
-    bad id) are collected and validated, instead of the distinct ids of every row's two
-    columns hashed once more each window (~15 ms of ~0.9 M rows at 1024 hosts). Ids of NICs
-    gone stay: the list is every NIC the solver has seen, a few per host."""
+    a window's id columns are looked up in them (:class:`StringIndex`: a hash of the bytes
+    read in place, a row whose id repeats the row before's not hashed again), and only the
+    ids they lack (a new NIC, a bad id) are collected and validated, instead of the
+    distinct ids of every row's two columns hashed once more each window (~15 ms of ~0.9 M
+    rows at 1024 hosts; Arrow's ``index_in`` hashed every row: ~15 ms a column). Ids of
+    NICs gone stay: the list is every NIC the solver has seen, a few per host."""
 
     def __init__(self) -> None:
         self.ids: list[str] = []
-        self._set = pa.array([], pa.string())
+        self._index = StringIndex([])
+        self._named: tuple[list[str], np.ndarray, tuple] | None = None  # :meth:`named`'s last
 
     def index(
         self, src: pa.ChunkedArray, dst: pa.ChunkedArray
     ) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Sorted valid ids covering both columns' valid ids, and each row's position in
         them (-1: a null or invalid id)."""
+        src, dst = (c if c.type == pa.string() else c.cast(pa.string()) for c in (src, dst))
         if self.ids:
-            at = [pc.index_in(col, value_set=self._set) for col in (src, dst)]
+            at = [self._index.of(col) for col in (src, dst)]
             new = {n for col, i in zip((src, dst), at, strict=True) for n in _missed(col, i)}
         else:  # nothing known yet: every distinct id at once
             new = set(pc.unique(pa.chunked_array([*src.chunks, *dst.chunks], src.type)).to_pylist())
         new = {n for n in new if _nic_ok(n)}
         if new or not self.ids:  # NICs not seen before: renumber (positions follow sorted ids)
             self.ids = sorted({*self.ids, *new})
-            self._set = pa.array(self.ids, pa.string())
-            at = [pc.index_in(col, value_set=self._set) for col in (src, dst)]
-        s, d = (pc.fill_null(i, -1).to_numpy().astype(np.int64) for i in at)
+            self._index = StringIndex(self.ids)
+            at = [self._index.of(col) for col in (src, dst)]
+        s, d = (np.maximum(i, -1) for i in at)  # null (-2) or unknown: -1
         return self.ids, s, d
 
+    def named(self, seen: np.ndarray) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+        """The ids ``seen`` (a mask over :attr:`ids`) as a window's NICs: their ids, their
+        hosts, each one's host number (and -1 after the last: an invalid id) and each id's
+        number among them (-1: not seen; and -1 after the last). A window naming the NICs
+        the last one named gets the same objects back, so that what is derived per NIC from
+        them (stable NIC numbers, latencies, host numbers) is derived once, not per window."""
+        last = self._named
+        if last is not None and last[0] is self.ids and np.array_equal(last[1], seen):
+            return last[2]
+        names = [n for n, s in zip(self.ids, seen, strict=True) if s]
+        hosts = [n.partition("/")[0] for n in names]
+        number = {h: i for i, h in enumerate(dict.fromkeys(hosts))}
+        host_of = np.array([*(number[h] for h in hosts), -1], np.int64)  # [-1]: invalid id
+        renum = np.append(np.where(seen, np.cumsum(seen) - 1, -1), -1)  # -1 (invalid) stays
+        self._named = (self.ids, seen.copy(), (names, hosts, host_of, renum))
+        return names, hosts, host_of, renum
 
-def _missed(col: pa.ChunkedArray, at: pa.ChunkedArray) -> list[str]:
-    """The distinct non-null ids of ``col`` whose look-up ``at`` found nothing."""
-    miss = pc.and_(pc.is_null(at), pc.is_valid(col))
-    if not pc.any(miss).as_py():
+
+def _missed(col: pa.ChunkedArray, at: np.ndarray) -> list[str]:
+    """The distinct ids of ``col`` whose look-up ``at`` found nothing (-1; nulls are -2)."""
+    miss = at == -1
+    if not miss.any():
         return []
-    return pc.unique(pc.filter(col, miss)).to_pylist()
+    return pc.unique(pc.filter(col, pa.array(miss))).to_pylist()
 
 
 def _bool(x: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -286,24 +309,11 @@ _LIST_I64 = pa.list_(pa.int64())
 
 
 def _list_column(col: pa.ChunkedArray) -> ListColumn:
-    """A list<int64> column as the kernels read it, each chunk's buffers in place: its rows'
-    offsets, its values (null slots hold anything) and their validity (empty: no nulls).
-    The look-back holds a chunk per host's batch; combining them copied every point into
-    fresh memory each round (~60 MB at 1024 hosts, up to 0.1 s of page faults)."""
-    offsets, values, oks = [], [], []
-    for arr in col.chunks:
-        if arr.type != _LIST_I64:
-            arr = arr.cast(_LIST_I64)
-        vals = arr.values  # the child, from the list offsets' origin
-        data, n = vals.buffers()[1], vals.offset + len(vals)
-        offsets.append(arr.offsets.to_numpy())
-        values.append(np.frombuffer(data, np.int64, n)[vals.offset :] if n else _NONE)
-        oks.append(np.asarray(vals.is_valid(), np.uint8) if vals.null_count else _NO_NULLS)
-    return ListColumn(offsets, values, oks)
-
-
-_NONE = np.zeros(0, np.int64)
-_NO_NULLS = np.zeros(0, np.uint8)
+    """A list<int64> column as the kernels read it, each chunk's buffers in place
+    (:class:`ListColumn`). The look-back holds a chunk per host's batch: combining them
+    copied every point into fresh memory each round (~60 MB at 1024 hosts, up to 0.1 s of
+    page faults), and reading each chunk's buffers from Python cost ~6 µs a chunk."""
+    return ListColumn(col if col.type == _LIST_I64 else col.cast(_LIST_I64))
 
 
 def _count(

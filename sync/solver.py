@@ -99,6 +99,10 @@ class SolveReport:
         return [(ids[a], ids[b]) for a, b in self.edge_nic[edges].tolist()]
 
 
+_READ = ("src_nic", "dst_nic", "start_ns", "duration_ns", "pure", "hull_t_ns", "hull_owd_ns",
+         "ts_source")  # fmt: skip
+
+
 class HuygensSync:
     """Stateful ``SolveClocks``: call once per window with the newest windows."""
 
@@ -125,12 +129,16 @@ class HuygensSync:
         self.pool = HullPool(self.cfg, self.scratch)
         self.report = SolveReport()
         self._excess: np.ndarray | None = None  # the pooled fit's margin excess per edge
+        self._lat: tuple[list[str], np.ndarray] | None = None  # _latency's last NICs and answer
 
     def __call__(
         self, windows: pa.Table, topology: Topology | None, prev: dict[str, ClockModel]
     ) -> list[ClockModel]:
         for m in prev.values():
             self.tracker.seed(m)
+        # the columns the solve reads: a generation's slice cuts their chunks only (the
+        # look-back holds a chunk per host's batch in every column)
+        windows = windows.select([c for c in _READ if c in windows.schema.names])
         todo: Sequence[tuple[pa.Table, int | None]]
         todo = complete_generations(windows, after=self.generation)
         if not todo:
@@ -302,8 +310,10 @@ class HuygensSync:
 
     def _latency(self, pts: HullPoints) -> np.ndarray:
         """Per NIC of the window, its calibrated (egress, ingress) latency in ns."""
-        lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
-        return lat.reshape(-1, 2)
+        if self._lat is None or self._lat[0] is not pts.nics:  # the last window's NICs: kept
+            lat = np.array([self.nic_latency.get(n, (0.0, 0.0)) for n in pts.nics], np.float64)
+            self._lat = (pts.nics, lat.reshape(-1, 2))
+        return self._lat[1]
 
     def _prior(
         self, hosts: list[str], pts: HullPoints, src_h: np.ndarray

@@ -9,6 +9,7 @@ from collections import deque
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
@@ -152,13 +153,12 @@ def _flatten_by_numpy(
     within = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
     vals, good = [], np.ones(total, bool)
     for col in (lists.t, lists.y):
-        base = np.cumsum([0, *(v.size for v in col.values)])
+        chunks = [c.values for c in col.col.chunks]  # each chunk's values, as offsets index them
+        base = np.cumsum([0, *(len(v) for v in chunks)])
         k = (base[np.asarray(col.ch)] + np.asarray(col.at))[row] + within
-        vals.append(np.concatenate([np.zeros(0, np.int64), *col.values])[k])
-        if any(ok.size for ok in col.oks):
-            oks = zip(col.oks, col.values, strict=True)
-            ok = [o if o.size else np.ones(v.size, np.uint8) for o, v in oks]
-            good &= np.concatenate(ok)[k].astype(bool)
+        flat = pa.concat_arrays([pa.array([], pa.int64()), *chunks])
+        vals.append(pc.fill_null(flat, 0).to_numpy()[k])
+        good &= flat.is_valid().to_numpy(zero_copy_only=False)[k]
     return src[row][good], dst[row][good], vals[0][good], vals[1][good], int((~good).sum())
 
 
