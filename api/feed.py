@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +59,9 @@ class RecentWindows:
         self.add_all([windows])
 
     def add_all(
-        self, tables: list[pa.Table], spans: tuple[list[int], list[int]] | None = None
+        self,
+        tables: list[pa.Table],
+        spans: tuple[Sequence[int | None], Sequence[int | None]] | None = None,
     ) -> None:
         """A commit group's batches, each as its rows: a batch nearly always holds one
         generation and is kept whole (filtering the group's table by generation would copy

@@ -37,31 +37,7 @@ from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint8_t, uint64_t, uintptr
 
 import numpy as np
 
-cdef extern from *:
-    """
-    /* The Arrow C data interface's array (https://arrow.apache.org/docs/format/CDataInterface.html) */
-    struct FlArrowArray {
-        int64_t length;
-        int64_t null_count;
-        int64_t offset;
-        int64_t n_buffers;
-        int64_t n_children;
-        const void** buffers;
-        struct FlArrowArray** children;
-        struct FlArrowArray* dictionary;
-        void (*release)(struct FlArrowArray*);
-        void* private_data;
-    };
-    """
-    struct FlArrowArray:
-        int64_t length
-        int64_t null_count
-        int64_t offset
-        int64_t n_buffers
-        int64_t n_children
-        const void** buffers
-        FlArrowArray** children
-        void (*release)(FlArrowArray*)
+from arrow_abi cimport ArrowArray
 
 # Column positions in WINDOW_SCHEMA (fleetlens.records); batch.py asserts the schema.
 cdef enum:
@@ -263,7 +239,7 @@ cdef struct Bits:
     int64_t offset
 
 
-cdef inline Bits _bits(const FlArrowArray* a) noexcept nogil:
+cdef inline Bits _bits(const ArrowArray* a) noexcept nogil:
     cdef Bits b
     b.bits = <const uint8_t*>a.buffers[0] if a.null_count != 0 else NULL
     b.offset = a.offset
@@ -360,7 +336,7 @@ cdef int _keep(Numbering* nb, const char* p, int64_t m, uint64_t h) noexcept nog
     return 0
 
 
-cdef int _number(Numbering* nb, const FlArrowArray* a, int64_t start, int64_t n,
+cdef int _number(Numbering* nb, const ArrowArray* a, int64_t start, int64_t n,
                  const uint8_t* skip, bint runs, int32_t* code) noexcept nogil:
     """Number the strings of ``a``'s rows ``start`` .. ``start + n`` (``code`` per row); a
     null row, or one ``skip`` flags (NULL: none), gets -1. ``runs``: equal strings tend to be
@@ -418,7 +394,7 @@ cdef list _texts(const Numbering* nb):
     return out
 
 
-cdef list _distinct(const FlArrowArray* a, int64_t n, int32_t[::1] code):
+cdef list _distinct(const ArrowArray* a, int64_t n, int32_t[::1] code):
     """The distinct strings of ``a`` by first appearance (``code``: each row's number)."""
     cdef Numbering nb
     try:
@@ -431,7 +407,7 @@ cdef list _distinct(const FlArrowArray* a, int64_t n, int32_t[::1] code):
 
 def scan(batch) -> Scan:
     """One pass over ``batch`` (a ``pyarrow.RecordBatch`` in ``WINDOW_SCHEMA``)."""
-    cdef FlArrowArray top
+    cdef ArrowArray top
     top.release = NULL
     batch._export_to_c(<uintptr_t>&top)  # the array alone: its schema is known
     try:
@@ -441,9 +417,9 @@ def scan(batch) -> Scan:
             top.release(&top)
 
 
-cdef Scan _scan(const FlArrowArray* top):
+cdef Scan _scan(const ArrowArray* top):
     cdef int k
-    cdef const FlArrowArray** col = <const FlArrowArray**>top.children
+    cdef const ArrowArray** col = <const ArrowArray**>top.children
     cdef int64_t n = top.length
     cdef Scan s = Scan()
     cdef int64_t[::1] first = np.zeros(CHECK_COUNT, np.int64)
@@ -468,12 +444,12 @@ cdef Scan _scan(const FlArrowArray* top):
     return s
 
 
-cdef bint _offsets(const FlArrowArray** col, int64_t n, int64_t* first, int64_t* count) noexcept:
+cdef bint _offsets(const ArrowArray** col, int64_t n, int64_t* first, int64_t* count) noexcept:
     """Check every offset the rows use; True when one is not ascending."""
     cdef int k
     cdef int64_t bad, lo
     cdef const int32_t* off
-    cdef const FlArrowArray* child
+    cdef const ArrowArray* child
     cdef int[5] cols = [SRC, DST, HULL_T, HULL_OWD, TS_SOURCE]
     for k in range(5):
         bad = _ascending(<const int32_t*>col[cols[k]].buffers[1], col[cols[k]].offset, n)
@@ -496,12 +472,12 @@ cdef bint _offsets(const FlArrowArray** col, int64_t n, int64_t* first, int64_t*
     return False
 
 
-cdef inline const void* _values(const FlArrowArray* a, size_t width) noexcept nogil:
+cdef inline const void* _values(const ArrowArray* a, size_t width) noexcept nogil:
     """The value (or offsets) buffer, at the array's first row."""
     return <const char*>a.buffers[1] + a.offset * width
 
 
-cdef int64_t _rows(const FlArrowArray** col, int64_t n, int64_t* first, int64_t* count) noexcept nogil:
+cdef int64_t _rows(const ArrowArray** col, int64_t n, int64_t* first, int64_t* count) noexcept nogil:
     # Every pointer and offset in a local: the writes to first/count (int64) could alias the
     # arrays' int64 fields, which the compiler would then reload on every row.
     cdef int64_t i, x, e, ns, nr, na, lt, ly, end_max = INT64_MIN
@@ -595,9 +571,9 @@ cdef int64_t _rows(const FlArrowArray** col, int64_t n, int64_t* first, int64_t*
     return end_max
 
 
-cdef void _list_nulls(const FlArrowArray* a, int64_t n, int64_t* first, int64_t* count,
+cdef void _list_nulls(const ArrowArray* a, int64_t n, int64_t* first, int64_t* count,
                       int k) noexcept nogil:
-    cdef const FlArrowArray* child = a.children[0]
+    cdef const ArrowArray* child = a.children[0]
     cdef const int32_t* off = <const int32_t*>_values(a, 4)
     cdef Bits rows = _bits(a), elements = _bits(child)
     cdef int64_t i, j, flat = 0
@@ -612,11 +588,11 @@ cdef void _list_nulls(const FlArrowArray* a, int64_t n, int64_t* first, int64_t*
             flat += 1
 
 
-cdef void _path_text(const FlArrowArray* a, int64_t n, int64_t* first, int64_t* count):
+cdef void _path_text(const ArrowArray* a, int64_t n, int64_t* first, int64_t* count):
     """Rows whose path holds a link id that is not UTF-8 (the writer names links in Python:
     one such row failed its whole commit group). Every byte is looked at, 8 at a time; only
     when one is not ASCII are the strings decoded one by one."""
-    cdef const FlArrowArray* child = a.children[0]
+    cdef const ArrowArray* child = a.children[0]
     cdef const int32_t* off = <const int32_t*>_values(a, 4)
     cdef const int32_t* soff = <const int32_t*>_values(child, 4)
     cdef const char* data = <const char*>child.buffers[2]
@@ -668,7 +644,7 @@ def codes(list batches) -> Codes:
     ~0.2 ms a batch). A null link id in a path that is not null raises ``ValueError`` (no
     checked batch has one)."""
     cdef Py_ssize_t k, nb = len(batches)
-    cdef FlArrowArray* tops = <FlArrowArray*>PyMem_Malloc((nb + 1) * sizeof(FlArrowArray))
+    cdef ArrowArray* tops = <ArrowArray*>PyMem_Malloc((nb + 1) * sizeof(ArrowArray))
     if tops == NULL:
         raise MemoryError()
     for k in range(nb):
@@ -684,19 +660,19 @@ def codes(list batches) -> Codes:
         PyMem_Free(tops)
 
 
-cdef Codes _codes(FlArrowArray* tops, Py_ssize_t nb):
+cdef Codes _codes(ArrowArray* tops, Py_ssize_t nb):
     cdef Py_ssize_t b
     cdef int64_t rows = 0, elems = 0, n, i, j, lo, at = 0, el = 0
-    cdef const FlArrowArray** col
-    cdef const FlArrowArray* path
-    cdef const FlArrowArray* child
+    cdef const ArrowArray** col
+    cdef const ArrowArray* path
+    cdef const ArrowArray* child
     cdef const int32_t* off
     cdef Bits valid_rows, valid_elements
     cdef bint any_null = False
     cdef Numbering nics, ts, links
     cdef Codes c = Codes()
     for b in range(nb):
-        col = <const FlArrowArray**>tops[b].children
+        col = <const ArrowArray**>tops[b].children
         if tops[b].n_children != N_COLUMNS or tops[b].offset != 0:
             raise TypeError("not a WINDOW_SCHEMA record batch")
         n = tops[b].length
@@ -720,7 +696,7 @@ cdef Codes _codes(FlArrowArray* tops, Py_ssize_t nb):
                 failed = 1
             b = 0
             while b < nb and failed == 0:
-                col = <const FlArrowArray**>tops[b].children
+                col = <const ArrowArray**>tops[b].children
                 n = tops[b].length
                 b += 1
                 if n == 0:

@@ -18,6 +18,8 @@ from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memcmp, memmove
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
+from arrow_abi cimport ArrowArray, ArrowArrayStream
+
 
 cdef struct Pt:
     int64_t t
@@ -546,56 +548,6 @@ cdef inline void _write_hull(
         oy[w + i] = hull[i].y
 
 
-cdef extern from *:
-    """
-    #ifndef ARROW_C_DATA_INTERFACE
-    #define ARROW_C_DATA_INTERFACE
-    struct ArrowSchema {
-      const char* format;
-      const char* name;
-      const char* metadata;
-      int64_t flags;
-      int64_t n_children;
-      struct ArrowSchema** children;
-      struct ArrowSchema* dictionary;
-      void (*release)(struct ArrowSchema*);
-      void* private_data;
-    };
-    struct ArrowArray {
-      int64_t length;
-      int64_t null_count;
-      int64_t offset;
-      int64_t n_buffers;
-      int64_t n_children;
-      const void** buffers;
-      struct ArrowArray** children;
-      struct ArrowArray* dictionary;
-      void (*release)(struct ArrowArray*);
-      void* private_data;
-    };
-    #endif
-    #ifndef ARROW_C_STREAM_INTERFACE
-    #define ARROW_C_STREAM_INTERFACE
-    struct ArrowArrayStream {
-      int (*get_schema)(struct ArrowArrayStream*, struct ArrowSchema* out);
-      int (*get_next)(struct ArrowArrayStream*, struct ArrowArray* out);
-      const char* (*get_last_error)(struct ArrowArrayStream*);
-      void (*release)(struct ArrowArrayStream*);
-      void* private_data;
-    };
-    #endif
-    """
-    struct ArrowArray:
-        int64_t length
-        int64_t null_count
-        int64_t offset
-        const void **buffers
-        ArrowArray **children
-        void (*release)(ArrowArray *) noexcept nogil
-
-    struct ArrowArrayStream:
-        int (*get_next)(ArrowArrayStream *, ArrowArray *) noexcept nogil
-        const char *(*get_last_error)(ArrowArrayStream *) noexcept nogil
 
 
 cdef inline bint _bit(const unsigned char *bits, int64_t i) noexcept nogil:

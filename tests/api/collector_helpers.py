@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -167,19 +168,11 @@ class InProcessServer:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
-def send_clean_window(
-    c: Collector,
-    topo: Topology,
-    host: str,
-    start: int,
-    with_hull: bool = False,
-    received: int = 100,
-    path: list[str] | None = None,
-) -> None:
+def send_clean_window(c: Collector, topo: Topology, host: str, start: int, **options: Any) -> None:
     """One window of clean probes from every NIC of ``host`` to every NIC of other hosts
-    (:func:`clean_window`), written through the collector's writer as an agent's upload
-    would be."""
-    t = clean_window(topo, host, start, with_hull, received, path)
+    (:func:`clean_window`, with its ``options``), written through the collector's writer as
+    an agent's upload would be."""
+    t = clean_window(topo, host, start, **options)
     c.submit(Batch(f"{host}-{start}", host, t)).result(timeout=30)
 
 
