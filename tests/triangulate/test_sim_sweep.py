@@ -9,10 +9,11 @@ background loss of ``BASE_LOSS``, so a lost probe alone must raise nothing.
 A scenario is the lab sweep's (``test_lab_sweep.py``): rail or host wiring, one fault (loss
 1/5/20 %, a black hole, delay 100/500 us) on an uplink (leaf->spine), a downlink
 (spine->leaf) or an access link (NIC->leaf). The lab's 4-leaf shapes become the reference
-fabric (1024 hosts x 8 NICs, 32 leaves, 8 spines) in their wiring; the 2- and 3-leaf shapes,
-whose point is the leaf count (ties), keep their leaves and spines at 1024 hosts with one NIC
-each (the topology addresses at most 512 NICs per leaf; with one NIC, rail and host wiring
-are the same fabric). Each runs twice:
+fabric (1024 hosts x 8 NICs, 32 leaves, 8 spines) in their wiring, and run again on their own
+leaves and spines at 1024 hosts with one NIC each, where the full timeline is affordable; the
+2- and 3-leaf shapes, whose point is the leaf count (ties), keep their leaves and spines at
+1024 hosts with one NIC each (the topology addresses at most 512 NICs per leaf; with one NIC,
+rail and host wiring are the same fabric). Each runs twice:
 
 - ``unknown``: the agents report no path (a row per source port, ``path`` null): the engine
   has the ECMP candidates only;
@@ -162,6 +163,13 @@ SCENARIOS = [
     *_lab(small("rail", 3, 4), "delay", 500, "up"),
     *_lab(small("host", 2, 3), "loss", 100, "down"),
     *_lab(small("host", 2, 3), "loss", 5, "access"),
+    # the 4-leaf scenarios again at one NIC a host: the lab sweep's timeline (60 s + 30 s),
+    # which the reference fabric's cost a window does not afford
+    *_lab(small("rail", 4, 2), "loss", 5, "up"),
+    *_lab(small("rail", 4, 2), "delay", 500, "down"),
+    *_lab(small("rail", 4, 2), "loss", 20, "access"),
+    *_lab(small("host", 4, 4), "loss", 20, "up"),
+    *_lab(small("host", 4, 4), "delay", 100, "access"),
     # CI: a 2-leaf run with paths unknown, shortened (~23 s): a tie group, ECMP-spread rows and
     # the per-hop background at once
     Scenario(small("rail", 2, 2), "loss", 5, "up", "unknown", quick=True),
