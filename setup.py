@@ -30,8 +30,9 @@ def _extensions() -> list[Extension]:
     ]
 
 
-# include_path: the .pyx files cimport their sibling .pxd files by plain name.
-extensions = cythonize(_extensions(), include_path=list(CYTHON_PACKAGES), language_level=3)
+# include_path: the .pyx files cimport their sibling .pxd files by plain name, and the shared
+# ones of the vocabulary (fleetlens/*.pxd) by their package name from the root.
+extensions = cythonize(_extensions(), include_path=[".", *CYTHON_PACKAGES], language_level=3)
 # The C compiles run one per core (setup.sh, pip installs, images), the largest generated C
 # first: triangulate/_fast is the longest (8 of 23 CPU-seconds here) and must not start last.
 extensions.sort(key=lambda ext: -Path(ext.sources[0]).stat().st_size)

@@ -45,10 +45,6 @@ class ListColumn:
     null: np.ndarray
     def __init__(self, col: pa.ChunkedArray) -> None: ...
 
-class StringIndex:
-    def __init__(self, ids: list[str]) -> None: ...
-    def of(self, col: pa.ChunkedArray) -> np.ndarray: ...
-
 class RowLists:
     src: np.ndarray
     dst: np.ndarray

@@ -15,7 +15,7 @@ import numpy as np
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort, realloc
-from libc.string cimport memcmp, memmove
+from libc.string cimport memmove
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
 from arrow_abi cimport ArrowArray, ArrowArrayStream
@@ -632,100 +632,6 @@ cdef class ListColumn:
         free(self._vals)
         free(self._okbits)
         free(self._okoff)
-
-
-cdef inline uint64_t _fnv(const char *s, Py_ssize_t n) noexcept nogil:
-    cdef uint64_t h = 14695981039346656037ULL
-    cdef Py_ssize_t i
-    for i in range(n):
-        h = (h ^ <unsigned char>s[i]) * 1099511628211ULL
-    return h
-
-
-cdef class StringIndex:
-    """Positions of strings in a list of distinct strings (``ids``), by an open-addressing
-    hash table of their UTF-8 bytes: what ``pc.index_in(col, value_set=ids)`` answers, read
-    from a string column's chunks in place (:meth:`of`). A row whose string equals the row
-    before's (in a host's batch a sender's rows share their source NIC, a pair's rows their
-    destination) takes its position without hashing."""
-
-    cdef bytes _blob
-    cdef const char *_chars
-    cdef int64_t[::1] _off
-    cdef int32_t[::1] _slots
-    cdef uint64_t _mask
-
-    def __init__(self, list ids) -> None:
-        cdef Py_ssize_t i, n = len(ids), size = 16
-        cdef uint64_t j
-        encoded = [s.encode() for s in ids]
-        self._blob = b"".join(encoded)
-        self._chars = self._blob
-        self._off = np.cumsum([0, *(len(b) for b in encoded)], dtype=np.int64)
-        while size < 2 * n:
-            size *= 2
-        self._slots = np.full(size, -1, np.int32)
-        self._mask = size - 1
-        for i in range(n):
-            j = _fnv(self._chars + self._off[i], self._off[i + 1] - self._off[i]) & self._mask
-            while self._slots[j] >= 0:
-                j = (j + 1) & self._mask
-            self._slots[j] = i
-
-    cdef inline int64_t _find(self, const char *s, Py_ssize_t n) noexcept nogil:
-        cdef uint64_t j = _fnv(s, n) & self._mask
-        cdef int32_t i
-        while True:
-            i = self._slots[j]
-            if i < 0:
-                return -1
-            if self._off[i + 1] - self._off[i] == n and memcmp(self._chars + self._off[i], s, n) == 0:
-                return i
-            j = (j + 1) & self._mask
-
-    def of(self, object col):
-        """Each row's position in the ids: -1 where its string is not among them, -2 where
-        it is null (``col``: a ChunkedArray of strings)."""
-        cdef Py_ssize_t r = 0, i, rows = len(col)
-        cdef ArrowArrayStream *stream
-        cdef ArrowArray arr
-        cdef const int32_t *off
-        cdef const char *data
-        cdef const unsigned char *valid
-        cdef const char *prev = NULL
-        cdef int32_t prev_n = -1, n
-        cdef int64_t prev_i = -1
-        out_a = np.empty(rows, np.int64)
-        cdef int64_t[::1] out = out_a
-        capsule = col.__arrow_c_stream__()
-        stream = <ArrowArrayStream *>PyCapsule_GetPointer(capsule, "arrow_array_stream")
-        while True:
-            if stream.get_next(stream, &arr) != 0:
-                raise RuntimeError(stream.get_last_error(stream).decode())
-            if arr.release == NULL:
-                break
-            if r + arr.length > rows:
-                arr.release(&arr)
-                raise ValueError(f"the column's chunks hold more than {rows} rows")
-            off = <const int32_t *>arr.buffers[1] + arr.offset
-            data = <const char *>arr.buffers[2]
-            valid = <const unsigned char *>(arr.buffers[0] if arr.null_count != 0 else NULL)
-            with nogil:
-                prev_n = -1  # a chunk's strings are compared with its own only
-                for i in range(arr.length):
-                    if valid != NULL and not _bit(valid, arr.offset + i):
-                        out[r + i] = -2
-                        continue
-                    n = off[i + 1] - off[i]
-                    if n != prev_n or memcmp(data + off[i], prev, n) != 0:
-                        prev, prev_n = data + off[i], n
-                        prev_i = self._find(prev, n)
-                    out[r + i] = prev_i
-            r += arr.length
-            arr.release(&arr)
-        if r != rows:
-            raise ValueError(f"the column's chunks hold {r} rows, not {rows}")
-        return out_a
 
 
 cdef inline const int64_t *_row_vals(ListColumn col, Py_ssize_t r) noexcept nogil:

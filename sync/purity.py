@@ -22,10 +22,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fleetlens._strindex import StrIndex
+
 from ._csr import (
     ListColumn,
     RowLists,
-    StringIndex,
     flatten_points,
     generation_runs,
     row_pair_hulls,
@@ -244,7 +245,7 @@ def _kept_rows(
 
 class KnownNics:
     """The valid NIC ids seen so far, sorted, kept from window to window (one per solver):
-    a window's id columns are looked up in them (:class:`StringIndex`: a hash of the bytes
+    a window's id columns are looked up in them (:class:`StrIndex`: a hash of the bytes
     read in place, a row whose id repeats the row before's not hashed again), and only the
     ids they lack (a new NIC, a bad id) are collected and validated, instead of the
     distinct ids of every row's two columns hashed once more each window (~15 ms of ~0.9 M
@@ -253,7 +254,7 @@ class KnownNics:
 
     def __init__(self) -> None:
         self.ids: list[str] = []
-        self._index = StringIndex([])
+        self._index = StrIndex([])
         self._named: tuple[list[str], np.ndarray, tuple] | None = None  # :meth:`named`'s last
 
     def index(
@@ -270,7 +271,7 @@ class KnownNics:
         new = {n for n in new if _nic_ok(n)}
         if new or not self.ids:  # NICs not seen before: renumber (positions follow sorted ids)
             self.ids = sorted({*self.ids, *new})
-            self._index = StringIndex(self.ids)
+            self._index = StrIndex(self.ids)
             at = [self._index.of(col) for col in (src, dst)]
         s, d = (np.maximum(i, -1) for i in at)  # null (-2) or unknown: -1
         return self.ids, s, d

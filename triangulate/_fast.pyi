@@ -7,16 +7,13 @@ here. Validity arguments are uint8 per row, or None when a column has no nulls.
 import numpy as np
 import numpy.typing as npt
 
+from fleetlens._strindex import StrIndex
+
 _I64 = npt.NDArray[np.int64]
 _F64 = npt.NDArray[np.float64]
 _U8 = npt.NDArray[np.uint8]
 _Ints = npt.NDArray[np.int32] | npt.NDArray[np.int64]  # the fused ``ints_t`` / ``offs_t``
 _Valid = _U8 | None
-
-class StrIndex:
-    size: int
-    def __init__(self, strings: list[str]) -> None: ...
-    def lookup(self, off: _Ints, data: _U8, valid: _Valid, out: _I64) -> int: ...
 
 class FlowIndex:
     def __init__(self, keys: _I64) -> None: ...

@@ -7,9 +7,6 @@ is one typed loop over the rows that computes exactly what the numpy code it rep
 in the same order of floating-point operations, so results are bit-identical (checked against
 numpy references in tests/triangulate/test_tri_fast.py).
 
-- :class:`StrIndex`: NIC / link id string -> number, straight from Arrow's string buffers
-  (offsets + bytes): rows of one flow pair are adjacent, so a row equal to the row before
-  skips the hash;
 - :class:`FlowIndex`: flow key -> position in the layout (keys in key order), by a small hash
   of the (src, dst) pair and the source port's place inside the pair's run — O(n), no sort;
 - :func:`decode_batch`: the window decode of a record batch in one pass (keys, their
@@ -30,11 +27,12 @@ ahead.
 
 from libc.math cimport floor, log, fabs, fmin, isfinite, NAN
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp
 
 import numpy as np
 
-cdef uint64_t _FNV_OFF = 1469598103934665603ULL
+from fleetlens._strindex cimport StrIndex, table_size
+
 cdef uint64_t _MIX = 0x9E3779B97F4A7C15ULL
 
 ctypedef fused offs_t:
@@ -44,114 +42,6 @@ ctypedef fused offs_t:
 ctypedef fused ints_t:
     int32_t
     int64_t
-
-
-cdef inline uint64_t _fnv(const uint8_t* p, int64_t n) noexcept nogil:
-    """A string hash, 8 bytes at a time (ids are short: one or two words)."""
-    cdef uint64_t h = _FNV_OFF ^ <uint64_t> n, w
-    while n >= 8:
-        memcpy(&w, p, 8)
-        h = (h ^ w) * _MIX
-        h ^= h >> 31
-        p += 8
-        n -= 8
-    w = 0
-    if n:
-        memcpy(&w, p, n)
-        h = (h ^ w) * _MIX
-    return h ^ (h >> 29)
-
-
-cdef inline bint _same_bytes(const uint8_t* a, const uint8_t* b, int64_t n) noexcept nogil:
-    """``memcmp(a, b, n) == 0``; ids of 8-16 bytes (NIC ids) by two overlapping word loads
-    instead of a library call: this runs once per row of a window, millions of times."""
-    cdef uint64_t x, y, u, v
-    if 8 <= n <= 16:
-        memcpy(&x, a, 8)
-        memcpy(&y, b, 8)
-        memcpy(&u, a + n - 8, 8)
-        memcpy(&v, b + n - 8, 8)
-        return x == y and u == v
-    return memcmp(a, b, n) == 0
-
-
-cdef int64_t _table_size(int64_t n):
-    cdef int64_t size = 16
-    while size < 2 * n + 2:
-        size *= 2
-    return size
-
-
-cdef class StrIndex:
-    """Open-addressing map from the given strings to their positions (first one wins)."""
-
-    cdef bytes _blob
-    cdef const uint8_t* _data
-    cdef int64_t[::1] _off
-    cdef int64_t[::1] _slot
-    cdef int64_t _mask
-    cdef readonly int64_t size
-
-    def __init__(self, strings: list[str]):
-        enc = [s.encode() for s in strings]
-        self._blob = b"".join(enc) + b"\0"
-        self._data = <const uint8_t*> self._blob
-        lens = np.array([len(e) for e in enc], np.int64)
-        self._off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        self.size = len(enc)
-        n = _table_size(self.size)
-        self._slot = np.full(n, -1, np.int64)
-        self._mask = n - 1
-        cdef int64_t i
-        for i in range(self.size):
-            if self._find(self._data + self._off[i], self._off[i + 1] - self._off[i]) < 0:
-                self._put(i)
-
-    cdef void _put(self, int64_t i):
-        cdef uint64_t h = _fnv(self._data + self._off[i], self._off[i + 1] - self._off[i])
-        cdef int64_t s = <int64_t> (h & <uint64_t> self._mask)
-        while self._slot[s] >= 0:
-            s = (s + 1) & self._mask
-        self._slot[s] = i
-
-    cdef inline int64_t _find(self, const uint8_t* p, int64_t n) noexcept nogil:
-        cdef uint64_t h = _fnv(p, n)
-        cdef int64_t s = <int64_t> (h & <uint64_t> self._mask)
-        cdef int64_t j
-        while True:
-            j = self._slot[s]
-            if j < 0:
-                return -1
-            if self._off[j + 1] - self._off[j] == n and _same_bytes(self._data + self._off[j], p, n):
-                return j
-            s = (s + 1) & self._mask
-
-    def lookup(self, const offs_t[::1] off, const uint8_t[::1] data, valid, int64_t[::1] out):
-        """``out[i]`` = number of string i of an Arrow string array (its ``len+1`` offsets,
-        bytes and optional validity as uint8), -1 when unknown or null. Returns how many
-        rows equalled the row before (resolved without hashing)."""
-        cdef const uint8_t[::1] ok
-        cdef bint has_valid = valid is not None
-        if has_valid:
-            ok = valid
-        cdef int64_t n = out.shape[0], i, s, ln, prev_s = -1, prev_n = -1, prev_v = -1
-        cdef int64_t hits = 0
-        cdef const uint8_t* base = &data[0]
-        with nogil:
-            for i in range(n):
-                if has_valid and not ok[i]:
-                    out[i] = -1
-                    continue
-                s = off[i]
-                ln = off[i + 1] - s
-                if ln == prev_n and _same_bytes(base + s, base + prev_s, ln):
-                    out[i] = prev_v
-                    hits += 1
-                    continue
-                prev_v = self._find(base + s, ln)
-                prev_s, prev_n = s, ln
-                out[i] = prev_v
-        return hits
 
 
 def compose_keys(const int64_t[::1] src, const int64_t[::1] dst, const ints_t[::1] sport,
@@ -208,7 +98,7 @@ cdef class FlowIndex:
         for i in range(n):
             if i == 0 or (keys[i] >> 16) != (keys[i - 1] >> 16):
                 runs += 1
-        size = _table_size(runs)
+        size = table_size(runs)
         slots = np.zeros(_SLOT * size, np.int64)
         slots[0::_SLOT] = -1
         self._slots = slots
@@ -328,7 +218,7 @@ def path_matrix(const offs_t[::1] list_off, list_ok, const int32_t[::1] str_off,
                     if ln == prev[h, 1] and memcmp(base + s, base + prev[h, 0], ln) == 0:
                         lk = prev[h, 2]
                     else:
-                        lk = links._find(base + s, ln)
+                        lk = links.find(base + s, ln)
                         prev[h, 0], prev[h, 1], prev[h, 2] = s, ln, lk
                 if lk < 0:
                     bad[i] = 1
@@ -620,7 +510,7 @@ cdef class U64Map:
     cdef int64_t _mask
 
     def __init__(self, const uint64_t[::1] keys, const int64_t[::1] vals):
-        cdef int64_t n = keys.shape[0], size = _table_size(n), i, s
+        cdef int64_t n = keys.shape[0], size = table_size(n), i, s
         self._keys = np.zeros(size, np.uint64)
         self._vals = np.full(size, -1, np.int64)
         self._mask = size - 1

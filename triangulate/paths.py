@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fleetlens._strindex import StrIndex
 from fleetlens.topology import Topology
 
 from . import _fast
@@ -125,9 +126,9 @@ class PathModel:
         self.nic_ids, self.link_ids = list(ix.nic_ids), list(ix.link_ids)
         self.nic_index, self.link_index = ix.nic, ix.link
         self.n_nics, self.n_links = len(self.nic_ids), len(self.link_ids)
-        self._nic_str = _fast.StrIndex(self.nic_ids)
+        self._nic_str = StrIndex(self.nic_ids)
         self._nic_set = pa.array(self.nic_ids, pa.string())
-        self._link_str = _fast.StrIndex(self.link_ids)
+        self._link_str = StrIndex(self.link_ids)
         self.nic_up, self.nic_down = ix.nic_up, ix.nic_down  # -1: no access link
         # access link per NIC, with the sentinel n_links where a NIC has none
         self._up = np.where(self.nic_up >= 0, self.nic_up, self.n_links)

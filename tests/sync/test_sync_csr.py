@@ -17,7 +17,6 @@ import pyarrow.compute as pc
 import pytest
 import scipy.sparse as sp
 from fleetlens.sync._csr import (
-    StringIndex,
     edge_delays,
     fleet_times,
     generation_runs,
@@ -494,29 +493,6 @@ def test_nic_ids_carried_across_windows_read_as_each_window_alone() -> None:
                               np.c_[alone.src, alone.dst, alone.t_raw, alone.owd_raw])  # fmt: skip
     assert "bogus" not in known.ids and len(known.ids) == 12
     assert 0 < seen[1] < 12  # NICs came in later windows
-
-
-def test_string_index_answers_arrows_index_in() -> None:
-    """:class:`StringIndex` gives each row the position ``pc.index_in`` gives (-1 where its
-    string is not among the ids, -2 where it is null), rows in runs of a repeated string
-    (a batch's shape, where only a changed string is hashed) across chunks and slices,
-    strings that prefix others and the empty string among them."""
-    rng = np.random.default_rng(23)
-    ids = sorted(
-        {"", "h1", "h1/", "h1/eth0", "h1/eth01", "h12/eth0", *(f"h{i}/e" for i in range(40))}
-    )
-    for _ in range(20):
-        known = [s for s in ids if rng.random() < 0.7]
-        pool = [*ids, "bogus", "h1/eth", None]
-        vals = [pool[int(i)] for i in rng.integers(0, len(pool), 60)]
-        vals = [v for v in vals for _ in range(int(rng.integers(1, 6)))]
-        cut = sorted(int(c) for c in rng.integers(0, len(vals), 3))
-        parts = [vals[a:b] for a, b in itertools.pairwise([0, *cut, len(vals)])]
-        col = pa.chunked_array([pa.array(p, pa.string()) for p in parts], pa.string())
-        col = col.slice(int(rng.integers(0, 5)))
-        want = pc.fill_null(pc.index_in(col, value_set=pa.array(known, pa.string())), -1)
-        want = np.where(pc.is_null(col).to_numpy(zero_copy_only=False), -2, want.to_numpy())
-        assert np.array_equal(StringIndex(known).of(col), want)
 
 
 def test_a_window_naming_the_last_ones_nics_shares_their_lists() -> None:

@@ -286,39 +286,6 @@ def test_baseline_creeps_once_over_a_silent_gap() -> None:
     assert t[0] == 67 * 1_000_000_000
 
 
-def test_string_index_reads_arrow_buffers() -> None:
-    names = ["h00/eth0", "h01/eth0", "leaf0->spine1", ""]
-    idx = _fast.StrIndex(names)
-    vals = ["h01/eth0", "h01/eth0", None, "x", "", "h00/eth0", "h00/eth", "leaf0->spine1"]
-    want = [1, 1, -1, -1, 3, 0, -1, 2]
-    for typ in (pa.string(), pa.large_string()):
-        arr = pa.array(["pad", *vals], typ).slice(1)  # a non-zero offset
-        pm_off = np.int64 if typ == pa.large_string() else np.int32
-        bufs = arr.buffers()
-        off = np.frombuffer(bufs[1], pm_off)[arr.offset : arr.offset + len(arr) + 1]
-        data = np.frombuffer(bufs[2], np.uint8)
-        ok = np.asarray(arr.is_valid()).astype(np.uint8)
-        out = np.empty(len(arr), np.int64)
-        idx.lookup(off, data, ok, out)
-        assert out.tolist() == want
-
-
-def test_string_index_tells_adjacent_ids_apart_at_every_byte() -> None:
-    """Rows equal to the row before skip the hash (ids of 8-16 bytes compared as two words):
-    an id differing from its predecessor in any single byte is still looked up."""
-    base = "h0123/eth4:ab"
-    names = [base] + [base[:i] + "Z" + base[i + 1 :] for i in range(len(base))]
-    for n in (8, 9, 12, 13):  # lengths around the two words' overlap
-        idx = _fast.StrIndex([x[:n] for x in names])
-        rows = [x[:n] for pair in zip(names[1:], [base] * len(base), strict=True) for x in pair]
-        arr = pa.array(rows, pa.string())
-        bufs = arr.buffers()
-        out = np.empty(len(arr), np.int64)
-        idx.lookup(np.frombuffer(bufs[1], np.int32), np.frombuffer(bufs[2], np.uint8), None, out)
-        want = [j for i in range(1, n + 1) for j in (i, 0)] + [0, 0] * (len(base) - n)
-        assert out.tolist()[: 2 * n] == want[: 2 * n], n
-
-
 def test_decode_batch_matches_plain_lookups() -> None:
     """Positions by the pair hash equal a binary search; first row per flow, duplicates,
     unusable and unknown keys, counts and the span as a plain loop computes them."""
