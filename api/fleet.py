@@ -289,8 +289,8 @@ class SummaryPublisher:
     async def _publish(self, partition: str, batches: list[Batch]) -> None:
         async with self._order:  # one group at a time: published in commit order
             await self._connect()
-            bodies = [(b.batch_id, summaries.encode(summaries.of_batch(partition, b)))
-                      for b in batches]  # fmt: skip
+            made = summaries.of_batches(partition, batches)
+            bodies = [(s.summary_id, summaries.encode(s)) for s in made]
             await self._send(subject(partition), bodies)
 
     async def _send(self, subj: str, bodies: list[tuple[str, bytes]]) -> None:

@@ -53,7 +53,7 @@ from fleetlens.api import summaries
 from fleetlens.api.config import Settings
 from fleetlens.api.fleet import FleetCollector
 from fleetlens.api.service import Collector
-from fleetlens.api.shard import LEASES
+from fleetlens.api.shard import LEASES, ShardConfig
 from fleetlens.api.writer import Backpressure
 from fleetlens.fixtures.collector import CollectorProcess, tree_cpu_s
 from fleetlens.fixtures.nats import NatsCluster, start_shard
@@ -106,6 +106,13 @@ def _all_in(submit: Callable[[bytes], Future[bool]], bodies: list[bytes]) -> lis
     return [f.result(timeout=600) for f in futs]
 
 
+def _group_summaries(batches: list[Batch]) -> list[summaries.Summary]:
+    """The batches' summaries as shards make them: per commit group (a fetch of messages)."""
+    n = ShardConfig.fetch
+    return [s for k in range(0, len(batches), n)
+            for s in summaries.of_batches("p", batches[k : k + n])]  # fmt: skip
+
+
 def _ingested(c: Collector, body: bytes, now_ns: int) -> Batch:
     """A raw batch as HTTP ingest takes it in: decoded, checked."""
     batch = decode_batch(body, CT_ARROW)
@@ -132,7 +139,7 @@ def tier_run(hosts: int, n_windows: int, tmp: Path) -> dict[str, float]:
             batches = batches_of(window)
             end = pc.max(window["start_ns"]).as_py() + SEC
             t0 = time.process_time()
-            bodies = [summaries.encode(summaries.of_batch("p", b)) for b in batches]
+            bodies = [summaries.encode(s) for s in _group_summaries(batches)]
             t_sum = time.process_time() - t0
             raw = [encode_batch(b.host_id, b.windows, b.batch_id)[0] for b in batches]
             t0 = time.process_time()

@@ -65,6 +65,24 @@ def test_merge_is_exact_for_hulls_and_flows(run: Run) -> None:
     assert pair_hulls(again) == pair_hulls(window)
 
 
+def test_a_groups_summaries_are_each_batchs_own(run: Run) -> None:
+    """A shard summarizes a commit group in one pass (:func:`summaries.of_batches`): each
+    batch's summary, on the wire too, is exactly its own, also in a group of two windows."""
+    batches = [
+        Batch(f"b{w}-{i}", host, rows)
+        for w in (1, 2)
+        for i, (host, rows) in enumerate(host_batches(run.windows[w]))
+    ]
+    batches = batches[5:] + batches[:5]  # a group mixing the two generations
+    made = summaries.of_batches("p", batches)
+    assert [s.summary_id for s in made] == [b.batch_id for b in batches]
+    for s, b in zip(made, batches, strict=True):
+        own = summaries.of_batch("p", b)
+        assert (s.host_id, s.windows.num_rows) == (b.host_id, b.windows.num_rows)
+        assert s.windows.equals(own.windows), b.batch_id
+        assert summaries.decode(summaries.encode(s)).windows.equals(own.windows)
+
+
 def test_engines_agree_on_summaries(run: Run) -> None:
     raw_tri, sum_tri = Triangulator(run.topo), Triangulator(run.topo)
     raw_sync, sum_sync = HuygensSync(), HuygensSync()
