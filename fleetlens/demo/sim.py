@@ -9,9 +9,11 @@ place of real ones and its exact truth to judge against:
   32 leaves, 8 spines, 16 peers per NIC, one NIC per host.
 - The simulated agents' windows stream into it over HTTP, window by window, with clock offsets
   (±50 ms) and drifts (±100 ppm, wandering) injected per host. The agents apply the clock
-  models the collector serves (``/v1/clocks``) from the next window on, as real agents do: the
-  loop is closed through the REST API. Every solved host's model is scored against the
-  simulator's truth (p50/p99/max), judged at the window before the fault starts.
+  models the collector serves (``/v1/clocks``) from the first window they start after it, as
+  real agents do: the loop is closed through the REST API. The simulator runs one window
+  ahead (:class:`_SimAhead`), so that is the window after next. Every solved host's model
+  is scored against the simulator's truth (p50/p99/max), judged at the window before the
+  fault starts.
 - The loss fault on a leaf–spine link is scheduled in the simulator (a fault spec with
   ``start_s``/``end_s``): the story's fault and heal steps begin at those simulated seconds and
   run to their end, recording when the collector first names the link and when every verdict
@@ -36,7 +38,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -195,6 +198,7 @@ class SimFabric:
         self.work: Path | None = None
         self.collector: DemoCollector | None = None
         self.stream: CollectorStream | None = None
+        self.windows: _SimAhead | None = None
         self.on_window: Callable[[int, SimFabric], None] | None = None  # tests: inject failures
         self.t_s = 0  # simulated seconds judged so far
         self.ready: set[str] = set()  # hosts whose agent has been served a synced model
@@ -221,7 +225,7 @@ class SimFabric:
             s.notes.append("fixed path delays made symmetric per link (what the sync bound "
                            "presupposes; symmetric=False shows the raw fabric)")  # fmt: skip
         self._register(s)
-        self.windows: Iterator[SimWindow] = iter(self.sim.stream(c.max_seconds))
+        self.windows = _SimAhead(self.sim, c.max_seconds)
         self.counts = self.collector.metrics("starting")
         self.t_window = time.monotonic()
         return s
@@ -285,14 +289,14 @@ class SimFabric:
         assert self.t_s == self.cfg.heal_at_s
 
     def observe(self) -> Reading:
-        assert self.collector is not None and self.stream is not None
+        assert self.collector is not None and self.stream is not None and self.windows
         t0 = time.monotonic()
-        try:
-            win = next(self.windows)
-        except StopIteration:
-            raise SimDemoError(f"no simulated window after {self.t_s} s") from None
+        ahead = self.windows.take()
+        if ahead is None:
+            raise SimDemoError(f"no simulated window after {self.t_s} s")
+        win, synced = ahead
         t1 = time.monotonic()
-        self._post(win)
+        self._post(win, synced)
         t2 = time.monotonic()
         models = self._wait_processed(win.index)
         t3 = time.monotonic()
@@ -303,12 +307,13 @@ class SimFabric:
             self.on_window(win.index, self)
         return r
 
-    def _post(self, win: SimWindow) -> None:
+    def _post(self, win: SimWindow, synced: frozenset[str]) -> None:
+        """Post ``win``, simulated with the models of the hosts in ``synced`` applied."""
         assert self.collector is not None and self.stream is not None
         # One chunk: the stream splits a window into per-host batches (take per host), which
         # on hundreds of chunks costs an order of magnitude more CPU (docs/notes/demo.md).
         win = replace(win, windows=win.windows.combine_chunks())
-        win, withheld = withhold_unsynced_owd(win, self.ready)
+        win, withheld = withhold_unsynced_owd(win, synced)
         self.s.owd_withheld_rows += withheld
         rounds = self.collector.metrics("posting").get(_RUNS + "clocks", 0)
         try:
@@ -371,7 +376,8 @@ class SimFabric:
         ``split``: wall seconds simulating, posting and waiting for the collector."""
         assert self.collector is not None
         doing = f"reading window {win.index}'s results"
-        self.sim.set_clock_models(models)
+        assert self.windows is not None
+        self.windows.use_models(models)
         self.ready |= {h for h, m in models.items() if m.synced}
         hosts = win.truth_clocks["host_id"].to_pylist()
         flagged = np.array([bool(models.get(h) and models[h].synced) for h in hosts])
@@ -463,6 +469,8 @@ class SimFabric:
         s.wall_s["total"] = round(time.monotonic() - self.t_start, 1)
 
     def stop(self, keep: bool, s: SimSummary | None) -> None:
+        if self.windows is not None:
+            self.windows.close()
         if self.stream is not None:
             self.stream.close()
         if keep and s is not None and self.collector is not None:
@@ -478,6 +486,48 @@ class SimFabric:
             self.collector.stop()
         if self.work is not None:
             shutil.rmtree(self.work, ignore_errors=True)
+
+
+class _SimAhead:
+    """The simulator one window ahead, in its own thread: window ``w + 1`` is simulated while
+    window ``w`` is posted and solved, so the simulator and the collector share the cores
+    instead of taking turns. Clock models served after window ``w`` reach the simulator
+    before it starts window ``w + 2``: one window later than a lock-step loop, as with real
+    agents, whose next window is already being probed while the collector solves the last.
+    Each window comes with the hosts whose synced model it was simulated with (their agents
+    may report one-way delays)."""
+
+    def __init__(self, sim: Simulator, seconds: int) -> None:
+        self._sim, self._it = sim, iter(sim.stream(seconds))
+        self._synced: frozenset[str] = frozenset()
+        self._models: dict[str, ClockModel] | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetlens-sim-ahead")
+        self._next: Future[tuple[SimWindow, frozenset[str]] | None] = self._pool.submit(
+            self._step, None
+        )
+
+    def _step(
+        self, models: dict[str, ClockModel] | None
+    ) -> tuple[SimWindow, frozenset[str]] | None:
+        if models is not None:
+            self._sim.set_clock_models(models)
+            self._synced |= {h for h, m in models.items() if m.synced}
+        win = next(self._it, None)
+        return None if win is None else (win, self._synced)
+
+    def take(self) -> tuple[SimWindow, frozenset[str]] | None:
+        """The next window (None after the last), and the next one started."""
+        got = self._next.result()
+        self._next = self._pool.submit(self._step, self._models)
+        self._models = None
+        return got
+
+    def use_models(self, models: dict[str, ClockModel]) -> None:
+        """Models the agents apply from the next window not yet started."""
+        self._models = models
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def quiet_interval(rows_per_window: int, rows_per_s: float = POST_ROWS_PER_S) -> float:

@@ -4,6 +4,7 @@ their clock error against the simulator's truth."""
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 import numpy as np
@@ -37,7 +38,7 @@ def clock_errors(models: dict[str, ClockModel], truth: pa.Table, ready: set[str]
     return err - err[ok].mean() if ok.any() else err
 
 
-def withhold_unsynced_owd(win: SimWindow, ready: set[str]) -> tuple[SimWindow, int]:
+def withhold_unsynced_owd(win: SimWindow, ready: AbstractSet[str]) -> tuple[SimWindow, int]:
     """Null the one-way-delay statistics of rows whose sender or receiver has never been
     served a synced clock model; the number of such rows.
 
