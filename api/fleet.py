@@ -6,12 +6,13 @@ machinery (writer, arrivals, settling, feed, clock gate, publish, served, REST A
 ``/metrics``), with two differences:
 
 - its input is the stream ``FLEETLENS_SUMMARIES`` (subjects ``fleetlens.summaries.<partition>``),
-  one summary per batch a shard committed (``summaries.py``), consumed by
-  :class:`SummaryConsumer` with a durable pull consumer: a summary is checked (as an ingest
-  batch is, with the tier's known NICs), stored by the tier's writer, and acknowledged once
-  committed; a hostile or malformed one is counted (``fleetlens_ingest_rejected_total``) and
-  acknowledged, never redelivered. Its id is its batch's: JetStream's duplicate window and the
-  tier's batch-id table both drop a summary a restarted shard publishes again;
+  one summary per batch a shard committed, several to a message (``summaries.py``), consumed
+  by :class:`SummaryConsumer` with a durable pull consumer: each summary is checked (as an
+  ingest batch is, with the tier's known NICs) and stored by the tier's writer, and the
+  message acknowledged once they are committed; a hostile or malformed message or summary is
+  counted (``fleetlens_ingest_rejected_total``) and acknowledged, never redelivered. A
+  summary's id is its batch's: the tier's batch-id table drops one a restarted shard
+  publishes again;
 - its windows are held in memory and its history read from the shards' Parquet files
   (``fleetstore.py``).
 
@@ -86,7 +87,7 @@ class FleetCollector(Collector):
         super().__init__(settings, engines)
         r = self.metrics.registry
         self.summaries = Counter(
-            "fleetlens_fleet_summaries", "Summaries taken, per publishing shard", ["shard"],
+            "fleetlens_fleet_summaries", "Summaries stored (new), per publishing shard", ["shard"],
             registry=r,
         )  # fmt: skip
         self._shard_seen: dict[str, float] = {}
@@ -117,20 +118,28 @@ class FleetCollector(Collector):
             if self.registry is not None:
                 self.registry.close()
 
-    def take(self, body: bytes, shard: str, now_ns: int) -> Future[bool]:
-        """A summary off the wire, checked and queued for the writer; the future says whether
-        it was new. Raises ``BatchError`` (rejected) or ``Backpressure`` (try again)."""
-        s = summaries.decode(body)
-        batch = s.batch()
+    def take(self, summary: summaries.Summary, shard: str, now_ns: int) -> Future[bool]:
+        """A summary off the wire (``summaries.decode``), checked and queued for the writer;
+        the future says whether it was new. Raises ``BatchError`` (rejected) or
+        ``Backpressure`` (try again)."""
+        batch = summary.batch()
         self.check_context(batch, now_ns)
         fut = self.submit(batch)
-        self.summaries.labels(shard or "unknown").inc()
         self._shard_seen[shard] = time.monotonic()
+        counter = self.summaries.labels(shard or "unknown")
+        fut.add_done_callback(lambda f: _count_new(f, counter))
         return fut
 
     def shards_reporting(self) -> int:
         now = time.monotonic()
         return sum(1 for t in list(self._shard_seen.values()) if now - t <= REPORTING_S)
+
+
+def _count_new(stored: Future[bool], counter: Any) -> None:
+    """Count a summary once stored, and only if new: one published again (a shard's group
+    redelivered and regrouped) is dropped by the batch-id table, not counted."""
+    if not stored.cancelled() and stored.exception() is None and stored.result():
+        counter.inc()
 
 
 # ---- NATS -----------------------------------------------------------------------------------
@@ -230,21 +239,33 @@ class SummaryConsumer:
             await asyncio.gather(*(self._one(m) for m in msgs))
 
     async def _one(self, msg: Any) -> None:
+        """A message's summaries stored, then the message acknowledged; a malformed message,
+        or a summary failing the tier's checks, is counted and not stored (the others of its
+        message are), and never redelivered."""
         shard = (msg.headers or {}).get(SHARD_HEADER, "")
-        while True:
-            try:
-                fut = self.fleet.take(msg.data, shard, time.time_ns())
-            except BatchError as e:
-                self.fleet.metrics.reject(e.reason)
-                log.warning("fleet: summary on %s rejected: %s", msg.subject, e)
-                await msg.term()  # acknowledged: never redelivered
-                return
-            except Backpressure:
-                await asyncio.sleep(0.2)  # the writer is full: hold the message, retry
-                continue
-            break
-        await asyncio.wrap_future(fut)
+        try:
+            group = summaries.decode(msg.data)
+        except BatchError as e:
+            self._rejected(msg, e)
+            await msg.term()  # acknowledged: never redelivered
+            return
+        stored = []
+        for s in group:
+            while True:
+                try:
+                    stored.append(self.fleet.take(s, shard, time.time_ns()))
+                except BatchError as e:
+                    self._rejected(msg, e)
+                except Backpressure:
+                    await asyncio.sleep(0.2)  # the writer is full: hold the message, retry
+                    continue
+                break
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in stored))
         await msg.ack()
+
+    def _rejected(self, msg: Any, e: BatchError) -> None:
+        self.fleet.metrics.reject(e.reason)
+        log.warning("fleet: summary on %s rejected: %s", msg.subject, e)
 
 
 def _log_failure(fut: Future[None]) -> None:
@@ -254,9 +275,9 @@ def _log_failure(fut: Future[None]) -> None:
 
 class SummaryPublisher:
     """A shard's ``CommitSink``: after each commit, its batches' summaries to JetStream
-    (subject ``fleetlens.summaries.<partition>``, message id the batch id, so a redelivered
-    group's are dropped), each retried until stored; off the shard's event loop, in commit
-    order. The shard acknowledges a group only once its summaries are stored."""
+    (subject ``fleetlens.summaries.<partition>``, a few messages a group, ``summaries.encode``),
+    each message retried until stored; off the shard's event loop, in commit order. The shard
+    acknowledges a group only once its summaries are stored."""
 
     def __init__(self, urls: str, shard: str = "", replicas: int = 3, timeout_s: float = 30.0):
         self.urls, self.shard, self.replicas, self.timeout_s = urls, shard, replicas, timeout_s
@@ -290,8 +311,8 @@ class SummaryPublisher:
         async with self._order:  # one group at a time: published in commit order
             await self._connect()
             made = summaries.of_batches(partition, batches)
-            bodies = [(s.summary_id, summaries.encode(s)) for s in made]
-            await self._send(subject(partition), bodies)
+            messages = summaries.encode(made, self._nc.max_payload)
+            await self._send(subject(partition), messages)
 
     async def _send(self, subj: str, bodies: list[tuple[str, bytes]]) -> None:
         await asyncio.gather(*(

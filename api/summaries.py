@@ -25,15 +25,23 @@ the order of floating-point sums). What is not exact: the soft-margin fits of ov
 edges (a clock step or broken stamps inside the window), which count every hull point of
 the edge's flows. Triangulation is exact.
 
-On the wire (NATS, ``fleet*.py``) a summary is an Arrow IPC stream with its id, partition and
-host in the schema metadata (:func:`encode`, :func:`decode`): one summary per committed batch
-(one host's window), whose id is the batch's, so a shard that commits a batch again after a
-restart republishes the same id and the duplicate is dropped (by JetStream, and by the fleet
-tier's store of batch ids).
+On the wire (NATS, ``fleet*.py``) there is one summary per committed batch (one host's
+window), whose id is the batch's, and a message carries several of one partition
+(:func:`encode`, :func:`decode`): an Arrow IPC stream of their rows one after the other, the
+partition and the list of ``[id, host, rows]`` in the schema metadata (a message of one
+summary has its id and host there instead). The tier's cost is per message as much as per
+row (reading the stream, the context-free checks), so a commit group goes in a few messages,
+not one per batch. A message's id is its summary's, or a hash of its summaries' ids; a shard
+that commits a batch again after a restart may group it differently, so the fleet tier's
+store of batch ids is what drops a summary stored before (JetStream's duplicate window drops
+a message published again as it was).
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +51,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fleetlens.sync.purity import hull_points
 
-from fleetlens.batch import CT_ARROW, META_BATCH_ID, META_HOST_ID, Batch, BatchError, decode_batch
+from fleetlens.batch import (
+    CT_ARROW,
+    META_BATCH_ID,
+    META_HOST_ID,
+    Batch,
+    BatchError,
+    check_host,
+    check_id,
+    decode_batch,
+)
 from fleetlens.records import HULLS, WINDOW_SCHEMA
 
 # What triangulation reads of a flow row (triangulate/paths.py, api/clockgate.py, settling.py).
@@ -55,6 +72,11 @@ TRIANGULATION_COLUMNS = (
 CLOCK_COLUMNS = ("pure", "ts_source", *HULLS)
 DROPPED = tuple(n for n in WINDOW_SCHEMA.names if n not in TRIANGULATION_COLUMNS + CLOCK_COLUMNS)
 META_PARTITION = b"fleetlens.partition"
+META_GROUP = b"fleetlens.batches"  # a message of several summaries: [[id, host, rows], ...]
+# Summaries a message carries: a shard's commit group in a few messages, each ~30 kB a
+# summary at the reference shape, under the NATS server's default max_payload (1 MiB).
+PER_MESSAGE = 16
+MAX_MESSAGE = 1 << 20
 # NIC ids, paths and their link ids repeat row after row: zstd buffers (Arrow's IPC readers,
 # the fleet tier's ``decode``, decompress them) made a summary several times smaller.
 _ZSTD = pa.ipc.IpcWriteOptions(compression="zstd")
@@ -162,39 +184,119 @@ def _set(table: pa.Table, name: str, col: pa.Array) -> pa.Table:
 # ---- the wire ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Summary:
-    """One committed batch's summary: its id is the batch's."""
+    """One committed batch's summary: its id is the batch's. ``nics`` and ``window_end`` are
+    what decoding found of its rows (:class:`fleetlens.batch.Batch`: the tier's checks reuse
+    them instead of asking Arrow per batch)."""
 
     summary_id: str
     partition: str
     host_id: str
     windows: pa.Table  # the summary rows (WINDOW_SCHEMA)
+    nics: tuple[list[str], list[str]] | None = None
+    window_end: int | None = None
 
     def batch(self) -> Batch:
         """As the fleet tier's writer stores it (batch id: the summary's)."""
-        return Batch(self.summary_id, self.host_id, self.windows)
+        return Batch(self.summary_id, self.host_id, self.windows, self.nics, self.window_end)
 
 
 def of_batch(partition: str, batch: Batch) -> Summary:
     return Summary(batch.batch_id, partition, batch.host_id, summarize(batch.windows))
 
 
-def encode(s: Summary) -> bytes:
-    meta = {META_BATCH_ID: s.summary_id.encode(), META_HOST_ID: s.host_id.encode(),
-            META_PARTITION: s.partition.encode()}  # fmt: skip
-    table = s.windows.replace_schema_metadata(meta)
+def encode(group: Sequence[Summary], max_bytes: int = MAX_MESSAGE) -> list[tuple[str, bytes]]:
+    """Messages ``(message id, body)`` carrying one partition's summaries, several to a
+    message (:data:`PER_MESSAGE`, fewer where a body would exceed ``max_bytes``: the NATS
+    server's ``max_payload``). A message of one summary has the summary's id; of several,
+    ``g-`` and a hash of their ids (a republished group is the same message)."""
+    out: list[tuple[str, bytes]] = []
+    for k in range(0, len(group), PER_MESSAGE):
+        out.extend(_messages(group[k : k + PER_MESSAGE], max_bytes))
+    return out
+
+
+def _messages(group: Sequence[Summary], max_bytes: int) -> list[tuple[str, bytes]]:
+    if len({s.partition for s in group}) > 1:
+        raise ValueError("a message carries one partition's summaries")
+    first = group[0]
+    if len(group) == 1:
+        msg_id = first.summary_id
+        meta = {META_BATCH_ID: msg_id.encode(), META_HOST_ID: first.host_id.encode(),
+                META_PARTITION: first.partition.encode()}  # fmt: skip
+    else:
+        ids = "\n".join(s.summary_id for s in group)
+        msg_id = f"g-{hashlib.sha1(ids.encode()).hexdigest()}"
+        parts = [[s.summary_id, s.host_id, s.windows.num_rows] for s in group]
+        meta = {META_BATCH_ID: msg_id.encode(), META_HOST_ID: first.host_id.encode(),
+                META_PARTITION: first.partition.encode(),
+                META_GROUP: json.dumps(parts, separators=(",", ":")).encode()}  # fmt: skip
+    table = pa.concat_tables([s.windows.select(WINDOW_SCHEMA.names) for s in group])
+    table = table.cast(WINDOW_SCHEMA).replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=_ZSTD) as w:
         w.write_table(table)
-    return sink.getvalue().to_pybytes()
+    body = sink.getvalue().to_pybytes()
+    if len(body) > max_bytes and len(group) > 1:
+        half = len(group) // 2
+        return _messages(group[:half], max_bytes) + _messages(group[half:], max_bytes)
+    return [(msg_id, body)]
 
 
-def decode(body: bytes) -> Summary:
-    """A summary off the wire, checked as an ingest body is (ids, types, counts, hull
-    lengths; ``fleetlens.batch.decode_batch``); raises ``BatchError``. The checks that need
-    the fleet tier's state (every row from the summary's host, known NICs) are its own."""
-    batch = decode_batch(body, CT_ARROW)
+def decode(body: bytes) -> list[Summary]:
+    """The summaries of a message, checked as an ingest body is (ids, types, counts, hull
+    lengths; ``fleetlens.batch.decode_batch``) over all its rows at once, and its list of
+    summaries (ids, hosts, row counts that add up); raises ``BatchError``. The checks that
+    need the fleet tier's state (every row from its summary's host, known NICs) are its own."""
+    whole = decode_batch(body, CT_ARROW)
     meta = pa.ipc.open_stream(body).schema.metadata or {}  # the schema message alone
     partition = meta.get(META_PARTITION, b"").decode("utf-8", "replace")
     if not _PARTITION_RE.fullmatch(partition):
         raise BatchError("partition", f"missing or malformed ({partition!r})")
-    return Summary(batch.batch_id, partition, batch.host_id, batch.windows)
+    if META_GROUP not in meta:
+        return [Summary(whole.batch_id, partition, whole.host_id, whole.windows, whole.nics,
+                        whole.window_end)]  # fmt: skip
+    parts = _group_list(meta[META_GROUP], whole.rows)
+    bounds = np.cumsum([0, *(n for _, _, n in parts)])
+    src, dst = (_nics_per_part(whole.windows[c], bounds) for c in ("src_nic", "dst_nic"))
+    ends = _ends_per_part(whole.windows, bounds)
+    return [
+        Summary(i, partition, h, whole.windows.slice(a, n), (s, d), e)
+        for (i, h, n), a, s, d, e in zip(parts, bounds[:-1], src, dst, ends, strict=True)
+    ]
+
+
+def _group_list(raw: bytes, rows: int) -> list[tuple[str, str, int]]:
+    """A message's list of ``[summary id, host, rows]``, checked: ids and hosts well formed,
+    ids distinct, row counts that add up to the message's rows."""
+    try:
+        parts = json.loads(raw)
+    except ValueError as e:
+        raise BatchError("batches", f"not JSON: {e}", "decode") from e
+    if not isinstance(parts, list) or not parts:
+        raise BatchError("batches", "want a non-empty list of [id, host, rows]", "decode")
+    out = []
+    for k, p in enumerate(parts):
+        if not (isinstance(p, list) and len(p) == 3 and isinstance(p[2], int) and p[2] >= 0):
+            raise BatchError("batches", f"want [id, host, rows], got {p!r}", "decode")
+        out.append(
+            (check_id(f"batches[{k}] id", p[0]), check_host(f"batches[{k}] host", p[1]), p[2])
+        )
+    if len({i for i, _, _ in out}) < len(out):
+        raise BatchError("batches", "an id is listed twice", "decode")
+    if sum(n for _, _, n in out) != rows:
+        raise BatchError("batches", f"row counts do not add up to the message's {rows}", "decode")
+    return out
+
+
+def _nics_per_part(col: pa.ChunkedArray, bounds: np.ndarray) -> list[list[str]]:
+    """The distinct NIC ids of each part's rows (one dictionary encoding of the column)."""
+    enc = pc.dictionary_encode(col).combine_chunks()
+    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    codes = enc.indices.to_numpy()
+    return [names[np.unique(codes[a:b])].tolist() for a, b in itertools.pairwise(bounds)]
+
+
+def _ends_per_part(t: pa.Table, bounds: np.ndarray) -> list[int | None]:
+    """Each part's largest ``start_ns + duration_ns`` (None: no rows)."""
+    end = t["start_ns"].to_numpy() + t["duration_ns"].to_numpy()
+    return [int(end[a:b].max()) if b > a else None for a, b in itertools.pairwise(bounds)]

@@ -25,7 +25,8 @@ reference fleet's), ``--windows`` simulated windows, each run through, in this p
 after the other:
 
 - **shards' summaries**: every host batch summarized and encoded as a shard's
-  ``SummaryPublisher`` does (``fleetlens.api.summaries``): CPU per batch;
+  ``SummaryPublisher`` does (``fleetlens.api.summaries``: a commit group of 64 at a time,
+  several to a message): CPU per batch;
 - **fleet tier** (``FleetCollector``): every summary decoded, checked, committed (ids in
   DuckDB, rows held in memory), then both rounds (clock solve, triangulation): process CPU per
   window (every thread), NATS left out;
@@ -47,6 +48,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow.compute as pc
 from fleetlens.api import summaries
@@ -71,6 +73,7 @@ SEC = 1_000_000_000
 STORE_SPEC = "leafspine:hosts=256,nics=8,leaves=16,spines=8,wiring=host"
 LEASE_TTL_S = 10.0  # the shards' default
 STORED = "fleetlens_shard_batches_stored_total{"
+T = TypeVar("T")
 
 
 def spec(hosts: int) -> str:
@@ -91,7 +94,7 @@ def batches_of(window) -> list[Batch]:
     ]
 
 
-def _all_in(submit: Callable[[bytes], Future[bool]], bodies: list[bytes]) -> list[bool]:
+def _all_in(submit: Callable[[T], Future[bool]], bodies: list[T]) -> list[bool]:
     """Every body submitted and committed; on a full writer queue, wait for the oldest."""
     futs: list[Future[bool]] = []
     done = 0
@@ -106,11 +109,12 @@ def _all_in(submit: Callable[[bytes], Future[bool]], bodies: list[bytes]) -> lis
     return [f.result(timeout=600) for f in futs]
 
 
-def _group_summaries(batches: list[Batch]) -> list[summaries.Summary]:
-    """The batches' summaries as shards make them: per commit group (a fetch of messages)."""
+def _summary_messages(batches: list[Batch]) -> list[bytes]:
+    """The batches' summaries as shards publish them: per commit group (a fetch of
+    messages), several to a message."""
     n = ShardConfig.fetch
-    return [s for k in range(0, len(batches), n)
-            for s in summaries.of_batches("p", batches[k : k + n])]  # fmt: skip
+    groups = [summaries.of_batches("p", batches[k : k + n]) for k in range(0, len(batches), n)]
+    return [body for g in groups for _, body in summaries.encode(g)]
 
 
 def _ingested(c: Collector, body: bytes, now_ns: int) -> Batch:
@@ -139,11 +143,12 @@ def tier_run(hosts: int, n_windows: int, tmp: Path) -> dict[str, float]:
             batches = batches_of(window)
             end = pc.max(window["start_ns"]).as_py() + SEC
             t0 = time.process_time()
-            bodies = [summaries.encode(s) for s in _group_summaries(batches)]
+            bodies = _summary_messages(batches)
             t_sum = time.process_time() - t0
             raw = [encode_batch(b.host_id, b.windows, b.batch_id)[0] for b in batches]
             t0 = time.process_time()
-            assert all(_all_in(lambda body, end=end: fleet.take(body, "0/1", end), bodies))
+            got = [s for body in bodies for s in summaries.decode(body)]
+            assert all(_all_in(lambda s, end=end: fleet.take(s, "0/1", end), got))
             t1 = time.process_time()
             fleet.run_round(end + 6 * SEC)
             t2 = time.process_time()

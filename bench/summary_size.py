@@ -5,10 +5,11 @@
 
 One simulated window (the second: the first is partial), one batch per host as the agents
 send it. Baseline: the raw batches, Arrow IPC as agents send them (``fleetlens.batch
-.encode_batch``); against it: the per-batch summaries as shards publish them
-(``fleetlens.api.summaries.encode``, zstd buffers), and their Arrow buffers alone; and the raw
-batches with zstd buffers too (what compression alone gives). Printed: rows, bytes per
-window, bytes per row, the ratio, and the CPU a shard spends summarizing a window.
+.encode_batch``); against it: the summaries as shards publish them (a commit group of 64 at
+a time, several to a message: ``fleetlens.api.summaries.encode``, zstd buffers), and their
+Arrow buffers alone; and the raw batches with zstd buffers too (what compression alone
+gives). Printed: rows, bytes per window, bytes per row, the ratio, and the CPU a shard
+spends summarizing and encoding a window.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from fleetlens.api import summaries
+from fleetlens.api.shard import ShardConfig
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
 
@@ -46,18 +48,21 @@ def main() -> None:
     names = np.asarray(hosts.to_numpy(zero_copy_only=False), str)
     ends = np.r_[np.flatnonzero(names[1:] != names[:-1]) + 1, names.size]
     start = 0
+    batches = []
     for end in ends:
         rows = window.slice(start, int(end) - start)
         host = hosts[start].as_py()
         start = int(end)
         raw_b += len(encode_batch(host, rows, f"b-{host}")[0])
         raw_z += len(_zstd(host, rows))
+        batches.append(Batch(f"b-{host}", host, rows))
+    for k in range(0, len(batches), ShardConfig.fetch):  # a shard's commit groups
         t0 = time.process_time()
-        s = summaries.of_batch("p", Batch(f"b-{host}", host, rows))
-        body = summaries.encode(s)
+        made = summaries.of_batches("p", batches[k : k + ShardConfig.fetch])
+        messages = summaries.encode(made)
         cpu += time.process_time() - t0
-        sum_b += len(body)
-        sum_arrow += s.windows.nbytes
+        sum_b += sum(len(body) for _, body in messages)
+        sum_arrow += sum(s.windows.nbytes for s in made)
     n = window.num_rows
     print(f"topology {a.topology}: {len(ends)} batches, {n} rows in one window")
     print(f"raw batches (baseline): {raw_b / 1e6:8.2f} MB/window  {raw_b / n:6.1f} B/row")

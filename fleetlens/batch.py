@@ -146,7 +146,7 @@ def decode_batch(body: bytes, content_type: str) -> Batch:
     else:
         batch_id, host, table = _read_document(body, fmt)
         windows = _one_batch(table)
-    batch_id, host = _check_id("batch_id", batch_id, _ID_RE), _check_id("host_id", host, _HOST_RE)
+    batch_id, host = check_id("batch_id", batch_id), check_host("host_id", host)
     s = _scan(windows)
     return Batch(batch_id, host, pa.Table.from_batches([windows]), (s.src, s.dst), s.end_max)
 
@@ -158,8 +158,18 @@ def read_checked_arrow(body: bytes | pa.Buffer) -> Batch:
     return Batch(str(batch_id), str(host), pa.Table.from_batches([windows]))
 
 
-def _check_id(name: str, value: object, pattern: re.Pattern[str]) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
+def check_id(name: str, value: object) -> str:
+    """``value`` if it is a well-formed batch id, else ``BatchError`` naming ``name``."""
+    return _checked(name, value, _ID_RE)
+
+
+def check_host(name: str, value: object) -> str:
+    """``value`` if it is a well-formed host id, else ``BatchError`` naming ``name``."""
+    return _checked(name, value, _HOST_RE)
+
+
+def _checked(name: str, value: object, pattern: re.Pattern[str]) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise BatchError(name, f"missing or malformed ({value!r}); want {pattern.pattern}")
     return value
 

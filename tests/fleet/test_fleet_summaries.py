@@ -18,7 +18,7 @@ from fleetlens.sync.pooling import HullPool
 from fleetlens.sync.purity import hull_points
 from fleetlens.triangulate import Triangulator, decisions
 
-from fleetlens.batch import Batch
+from fleetlens.batch import Batch, BatchError
 from fleetlens.records import WINDOW_SCHEMA, Verdict
 
 SHARDS = 3
@@ -37,8 +37,9 @@ def shard_summaries(run: Run, window: pa.Table) -> list[pa.Table]:
     per: list[list[pa.Table]] = [[] for _ in range(SHARDS)]
     for i, (host, rows) in enumerate(host_batches(window)):
         s = summaries.of_batch(part[host], Batch(f"b{i}", host, rows))
-        back = summaries.decode(summaries.encode(s))  # through the wire format
-        assert back.summary_id == f"b{i}" and back.partition == part[host]
+        [(msg_id, body)] = summaries.encode([s])  # through the wire format
+        [back] = summaries.decode(body)
+        assert msg_id == back.summary_id == f"b{i}" and back.partition == part[host]
         per[owner[part[host]]].append(back.windows)
     return [summaries.merge(p) for p in per]
 
@@ -67,20 +68,58 @@ def test_merge_is_exact_for_hulls_and_flows(run: Run) -> None:
 
 def test_a_groups_summaries_are_each_batchs_own(run: Run) -> None:
     """A shard summarizes a commit group in one pass (:func:`summaries.of_batches`): each
-    batch's summary, on the wire too, is exactly its own, also in a group of two windows."""
+    batch's summary is exactly its own, also in a group of two windows, and so is each one
+    read off the group's messages, whatever the messages' size limit splits them into."""
     batches = [
         Batch(f"b{w}-{i}", host, rows)
         for w in (1, 2)
         for i, (host, rows) in enumerate(host_batches(run.windows[w]))
     ]
     batches = batches[5:] + batches[:5]  # a group mixing the two generations
+    own = [summaries.of_batch("p", b).windows for b in batches]
     made = summaries.of_batches("p", batches)
     assert [s.summary_id for s in made] == [b.batch_id for b in batches]
-    for s, b in zip(made, batches, strict=True):
-        own = summaries.of_batch("p", b)
-        assert (s.host_id, s.windows.num_rows) == (b.host_id, b.windows.num_rows)
-        assert s.windows.equals(own.windows), b.batch_id
-        assert summaries.decode(summaries.encode(s)).windows.equals(own.windows)
+    assert all(s.windows.equals(o) for s, o in zip(made, own, strict=True))
+    counts = []
+    for limit in (summaries.MAX_MESSAGE, 60_000):
+        messages = summaries.encode(made, limit)
+        per = [summaries.decode(body) for _, body in messages]
+        counts.append(len(messages))
+        assert all(len(body) <= limit for _, body in messages if len(summaries.decode(body)) > 1)
+        assert [i for i, _ in messages] == [
+            g[0].summary_id if len(g) == 1 else i for (i, _), g in zip(messages, per, strict=True)
+        ]
+        wire = [s for g in per for s in g]
+        assert [s.summary_id for s in wire] == [b.batch_id for b in batches]
+        for s, b, o in zip(wire, batches, own, strict=True):
+            assert s.host_id == b.host_id and s.windows.equals(o), b.batch_id
+            assert s.nics is not None and sorted(s.nics[0]) == sorted(
+                set(b.windows["src_nic"].to_pylist())
+            )
+            end = pc.max(pc.add(b.windows["start_ns"], b.windows["duration_ns"])).as_py()
+            assert s.window_end == end
+    # 16 summaries to a message at the server's default limit; split where it is smaller
+    assert counts[0] == -(-len(batches) // summaries.PER_MESSAGE) < counts[1]
+
+
+@pytest.mark.parametrize(
+    "listed",
+    [b"not json", b"{}", b"[]", b'[["a","h1",1]]', b'[["a","h1",-1],["b","h2",99999]]',
+     b'[["a b","h1",0]]', b'[["a","h/1",0]]', b'[["a","h1",0],["a","h1",0]]'],
+)  # fmt: skip
+def test_a_message_with_a_bad_list_of_summaries_is_refused(run: Run, listed: bytes) -> None:
+    """The list a message gives of its summaries is checked: JSON ``[[id, host, rows], ...]``,
+    well-formed ids and hosts, distinct ids, row counts adding up to the message's rows."""
+    host, rows = next(host_batches(run.windows[1]))
+    [(_, body)] = summaries.encode([summaries.of_batch("p", Batch("a", host, rows))])
+    table = pa.ipc.open_stream(body).read_all()
+    meta = {**table.schema.metadata, summaries.META_GROUP: listed}
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema.with_metadata(meta)) as w:
+        w.write_table(table)
+    with pytest.raises(BatchError) as e:
+        summaries.decode(sink.getvalue().to_pybytes())
+    assert e.value.field.startswith("batches")
 
 
 def test_engines_agree_on_summaries(run: Run) -> None:
