@@ -29,12 +29,12 @@ On the wire (NATS, ``fleet*.py``) there is one summary per committed batch (one 
 window), whose id is the batch's, and a message carries several of one partition
 (:func:`encode`, :func:`decode`): an Arrow IPC stream of their rows one after the other, the
 partition and the list of ``[id, host, rows]`` in the schema metadata (a message of one
-summary has its id and host there instead). The tier's cost is per message as much as per
-row (reading the stream, the context-free checks), so a commit group goes in a few messages,
-not one per batch. A message's id is its summary's, or a hash of its summaries' ids; a shard
-that commits a batch again after a restart may group it differently, so the fleet tier's
-store of batch ids is what drops a summary stored before (JetStream's duplicate window drops
-a message published again as it was).
+summary has its id and host there instead), in one zstd frame. The tier's cost is per
+message as much as per row (reading the stream, the context-free checks), so a commit group
+goes in a few messages, not one per batch. A message's id is its summary's, or a hash of
+its summaries' ids; a shard that commits a batch again after a restart may group it
+differently, so the fleet tier's store of batch ids is what drops a summary stored before
+(JetStream's duplicate window drops a message published again as it was).
 """
 
 from __future__ import annotations
@@ -73,13 +73,17 @@ CLOCK_COLUMNS = ("pure", "ts_source", *HULLS)
 DROPPED = tuple(n for n in WINDOW_SCHEMA.names if n not in TRIANGULATION_COLUMNS + CLOCK_COLUMNS)
 META_PARTITION = b"fleetlens.partition"
 META_GROUP = b"fleetlens.batches"  # a message of several summaries: [[id, host, rows], ...]
-# Summaries a message carries: a shard's commit group in a few messages, each ~30 kB a
-# summary at the reference shape, under the NATS server's default max_payload (1 MiB).
+# Summaries a message carries: a shard's commit group in a few messages, each under the NATS
+# server's default max_payload (1 MiB) at the reference shape; halved where one is not.
 PER_MESSAGE = 16
 MAX_MESSAGE = 1 << 20
-# NIC ids, paths and their link ids repeat row after row: zstd buffers (Arrow's IPC readers,
-# the fleet tier's ``decode``, decompress them) made a summary several times smaller.
-_ZSTD = pa.ipc.IpcWriteOptions(compression="zstd")
+# NIC ids, paths and their link ids repeat row after row and summary after summary: a message
+# is its IPC stream in one zstd frame (level 1), behind a magic and the stream's length. One
+# frame compresses across buffers and summaries in one codec call, where Arrow's compressed
+# IPC makes one per buffer (figures: docs/figures.md, bench/summary_size.py).
+_FRAME = b"FLZ\x01"
+_ZSTD = pa.Codec("zstd", compression_level=1)
+MAX_STREAM = 64 << 20  # the largest stream a frame may claim (a message is <= max_payload)
 _PARTITION_RE = re.compile(r"[A-Za-z0-9._\-]{1,64}")  # a NATS subject token
 
 
@@ -233,9 +237,10 @@ def _messages(group: Sequence[Summary], max_bytes: int) -> list[tuple[str, bytes
     table = pa.concat_tables([s.windows.select(WINDOW_SCHEMA.names) for s in group])
     table = table.cast(WINDOW_SCHEMA).replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_ZSTD) as w:
+    with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
-    body = sink.getvalue().to_pybytes()
+    stream = sink.getvalue()
+    body = _FRAME + stream.size.to_bytes(8, "little") + _ZSTD.compress(stream, asbytes=True)
     if len(body) > max_bytes and len(group) > 1:
         half = len(group) // 2
         return _messages(group[:half], max_bytes) + _messages(group[half:], max_bytes)
@@ -247,8 +252,9 @@ def decode(body: bytes) -> list[Summary]:
     lengths; ``fleetlens.batch.decode_batch``) over all its rows at once, and its list of
     summaries (ids, hosts, row counts that add up); raises ``BatchError``. The checks that
     need the fleet tier's state (every row from its summary's host, known NICs) are its own."""
-    whole = decode_batch(body, CT_ARROW)
-    meta = pa.ipc.open_stream(body).schema.metadata or {}  # the schema message alone
+    stream = _unframed(body)
+    whole = decode_batch(stream, CT_ARROW)
+    meta = pa.ipc.open_stream(stream).schema.metadata or {}  # the schema message alone
     partition = meta.get(META_PARTITION, b"").decode("utf-8", "replace")
     if not _PARTITION_RE.fullmatch(partition):
         raise BatchError("partition", f"missing or malformed ({partition!r})")
@@ -265,6 +271,20 @@ def decode(body: bytes) -> list[Summary]:
     ]
 
 
+def _unframed(body: bytes) -> bytes:
+    """The IPC stream of a message: its zstd frame decompressed (a body without the frame's
+    magic is a stream as it is: a shard of an earlier release)."""
+    if not body.startswith(_FRAME):
+        return body
+    size = int.from_bytes(body[len(_FRAME) : len(_FRAME) + 8], "little")
+    if size > MAX_STREAM:
+        raise BatchError("body", f"claims a {size}-byte stream, over {MAX_STREAM}", "decode")
+    try:
+        return _ZSTD.decompress(body[len(_FRAME) + 8 :], decompressed_size=size, asbytes=True)
+    except (OSError, pa.ArrowException) as e:
+        raise BatchError("body", f"not a zstd frame of {size} bytes: {e}", "decode") from e
+
+
 def _group_list(raw: bytes, rows: int) -> list[tuple[str, str, int]]:
     """A message's list of ``[summary id, host, rows]``, checked: ids and hosts well formed,
     ids distinct, row counts that add up to the message's rows."""
@@ -276,7 +296,7 @@ def _group_list(raw: bytes, rows: int) -> list[tuple[str, str, int]]:
         raise BatchError("batches", "want a non-empty list of [id, host, rows]", "decode")
     out = []
     for k, p in enumerate(parts):
-        if not (isinstance(p, list) and len(p) == 3 and isinstance(p[2], int) and p[2] >= 0):
+        if not (isinstance(p, list) and len(p) == 3 and type(p[2]) is int and p[2] >= 0):
             raise BatchError("batches", f"want [id, host, rows], got {p!r}", "decode")
         out.append(
             (check_id(f"batches[{k}] id", p[0]), check_host(f"batches[{k}] host", p[1]), p[2])

@@ -18,7 +18,7 @@ from fleetlens.sync.pooling import HullPool
 from fleetlens.sync.purity import hull_points
 from fleetlens.triangulate import Triangulator, decisions
 
-from fleetlens.batch import Batch, BatchError
+from fleetlens.batch import META_BATCH_ID, META_HOST_ID, Batch, BatchError
 from fleetlens.records import WINDOW_SCHEMA, Verdict
 
 SHARDS = 3
@@ -105,15 +105,16 @@ def test_a_groups_summaries_are_each_batchs_own(run: Run) -> None:
 @pytest.mark.parametrize(
     "listed",
     [b"not json", b"{}", b"[]", b'[["a","h1",1]]', b'[["a","h1",-1],["b","h2",99999]]',
-     b'[["a b","h1",0]]', b'[["a","h/1",0]]', b'[["a","h1",0],["a","h1",0]]'],
+     b'[["a b","h1",0]]', b'[["a","h/1",0]]', b'[["a","h1",0],["a","h1",0]]',
+     b'[["a","h1",true]]'],
 )  # fmt: skip
 def test_a_message_with_a_bad_list_of_summaries_is_refused(run: Run, listed: bytes) -> None:
     """The list a message gives of its summaries is checked: JSON ``[[id, host, rows], ...]``,
     well-formed ids and hosts, distinct ids, row counts adding up to the message's rows."""
     host, rows = next(host_batches(run.windows[1]))
-    [(_, body)] = summaries.encode([summaries.of_batch("p", Batch("a", host, rows))])
-    table = pa.ipc.open_stream(body).read_all()
-    meta = {**table.schema.metadata, summaries.META_GROUP: listed}
+    table = summaries.of_batch("p", Batch("a", host, rows)).windows
+    meta = {META_BATCH_ID: b"g-1", META_HOST_ID: host.encode(),
+            summaries.META_PARTITION: b"p", summaries.META_GROUP: listed}  # fmt: skip
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema.with_metadata(meta)) as w:
         w.write_table(table)
@@ -146,3 +147,22 @@ def test_engines_agree_on_summaries(run: Run) -> None:
     assert LOSS in faulty and DELAY in faulty, faulty  # and both found by the engine
     assert faulty <= run.faulty | {s for s, v in raw_v.items() if v.group_size > 1}
     print(f"clock models: largest difference {worst:.2f} ns")
+
+
+def test_a_bad_frame_is_refused(run: Run) -> None:
+    """A message's zstd frame is checked: the stream length it claims (bounded), and a frame
+    that does not decompress to exactly that."""
+    host, rows = next(host_batches(run.windows[1]))
+    [(_, body)] = summaries.encode([summaries.of_batch("p", Batch("a", host, rows))])
+    magic, size, frame = body[:4], int.from_bytes(body[4:12], "little"), body[12:]
+    assert len(summaries.decode(body)) == 1
+    for bad in (
+        magic + (summaries.MAX_STREAM + 1).to_bytes(8, "little") + frame,
+        magic + (size + 1).to_bytes(8, "little") + frame,
+        magic + size.to_bytes(8, "little") + frame[:-9],
+        magic + size.to_bytes(8, "little") + b"garbage",
+        magic + b"\x01",
+    ):
+        with pytest.raises(BatchError) as e:
+            summaries.decode(bad)
+        assert e.value.field == "body"
