@@ -134,6 +134,9 @@ def test_a_replayed_pair_is_dropped_and_counted(victims: tuple[Host, Host]) -> N
             s.sendto(data, (b.ip, DPORT))
         b.engine.serve_until(time.monotonic_ns() + 50_000_000)
         first = wire.decode(s.recv(512), KEY)
+        # The engine serves on this thread only: every ack it made is already queued here
+        # (loopback delivers on send), so a short wait proves no second one as well as 1 s.
+        s.settimeout(0.1)
         with pytest.raises(TimeoutError):
             s.recv(512)  # the replay got no second ack
     after = b.engine.counters()
