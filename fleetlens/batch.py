@@ -87,6 +87,23 @@ class BatchError(ValueError):
 
 
 @dataclass
+class LayoutIds:
+    """A batch's strings as ids of the collector's storage dictionaries, found by an ingest
+    worker so that the writer process need not hash them (``fleetlens.api.codec``): per row the
+    source and destination NIC ids and the ts_source id (int32, -1: null), and its path as link
+    indices (``links[path_off[i]:path_off[i + 1]]``, int32; ``path_valid``: uint8 per row, None
+    when no path is null). Only entries the writer has committed are used, so the ids hold for
+    good: the writer's dictionaries only grow, and a rolled-back group's entries never leave it."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    ts: np.ndarray
+    path_off: np.ndarray
+    links: np.ndarray
+    path_valid: np.ndarray | None
+
+
+@dataclass
 class Batch:
     batch_id: str
     host_id: str
@@ -97,6 +114,8 @@ class Batch:
     # The largest start_ns + duration_ns (int64, wrapping as numpy adds), when decoding found
     # it: the collector's not-from-the-future check.
     window_end: int | None = None
+    # The rows' storage ids when an ingest worker found them (None: the writer numbers them).
+    layout: LayoutIds | None = None
 
     @property
     def rows(self) -> int:

@@ -76,3 +76,36 @@ def test_a_frame_over_the_limit_closes_the_link() -> None:
     proto.connection_made(out)  # type: ignore[arg-type]
     _feed(proto, _HEAD.pack(server.limit + 1, BATCH, 9), [64])
     assert out.closed and server.frames == []
+
+
+def test_a_batch_frame_carries_the_body_and_its_ids() -> None:
+    """A ``BATCH`` payload read back (from a buffer as the socket fills it): the same rows, and
+    the worker's ids when it sent them (a null path's validity included), else none."""
+    from collector_helpers import make_windows
+
+    from fleetlens.batch import LayoutIds, decode_batch, encode_batch
+    from fleetlens.topology import leaf_spine
+
+    topo = leaf_spine(hosts=4, nics=2, leaves=2, spines=2)
+    t = make_windows(topo, topo.hosts[0], 1_700_000_000 * 10**9, n_windows=2)
+    body, ctype = encode_batch(topo.hosts[0], t, "frame-1")
+    rng = np.random.default_rng(1)
+    rows, elems = t.num_rows, 3 * t.num_rows
+    ints = lambda n: rng.integers(0, 1000, n).astype(np.int32)  # noqa: E731
+    off = np.sort(rng.integers(0, elems, rows + 1)).astype(np.int32)
+    off[0], off[-1] = 0, elems
+    for valid in (None, (np.arange(rows) % 3 > 0).astype(np.uint8)):
+        sent = LayoutIds(ints(rows), ints(rows), ints(rows), off, ints(elems), valid)
+        for layout in (sent, None):
+            parts = ingestlink.batch_frame(layout, body)
+            payload = np.frombuffer(b"".join(bytes(p) for p in parts), np.uint8).copy()
+            got = ingestlink.read_batch_frame(pa.py_buffer(payload))
+            want = decode_batch(body, ctype).windows
+            assert got.batch_id == "frame-1" and got.windows.equals(want)
+            if layout is None:
+                assert got.layout is None
+                continue
+            assert got.layout is not None
+            for name in ("src", "dst", "ts", "path_off", "links", "path_valid"):
+                a, b = getattr(got.layout, name), getattr(sent, name)
+                assert (a is None and b is None) or a.tolist() == b.tolist(), name

@@ -20,6 +20,7 @@ from fleetlens.api import codec
 from fleetlens.api.codec import LinkDict, PathDict, list_to_blob
 from fleetlens.api.store import StallRule, Store
 
+from fleetlens.batch import Batch
 from fleetlens.topology import leaf_spine
 
 TOPO = leaf_spine(hosts=4, nics=2, leaves=2, spines=2)
@@ -159,7 +160,7 @@ def test_the_layout_of_chunks_slices_and_nulls_round_trips() -> None:
     chunks = [t.slice(0, 7), t.slice(7, 0), t.slice(7, 40), t.slice(47)]
     d = codec.Dicts()
     for group in (pa.concat_tables(chunks[:2]), pa.concat_tables(chunks[2:])):
-        stored, _ = codec.to_storage(group, d)
+        stored, _ = codec.to_storage([group], d)
         back = codec.from_storage(stored, d)
         for name in ("src_nic", "dst_nic", "ts_source", "path"):
             assert back[name].to_pylist() == group[name].to_pylist(), name
@@ -168,9 +169,64 @@ def test_the_layout_of_chunks_slices_and_nulls_round_trips() -> None:
     other = t.select(list(reversed(t.column_names)))
     other = other.cast(pa.schema([f.with_type(pa.large_string()) if f.type == pa.string()
                                   else f for f in other.schema]))  # fmt: skip
-    stored, _ = codec.to_storage(other, d)
+    stored, _ = codec.to_storage([other], d)
     assert codec.from_storage(stored, d)["src_nic"].to_pylist() == t["src_nic"].to_pylist()
     assert len(d.paths) == len(set(map(tuple, t["path"].drop_null().to_pylist())))
+
+
+def _host_batches(t: pa.Table, tag: str) -> list[Batch]:
+    """``t``'s rows as one batch per sending host, in the hosts' order."""
+    src = np.asarray(t["src_nic"].to_pylist())
+    return [Batch(f"{tag}-{h}", h, t.filter(pa.array(np.char.startswith(src, h + "/"))))
+            for h in TOPO.hosts]  # fmt: skip
+
+
+def test_ids_a_worker_found_store_the_rows_the_writer_would(tmp_path: Path) -> None:
+    """Batches numbered by an ingest worker (``codec.WorkerDicts``, a copy of the committed
+    dictionary entries) are stored exactly as the writer stores them when it numbers them
+    itself, in a group mixed with batches the copy could not number (a NIC, link or
+    ts_source new since the copy): the same rows back, the same dictionaries."""
+    t = _windows()
+    first, later = _host_batches(t.slice(0, 30), "a"), _host_batches(t.slice(30), "b")
+    by_writer, by_workers = Store(tmp_path / "w.duckdb"), Store(tmp_path / "k.duckdb")
+    try:
+        copy = codec.WorkerDicts()
+        for store in (by_writer, by_workers):
+            assert store.insert_batches(first, T0) == [True] * len(first)
+        copy.extend(*by_workers.committed_names(copy.sizes()))
+        assert copy.sizes() == [len(by_workers.dicts.nics.ids), len(by_workers.dicts.sources.ids),
+                                len(by_workers.dicts.links.ids)]  # fmt: skip
+        numbered = []
+        for b in later:
+            layout = copy.number(b.windows)
+            numbered.append(Batch(b.batch_id, b.host_id, b.windows, layout=layout))
+        assert 0 < sum(b.layout is None for b in numbered) < len(numbered)
+        by_writer.insert_batches(later, T0)
+        by_workers.insert_batches(numbered, T0)
+        assert by_workers.committed_names([0, 0, 0]) == by_writer.committed_names([0, 0, 0])
+        assert by_workers.last_nic_ids is not None and by_writer.last_nic_ids is not None
+        for a, b in zip(by_workers.last_nic_ids, by_writer.last_nic_ids, strict=True):
+            assert a.tolist() == b.tolist()
+        got, want = (s.windows_between(0, 2**62) for s in (by_workers, by_writer))
+        assert got.equals(want) and got.num_rows == t.num_rows
+    finally:
+        by_writer.close()
+        by_workers.close()
+
+
+def test_an_id_past_the_dictionary_is_refused() -> None:
+    """A worker's id the writer never committed fails the group (it is never stored as some
+    other name)."""
+    t = _windows().slice(0, 10)
+    d = codec.Dicts()
+    codec.to_storage([t], d)
+    copy = codec.WorkerDicts()
+    copy.extend(d.nics.ids.to_pylist(), d.sources.ids.to_pylist(), d.links.ids.to_pylist())
+    layout = copy.number(t)
+    assert layout is not None
+    layout.dst = layout.dst + len(d.nics.ids)
+    with pytest.raises(ValueError, match="past its dictionary"):
+        codec.to_storage([t], d, [layout])
 
 
 def _types(store: Store) -> dict[str, str]:
