@@ -46,7 +46,8 @@ from fleetlens.api.codec import WorkerDicts
 from fleetlens.api.config import Settings
 from fleetlens.api.writer import Backpressure
 
-from fleetlens.batch import META_BATCH_ID, META_HOST_ID, Batch, LayoutIds, read_checked_arrow
+from fleetlens.batch import Batch, LayoutIds
+from fleetlens.records import WINDOW_SCHEMA
 
 if TYPE_CHECKING:  # workers do not load the collector's engines
     from fleetlens.api.service import Collector
@@ -57,8 +58,9 @@ Transport = asyncio.WriteTransport
 _HEAD = struct.Struct("!IBQ")
 BATCH, KNOWN, COUNT, ANSWER, KNOWN_SET, DICTS, DICTS_SET = range(1, 8)
 # A batch frame's payload starts with: rows numbered (-1: none), path elements, whether a
-# path-validity array follows, where the Arrow body starts (aligned: the reader views it).
-_IDS = struct.Struct("<qqqq")
+# path-validity array follows, where the record batch starts (aligned: the reader views it),
+# the batch and host ids' lengths (UTF-8, after the rows' ids).
+_IDS = struct.Struct("<qqqqqq")
 _BODY_ALIGN = 64
 # Frames are at most a body's size plus this (the Arrow framing of a batch the worker checked).
 FRAME_SLACK = 1 << 20
@@ -72,32 +74,62 @@ def _frame(kind: int, rid: int, *payload: bytes | pa.Buffer) -> list[bytes | pa.
     return [_HEAD.pack(sum(len(p) for p in payload), kind, rid), *payload]
 
 
-def batch_frame(layout: LayoutIds | None, body: bytes | pa.Buffer) -> list[bytes | pa.Buffer]:
+def batch_frame(batch: Batch, layout: LayoutIds | None, body: bytes | None
+                ) -> list[bytes | pa.Buffer]:  # fmt: skip
     """A ``BATCH`` payload's parts: the header, the rows' ids (int32 src, dst, ts_source, path
-    offsets, links; uint8 path validity), padding, the body."""
-    if layout is None:
-        return [_IDS.pack(-1, 0, 0, _BODY_ALIGN), bytes(_BODY_ALIGN - _IDS.size), body]
-    parts = [layout.src, layout.dst, layout.ts, layout.path_off, layout.links]
-    ids = b"".join(np.ascontiguousarray(a, np.int32).tobytes() for a in parts)
-    if layout.path_valid is not None:
-        ids += np.ascontiguousarray(layout.path_valid, np.uint8).tobytes()
-    at = -(-(_IDS.size + len(ids)) // _BODY_ALIGN) * _BODY_ALIGN
-    head = _IDS.pack(len(layout.src), len(layout.links), layout.path_valid is not None, at)
-    return [head, ids + bytes(at - _IDS.size - len(ids)), body]
+    offsets, links; uint8 path validity), the batch and host ids, padding, and the windows as
+    one Arrow IPC record batch message of ``WINDOW_SCHEMA`` (no schema message: the writer
+    process knows it; opening an IPC stream and checking its schema cost it ~35 us a batch).
+    ``body``: the agent's Arrow body, whose record batch message is sent as it came when the
+    windows are that record batch (an agent of this release's schema: no copy)."""
+    ids = b""
+    if layout is not None:
+        parts = [layout.src, layout.dst, layout.ts, layout.path_off, layout.links]
+        ids = b"".join(np.ascontiguousarray(a, np.int32).tobytes() for a in parts)
+        if layout.path_valid is not None:
+            ids += np.ascontiguousarray(layout.path_valid, np.uint8).tobytes()
+    names = batch.batch_id.encode() + batch.host_id.encode()
+    at = -(-(_IDS.size + len(ids) + len(names)) // _BODY_ALIGN) * _BODY_ALIGN
+    rows, elems = (-1, 0) if layout is None else (len(layout.src), len(layout.links))
+    valid = layout is not None and layout.path_valid is not None
+    head = _IDS.pack(rows, elems, valid, at, len(batch.batch_id.encode()), len(names))
+    pad = bytes(at - _IDS.size - len(ids) - len(names))
+    return [head, ids + names + pad, _record_batch_message(batch.windows, body)]
+
+
+def _record_batch_message(windows: pa.Table, body: bytes | None) -> pa.Buffer:
+    """``windows`` (one record batch of ``WINDOW_SCHEMA``) as an IPC message: the body's own
+    when the windows' buffers are in it (decoding took the agent's record batch as it came:
+    every column the body's, the body a schema then one record batch), else serialized."""
+    chunks = windows.column(len(WINDOW_SCHEMA) - 1).chunks
+    if body is not None and len(chunks) == 1 and windows.column(0).num_chunks == 1:
+        buf = pa.py_buffer(body)
+        data = chunks[0].buffers()[1]
+        if data is not None and buf.address <= data.address < buf.address + buf.size:
+            reader = pa.BufferReader(buf)
+            pa.ipc.read_message(reader)  # the schema
+            at = reader.tell()
+            pa.ipc.read_message(reader)
+            return buf.slice(at, reader.tell() - at)
+    return windows.combine_chunks().to_batches()[0].serialize()
 
 
 def read_batch_frame(payload: pa.Buffer) -> Batch:
     """A ``BATCH`` payload to the batch it carries, with its rows' ids when it has them (the
-    ids and the record batch view the payload: no copy)."""
-    rows, elems, has_valid, at = _IDS.unpack_from(payload)
-    batch = read_checked_arrow(payload.slice(at))
+    ids and the record batch view the payload: no copy). The worker decoded and checked the
+    record batch: it is read as it is, in ``WINDOW_SCHEMA``."""
+    rows, elems, valid, at, id_len, names_len = _IDS.unpack_from(payload)
+    n = 4 * rows + 1 + elems if rows >= 0 else 0
+    texts = _IDS.size + 4 * n + (rows if valid else 0)
+    names = payload.slice(texts, names_len).to_pybytes().decode()
+    windows = pa.Table.from_batches([pa.ipc.read_record_batch(payload.slice(at), WINDOW_SCHEMA)])
+    batch = Batch(names[:id_len], names[id_len:], windows)
     if rows >= 0 and rows == batch.rows:
-        n = 4 * rows + 1 + elems
         ints = np.frombuffer(payload, np.int32, n, _IDS.size)
-        valid = np.frombuffer(payload, np.uint8, rows, _IDS.size + 4 * n) if has_valid else None
         src, dst, ts = (ints[k * rows : (k + 1) * rows] for k in range(3))
         off, links = ints[3 * rows : 4 * rows + 1], ints[4 * rows + 1 :]
-        batch.layout = LayoutIds(src, dst, ts, off, links, valid)
+        mask = np.frombuffer(payload, np.uint8, rows, _IDS.size + 4 * n) if valid else None
+        batch.layout = LayoutIds(src, dst, ts, off, links, mask)
     return batch
 
 
@@ -106,19 +138,6 @@ async def _read_frame(reader: asyncio.StreamReader, limit: int) -> tuple[int, in
     if size > limit:
         raise ConnectionError(f"link frame of {size} bytes, over {limit}")
     return kind, rid, await reader.readexactly(size)
-
-
-# Without Arrow's thread pool: it doubled the CPU cost of writing an agent's ~0.2 MB batch.
-_WRITE = pa.ipc.IpcWriteOptions(use_threads=False)
-
-
-def batch_to_ipc(batch: Batch) -> pa.Buffer:
-    meta = {META_BATCH_ID: batch.batch_id.encode(), META_HOST_ID: batch.host_id.encode()}
-    table = batch.windows.replace_schema_metadata(meta)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_WRITE) as w:
-        w.write_table(table)
-    return sink.getvalue()
 
 
 # ---- the writer process -------------------------------------------------------------------
@@ -335,11 +354,10 @@ class LinkBackend:
         return self._version != before
 
     async def store(self, batch: Batch, arrow_body: bytes | None) -> bool:
-        body = batch_to_ipc(batch) if arrow_body is None else arrow_body
         layout = self._dicts.number(batch.windows)
         if layout is None and self._numbering is None:
             self._numbering = asyncio.create_task(self._refresh_dicts_once())
-        answer = await self._call(BATCH, *batch_frame(layout, body))
+        answer = await self._call(BATCH, *batch_frame(batch, layout, arrow_body))
         if answer["status"] == 429:
             raise Backpressure(float(answer["retry_after"]))
         if answer["status"] != 200:

@@ -170,13 +170,6 @@ def decode_batch(body: bytes, content_type: str) -> Batch:
     return Batch(batch_id, host, pa.Table.from_batches([windows]), (s.src, s.dst), s.end_max)
 
 
-def read_checked_arrow(body: bytes | pa.Buffer) -> Batch:
-    """An Arrow body :func:`decode_batch` and the collector's checks already accepted (an
-    ingest worker hands it on as it came), decoded to the same batch without checking again."""
-    batch_id, host, windows = _read_arrow(body)
-    return Batch(str(batch_id), str(host), pa.Table.from_batches([windows]))
-
-
 def _check_id(name: str, value: object, pattern: re.Pattern[str]) -> str:
     if not isinstance(value, str) or not pattern.match(value):
         raise BatchError(name, f"missing or malformed ({value!r}); want {pattern.pattern}")
