@@ -429,12 +429,19 @@ class WorkerDicts:
     and link ids), with which it numbers a checked batch's strings (:class:`LayoutIds`) so
     that the writer process, the collector's bottleneck, does not. New names are rare (a NIC
     registered a moment ago, a link first crossed): a batch with one the copy lacks is sent
-    without ids and numbered by the writer, and the worker asks for the entries added since."""
+    without ids and numbered by the writer, and the worker asks for the entries added since.
+
+    An agent sends the same flows every window, so each host's last string columns are kept
+    (~0.1 MB a host) with their ids: a batch whose string buffers are byte for byte the last
+    one's reuses them (a memcmp, ~50 us) instead of numbering again (hashing ~6,000 strings and
+    looking the distinct ones up: ~0.4 ms, more than the writer's share of the same work in
+    its groups). Committed ids never change, so kept ids stay right."""
 
     def __init__(self) -> None:
         self.nics: dict[str, int] = {}
         self.sources: dict[str, int] = {}
         self.links: dict[str, int] = {}
+        self._last: dict[str, tuple[list[pa.Buffer | None], LayoutIds]] = {}
 
     def sizes(self) -> list[int]:
         return [len(self.nics), len(self.sources), len(self.links)]
@@ -444,15 +451,51 @@ class WorkerDicts:
         for names, new in ((self.nics, nics), (self.sources, sources), (self.links, links)):
             names.update(zip(new, range(len(names), len(names) + len(new)), strict=True))
 
-    def number(self, windows: pa.Table) -> LayoutIds | None:
+    def number(self, host: str, windows: pa.Table) -> LayoutIds | None:
         """The rows' ids, or None when a name is not in the copy."""
-        c = _batchscan.codes(_in_schema(windows).to_batches())
+        windows = _in_schema(windows)
+        key = _strings(windows)
+        last = self._last.get(host)
+        if key is not None and last is not None and len(last[1].src) == windows.num_rows \
+                and _same(key, last[0]):  # fmt: skip
+            return last[1]
+        c = _batchscan.codes(windows.to_batches())
         nics, ts = _known(self.nics, c.nics), _known(self.sources, c.ts)
         links = _known(self.links, c.links)
         if nics is None or ts is None or links is None:
             return None
-        return LayoutIds(nics[c.src_code], nics[c.dst_code], ts[c.ts_code], c.path_off,
-                         links[c.link_code], c.path_valid)  # fmt: skip
+        got = LayoutIds(nics[c.src_code], nics[c.dst_code], ts[c.ts_code], c.path_off,
+                        links[c.link_code], c.path_valid)  # fmt: skip
+        if key is not None:
+            self._last[host] = ([None if b is None else pa.py_buffer(b.to_pybytes())
+                                 for b in key], got)  # fmt: skip
+        return got
+
+
+_STRING_COLUMNS = ("src_nic", "dst_nic", "ts_source", "path")
+
+
+def _strings(windows: pa.Table) -> list[pa.Buffer | None] | None:
+    """The buffers of the string columns (validity, offsets, data; the path's and its
+    elements'), or None when they cannot be compared as bytes (chunked, or sliced)."""
+    out: list[pa.Buffer | None] = []
+    for name in _STRING_COLUMNS:
+        col = windows.column(name)
+        if col.num_chunks != 1:
+            return None
+        arr = col.chunk(0)
+        if arr.offset or (name == "path" and arr.values.offset):
+            return None
+        out += arr.buffers()
+    return out
+
+
+def _same(a: list[pa.Buffer | None], b: list[pa.Buffer | None]) -> bool:
+    """Byte for byte the same buffers (the same row count follows: the offsets' sizes)."""
+    return len(a) == len(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and x.equals(y))
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def _known(index: dict[str, int], names: list[str]) -> np.ndarray | None:

@@ -354,7 +354,7 @@ class LinkBackend:
         return self._version != before
 
     async def store(self, batch: Batch, arrow_body: bytes | None) -> bool:
-        layout = self._dicts.number(batch.windows)
+        layout = self._dicts.number(batch.host_id, batch.windows)
         if layout is None and self._numbering is None:
             self._numbering = asyncio.create_task(self._refresh_dicts_once())
         answer = await self._call(BATCH, *batch_frame(batch, layout, arrow_body))

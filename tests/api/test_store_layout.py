@@ -198,7 +198,7 @@ def test_ids_a_worker_found_store_the_rows_the_writer_would(tmp_path: Path) -> N
                                 len(by_workers.dicts.links.ids)]  # fmt: skip
         numbered = []
         for b in later:
-            layout = copy.number(b.windows)
+            layout = copy.number(b.host_id, b.windows)
             numbered.append(Batch(b.batch_id, b.host_id, b.windows, layout=layout))
         assert 0 < sum(b.layout is None for b in numbered) < len(numbered)
         by_writer.insert_batches(later, T0)
@@ -222,11 +222,45 @@ def test_an_id_past_the_dictionary_is_refused() -> None:
     codec.to_storage([t], d)
     copy = codec.WorkerDicts()
     copy.extend(d.nics.ids.to_pylist(), d.sources.ids.to_pylist(), d.links.ids.to_pylist())
-    layout = copy.number(t)
+    layout = copy.number("h", t)
     assert layout is not None
     layout.dst = layout.dst + len(d.nics.ids)
     with pytest.raises(ValueError, match="past its dictionary"):
         codec.to_storage([t], d, [layout])
+
+
+def _copied(t: pa.Table) -> pa.Table:
+    """``t`` in buffers of its own, one chunk, nothing sliced (as an agent's body decodes)."""
+    cols = [pa.concat_arrays([c.combine_chunks()]) for c in t.columns]
+    return pa.Table.from_batches([pa.RecordBatch.from_arrays(cols, schema=t.schema)])
+
+
+def test_a_worker_reuses_a_hosts_ids_only_for_the_same_strings() -> None:
+    """A host's batch whose string columns are byte for byte its last one's takes the ids
+    found for that one; any other (a path or a ts_source changed, a row fewer) is numbered
+    again, with the ids a fresh copy finds."""
+    t = _copied(_windows().slice(0, 40))
+    d = codec.Dicts()
+    codec.to_storage([t], d)
+    names = d.nics.ids.to_pylist(), d.sources.ids.to_pylist(), d.links.ids.to_pylist()
+    copy = codec.WorkerDicts()
+    copy.extend(*names)
+    first = copy.number("h", t)
+    assert first is not None and copy.number("h", _copied(t)) is first  # the same bytes
+    path = t["path"].combine_chunks()
+    swapped = pa.concat_arrays([path.slice(1, 1), path.slice(0, 1), path.slice(2)])
+    first_ts = None if t["ts_source"][0].is_valid else names[1][0]
+    ts = pa.array([first_ts, *t["ts_source"].to_pylist()[1:]], pa.string())
+    changed = [t.set_column(t.schema.get_field_index("path"), "path", swapped),
+               t.set_column(t.schema.get_field_index("ts_source"), "ts_source", ts),
+               t.slice(0, 39)]  # fmt: skip
+    for other in map(_copied, changed):
+        fresh = codec.WorkerDicts()
+        fresh.extend(*names)
+        got, want = copy.number("h", other), fresh.number("h", other)
+        assert got is not first and got is not None and want is not None
+        for name in ("src", "dst", "ts", "path_off", "links"):
+            assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
 
 
 def _types(store: Store) -> dict[str, str]:
