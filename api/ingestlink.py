@@ -354,7 +354,9 @@ class LinkBackend:
         return self._version != before
 
     async def store(self, batch: Batch, arrow_body: bytes | None) -> bool:
-        layout = self._dicts.number(batch.host_id, batch.windows)
+        # While the copy is being brought up to date (names new to it: a fleet's first
+        # windows, mostly), the batch goes without ids: numbering it here would likely fail.
+        layout = None if self._numbering else self._dicts.number(batch.host_id, batch.windows)
         if layout is None and self._numbering is None:
             self._numbering = asyncio.create_task(self._refresh_dicts_once())
         answer = await self._call(BATCH, *batch_frame(batch, layout, arrow_body))
