@@ -7,9 +7,9 @@ runs one :class:`LinkServer` on its event loop; each worker one :class:`LinkBack
 ``ingest.Backend`` of its endpoint).
 
 Frames, both ways: a header (payload length u32, kind u8, request id u64), then the payload.
-Worker to writer: ``BATCH`` (the rows' storage ids, then the batch as Arrow IPC, batch and host
-id in the schema metadata: the agent's body as it came when it was Arrow, else the decoded batch
-encoded; see :func:`batch_frame`), ``KNOWN`` (ask for the known NICs), ``DICTS`` (ask for the
+Worker to writer: ``BATCH`` (the batch and host ids, the rows' storage ids when the worker
+found them, and the windows as one Arrow IPC record batch message: the agent's own when it
+can; see :func:`batch_frame`), ``KNOWN`` (ask for the known NICs), ``DICTS`` (ask for the
 storage dictionaries' committed entries past the worker's copy, JSON), ``COUNT`` (a rejection
 reason or received bytes, JSON; no answer). Writer to worker: ``ANSWER`` to a batch (JSON:
 status 200/429/503 and its details), ``KNOWN_SET`` (JSON: the known NICs and their version)
@@ -111,7 +111,8 @@ def _record_batch_message(windows: pa.Table, body: bytes | None) -> pa.Buffer:
             at = reader.tell()
             pa.ipc.read_message(reader)
             return buf.slice(at, reader.tell() - at)
-    return windows.combine_chunks().to_batches()[0].serialize()
+    cols = [c.combine_chunks() for c in windows.columns]  # an empty table has no chunk
+    return pa.RecordBatch.from_arrays(cols, schema=WINDOW_SCHEMA).serialize()
 
 
 def read_batch_frame(payload: pa.Buffer) -> Batch:
@@ -121,9 +122,9 @@ def read_batch_frame(payload: pa.Buffer) -> Batch:
     rows, elems, valid, at, id_len, names_len = _IDS.unpack_from(payload)
     n = 4 * rows + 1 + elems if rows >= 0 else 0
     texts = _IDS.size + 4 * n + (rows if valid else 0)
-    names = payload.slice(texts, names_len).to_pybytes().decode()
+    names = payload.slice(texts, names_len).to_pybytes()
     windows = pa.Table.from_batches([pa.ipc.read_record_batch(payload.slice(at), WINDOW_SCHEMA)])
-    batch = Batch(names[:id_len], names[id_len:], windows)
+    batch = Batch(names[:id_len].decode(), names[id_len:].decode(), windows)
     if rows >= 0 and rows == batch.rows:
         ints = np.frombuffer(payload, np.int32, n, _IDS.size)
         src, dst, ts = (ints[k * rows : (k + 1) * rows] for k in range(3))

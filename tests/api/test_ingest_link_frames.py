@@ -102,6 +102,18 @@ def test_a_batch_frame_carries_the_batch_and_its_ids() -> None:
     ints = lambda n: rng.integers(0, 1000, n).astype(np.int32)  # noqa: E731
     off = np.sort(rng.integers(0, elems, rows + 1)).astype(np.int32)
     off[0], off[-1] = 0, elems
+    empty = pa.Table.from_batches([], t.schema)
+    got = ingestlink.read_batch_frame(
+        pa.py_buffer(
+            b"".join(
+                bytes(p)
+                for p in ingestlink.batch_frame(
+                    decode_batch(*encode_batch(topo.hosts[0], empty, "frame-0")), None, None
+                )
+            )
+        )
+    )
+    assert got.batch_id == "frame-0" and got.rows == 0  # fmt: skip
     for arrow_body in (body, older, None):
         batch = decode_batch(arrow_body or body, ctype)
         msg = ingestlink._record_batch_message(batch.windows, arrow_body)
