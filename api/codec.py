@@ -21,7 +21,9 @@ Arrow (:func:`to_storage`): ``fleetlens._batchscan`` numbers the group's distinc
 and ts_source ids in one pass over its buffers, only those go through the dictionaries' Python
 dicts, and each row's path (its link indices) is found in, or added to, the path
 dictionary's table in Cython as well (an agent batch: ~0.15 ms, 0.75x, with its paths known;
-~0.2 ms, 0.5x, when they are new).
+~0.2 ms, 0.5x, when they are new). With ingest workers, a worker finds a batch's NIC,
+ts_source and link ids (:class:`WorkerDicts`, from the committed entries) and the writer
+process, the collector's bottleneck, only checks them and interns the paths.
 
 Files written before the dictionaries stored ``path`` as the packed int32 link indices (a
 BLOB) and NICs as strings; a read-only open of such a file still reads them as they are.
@@ -29,6 +31,7 @@ BLOB) and NICs as strings; a read-only open of such a file still reads them as t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleetlens import _batchscan
+from fleetlens.batch import LayoutIds
 from fleetlens.records import HULLS, WINDOW_SCHEMA
 
 BLOB_COLUMNS = HULLS
@@ -325,25 +329,32 @@ class Added:
     sources: tuple[int, list[str]]
 
 
-def to_storage(t: pa.Table, d: Dicts) -> tuple[pa.Table, Added]:
-    """The rows in storage form, and the dictionary entries they added.
+def to_storage(
+    tables: Sequence[pa.Table], d: Dicts, layouts: Sequence[LayoutIds | None] = ()
+) -> tuple[pa.Table, Added]:
+    """The rows of ``tables`` (in order) in storage form, and the dictionary entries they added.
 
-    The strings are numbered in Cython (``_batchscan.codes``: each distinct NIC, ts_source and
-    link id of the rows once) and only the distinct ones looked up in the dictionaries here;
-    each row's path, as link indices, is then found in the path dictionary's table in Cython
-    too. No per-row hashing in Python, numpy or Arrow: that was ~0.2 ms an agent batch."""
-    if not t.schema.equals(WINDOW_SCHEMA):  # the Cython pass reads columns by position and type
-        t = t.select(WINDOW_SCHEMA.names).cast(WINDOW_SCHEMA)
+    ``layouts``: per table, its rows' ids as an ingest worker found them, or None (or missing)
+    where the writer numbers them itself: in Cython (``_batchscan.codes``: each distinct NIC,
+    ts_source and link id of those rows once), then only the distinct ones looked up in the
+    dictionaries here. Each row's path, as link indices, is then found in the path
+    dictionary's table in Cython too; only the writer adds paths. No per-row hashing in
+    Python, numpy or Arrow: that was ~0.2 ms an agent batch."""
+    tables = [_in_schema(x) for x in tables]
     bases = len(d.links.ids), len(d.paths), len(d.nics.ids), len(d.sources.ids)
-    c = _batchscan.codes(t.to_batches())
-    nics = _ids(d.nics, c.nics)
-    links = _ids(d.links, c.links)
+    given = list(layouts) + [None] * (len(tables) - len(layouts))
+    here = [x for x, lay in zip(tables, given, strict=True) if lay is None]
+    if len(here) == len(tables):
+        ids = _number(here, d)
+    else:
+        ids = _joined(_fill(given, _split(_number(here, d), here) if here else []), d)
     stored = {
-        "src_nic": nics[c.src_code],
-        "dst_nic": nics[c.dst_code],
-        "ts_source": _ids(d.sources, c.ts)[c.ts_code],
-        "path": d.paths.ids_of(c.path_off, links[c.link_code], c.path_valid),
+        "src_nic": ids.src,
+        "dst_nic": ids.dst,
+        "ts_source": ids.ts,
+        "path": d.paths.ids_of(ids.path_off, ids.links, ids.path_valid),
     }
+    t = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     cols = [
         _nullable(stored[n]) if n in stored else list_to_blob(t[n]) if n in BLOB_COLUMNS
         else t[n]
@@ -356,6 +367,145 @@ def to_storage(t: pa.Table, d: Dicts) -> tuple[pa.Table, Added]:
         (bases[3], d.sources.ids.slice(bases[3]).to_pylist()),
     )
     return pa.Table.from_arrays(cols, names=WINDOW_SCHEMA.names), added
+
+
+def _in_schema(t: pa.Table) -> pa.Table:
+    """``t`` in ``WINDOW_SCHEMA``: the Cython pass reads columns by position and type."""
+    return (
+        t if t.schema.equals(WINDOW_SCHEMA) else t.select(WINDOW_SCHEMA.names).cast(WINDOW_SCHEMA)
+    )
+
+
+def _number(tables: list[pa.Table], d: Dicts) -> LayoutIds:
+    """The ids of ``tables``' rows, numbered here (new names appended to the dictionaries)."""
+    c = _batchscan.codes([b for t in tables for b in t.to_batches()])
+    nics, links = _ids(d.nics, c.nics), _ids(d.links, c.links)
+    return LayoutIds(nics[c.src_code], nics[c.dst_code], _ids(d.sources, c.ts)[c.ts_code],
+                     c.path_off, links[c.link_code], c.path_valid)  # fmt: skip
+
+
+def _split(ids: LayoutIds, tables: list[pa.Table]) -> list[LayoutIds]:
+    """``ids`` of the rows of ``tables`` together, cut into one per table."""
+    out, lo = [], 0
+    for t in tables:
+        hi = lo + t.num_rows
+        a, b = int(ids.path_off[lo]), int(ids.path_off[hi])
+        valid = None if ids.path_valid is None else ids.path_valid[lo:hi]
+        out.append(LayoutIds(ids.src[lo:hi], ids.dst[lo:hi], ids.ts[lo:hi],
+                             ids.path_off[lo : hi + 1] - a, ids.links[a:b], valid))  # fmt: skip
+        lo = hi
+    return out
+
+
+def _fill(given: list[LayoutIds | None], numbered: list[LayoutIds]) -> list[LayoutIds]:
+    """``given`` with its gaps filled by ``numbered``, in order."""
+    it = iter(numbered)
+    return [next(it) if lay is None else lay for lay in given]
+
+
+def _joined(parts: list[LayoutIds], d: Dicts) -> LayoutIds:
+    """One table's ids of consecutive parts. An id a worker sent must already be in the
+    dictionary (a committed entry): anything else is refused, failing its group, never
+    stored under a wrong name."""
+    sizes = np.cumsum([0] + [len(p.links) for p in parts])
+    off = np.concatenate([p.path_off[:-1] + s for p, s in zip(parts, sizes, strict=False)]
+                         + [sizes[-1:]]).astype(np.int32)  # fmt: skip
+    valid = None
+    if any(p.path_valid is not None for p in parts):
+        valid = np.concatenate([np.ones(len(p.src), np.uint8) if p.path_valid is None
+                                else p.path_valid for p in parts])  # fmt: skip
+
+    def joined(field: str) -> np.ndarray:
+        return np.concatenate([getattr(p, field) for p in parts]).astype(np.int32, copy=False)
+
+    got = LayoutIds(joined("src"), joined("dst"), joined("ts"), off, joined("links"), valid)
+    for arr, names in ((got.src, d.nics), (got.dst, d.nics), (got.ts, d.sources),
+                       (got.links, d.links)):  # fmt: skip
+        if len(arr) and int(arr.max()) >= len(names.ids):
+            raise ValueError("a worker's storage id past its dictionary")
+    return got
+
+
+class WorkerDicts:
+    """An ingest worker's copy of the writer's committed dictionary entries (NIC, ts_source
+    and link ids), with which it numbers a checked batch's strings (:class:`LayoutIds`) so
+    that the writer process, the collector's bottleneck, does not. New names are rare (a NIC
+    registered a moment ago, a link first crossed): a batch with one the copy lacks is sent
+    without ids and numbered by the writer, and the worker asks for the entries added since.
+
+    An agent sends the same flows every window, so each host's last string columns are kept
+    (~0.1 MB a host) with their ids: a batch whose string buffers are byte for byte the last
+    one's reuses them (a memcmp, ~50 us) instead of numbering again (hashing ~6,000 strings and
+    looking the distinct ones up: ~0.4 ms, more than the writer's share of the same work in
+    its groups). Committed ids never change, so kept ids stay right."""
+
+    def __init__(self) -> None:
+        self.nics: dict[str, int] = {}
+        self.sources: dict[str, int] = {}
+        self.links: dict[str, int] = {}
+        self._last: dict[str, tuple[list[pa.Buffer | None], LayoutIds]] = {}
+
+    def sizes(self) -> list[int]:
+        return [len(self.nics), len(self.sources), len(self.links)]
+
+    def extend(self, nics: list[str], sources: list[str], links: list[str]) -> None:
+        """The entries following the copy's, in id order."""
+        for names, new in ((self.nics, nics), (self.sources, sources), (self.links, links)):
+            names.update(zip(new, range(len(names), len(names) + len(new)), strict=True))
+
+    def number(self, host: str, windows: pa.Table) -> LayoutIds | None:
+        """The rows' ids, or None when a name is not in the copy."""
+        windows = _in_schema(windows)
+        key = _strings(windows)
+        last = self._last.get(host)
+        if key is not None and last is not None and len(last[1].src) == windows.num_rows \
+                and _same(key, last[0]):  # fmt: skip
+            return last[1]
+        c = _batchscan.codes(windows.to_batches())
+        nics, ts = _known(self.nics, c.nics), _known(self.sources, c.ts)
+        links = _known(self.links, c.links)
+        if nics is None or ts is None or links is None:
+            return None
+        got = LayoutIds(nics[c.src_code], nics[c.dst_code], ts[c.ts_code], c.path_off,
+                        links[c.link_code], c.path_valid)  # fmt: skip
+        if key is not None:
+            self._last[host] = ([None if b is None else pa.py_buffer(b.to_pybytes())
+                                 for b in key], got)  # fmt: skip
+        return got
+
+
+_STRING_COLUMNS = ("src_nic", "dst_nic", "ts_source", "path")
+
+
+def _strings(windows: pa.Table) -> list[pa.Buffer | None] | None:
+    """The buffers of the string columns (validity, offsets, data; the path's and its
+    elements'), or None when they cannot be compared as bytes (chunked, or sliced)."""
+    out: list[pa.Buffer | None] = []
+    for name in _STRING_COLUMNS:
+        col = windows.column(name)
+        if col.num_chunks != 1:
+            return None
+        arr = col.chunk(0)
+        if arr.offset or (name == "path" and arr.values.offset):
+            return None
+        out += arr.buffers()
+    return out
+
+
+def _same(a: list[pa.Buffer | None], b: list[pa.Buffer | None]) -> bool:
+    """Byte for byte the same buffers (the same row count follows: the offsets' sizes)."""
+    return len(a) == len(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and x.equals(y))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _known(index: dict[str, int], names: list[str]) -> np.ndarray | None:
+    """The ids of distinct ``names`` and -1 last (a code of -1, null, indexes it); None when
+    one is not in ``index``."""
+    get = index.get
+    ids = np.fromiter((get(n, -1) for n in names), np.int32, len(names))
+    return None if (ids < 0).any() else np.append(ids, np.int32(-1))
 
 
 def _ids(d: NameDict, names: list[str]) -> np.ndarray:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -37,7 +37,7 @@ from fleetlens.api import store as sql
 from fleetlens.api.shardexport import readable
 from fleetlens.api.store import Store
 
-from fleetlens.batch import Batch
+from fleetlens.batch import Batch, LayoutIds
 from fleetlens.records import WINDOW_SCHEMA, nic_hosts
 
 T = TypeVar("T")
@@ -101,8 +101,10 @@ class FleetStore(Store):
         finally:
             self._pending = []
 
-    def _insert_windows(self, table: pa.Table) -> None:
-        self._pending.append(table)
+    def _insert_windows(
+        self, tables: list[pa.Table], layouts: Sequence[LayoutIds | None] = ()
+    ) -> None:
+        self._pending.append(pa.concat_tables(tables))
 
     def insert_windows_raw(self, table: pa.Table) -> None:
         self.held.add(table)

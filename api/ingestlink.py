@@ -7,14 +7,24 @@ runs one :class:`LinkServer` on its event loop; each worker one :class:`LinkBack
 ``ingest.Backend`` of its endpoint).
 
 Frames, both ways: a header (payload length u32, kind u8, request id u64), then the payload.
-Worker to writer: ``BATCH`` (the batch as Arrow IPC, batch and host id in the schema metadata:
-the agent's body as it came when it was Arrow, else the decoded batch encoded),
-``KNOWN`` (ask for the known NICs), ``COUNT`` (a rejection reason or received bytes, JSON; no
-answer). Writer to worker: ``ANSWER`` to a batch (JSON: status 200/429/503 and its details) and
-``KNOWN_SET`` (JSON: the known NICs and their version). Every answer carries the version of the
-known NICs, so a worker refreshes its copy after any registration; a batch a worker refuses
-for an unknown NIC is checked again after a refresh (its host may have just registered through
-another worker), so registration and ingest stay consistent across processes.
+Worker to writer: ``BATCH`` (the batch and host ids, the rows' storage ids when the worker
+found them, and the windows as one Arrow IPC record batch message: the agent's own when it
+can; see :func:`batch_frame`), ``KNOWN`` (ask for the known NICs), ``DICTS`` (ask for the
+storage dictionaries' committed entries past the worker's copy, JSON), ``COUNT`` (a rejection
+reason or received bytes, JSON; no answer). Writer to worker: ``ANSWER`` to a batch (JSON:
+status 200/429/503 and its details), ``KNOWN_SET`` (JSON: the known NICs and their version)
+and ``DICTS_SET`` (JSON: the entries asked for).
+
+The storage ids: the writer process is the collector's bottleneck, so a worker numbers a
+batch's NIC, ts_source and link ids with its copy of the writer's committed dictionary entries
+(``codec.WorkerDicts``; ~0.2 ms of the writer's CPU a batch). A batch with a name the copy
+lacks goes without ids (the writer numbers it, as in one process) and the worker asks for the
+entries committed since; only the writer adds entries, paths included.
+
+Every answer carries the version of the known NICs, so a worker refreshes its copy after any
+registration; a batch a worker refuses for an unknown NIC is checked again after a refresh (its
+host may have just registered through another worker), so registration and ingest stay
+consistent across processes.
 """
 
 from __future__ import annotations
@@ -32,10 +42,12 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pyarrow as pa
 from fleetlens.api.checks import check_batch
+from fleetlens.api.codec import WorkerDicts
 from fleetlens.api.config import Settings
 from fleetlens.api.writer import Backpressure
 
-from fleetlens.batch import META_BATCH_ID, META_HOST_ID, Batch, read_checked_arrow
+from fleetlens.batch import Batch, LayoutIds
+from fleetlens.records import WINDOW_SCHEMA
 
 if TYPE_CHECKING:  # workers do not load the collector's engines
     from fleetlens.api.service import Collector
@@ -44,7 +56,12 @@ log = logging.getLogger("fleetlens.api.ingestlink")
 Transport = asyncio.WriteTransport
 
 _HEAD = struct.Struct("!IBQ")
-BATCH, KNOWN, COUNT, ANSWER, KNOWN_SET = range(1, 6)
+BATCH, KNOWN, COUNT, ANSWER, KNOWN_SET, DICTS, DICTS_SET = range(1, 8)
+# A batch frame's payload starts with: rows numbered (-1: none), path elements, whether a
+# path-validity array follows, where the record batch starts (aligned: the reader views it),
+# the batch and host ids' lengths (UTF-8, after the rows' ids).
+_IDS = struct.Struct("<qqqqqq")
+_BODY_ALIGN = 64
 # Frames are at most a body's size plus this (the Arrow framing of a batch the worker checked).
 FRAME_SLACK = 1 << 20
 # Stream buffers that hold several agents' batches (~0.2 MB each): asyncio's 64 KiB default
@@ -53,8 +70,68 @@ STREAM_LIMIT = 8 << 20
 WRITE_TIMEOUT_S = 120.0
 
 
-def _frame(kind: int, rid: int, payload: bytes | pa.Buffer) -> list[bytes | pa.Buffer]:
-    return [_HEAD.pack(len(payload), kind, rid), payload]
+def _frame(kind: int, rid: int, *payload: bytes | pa.Buffer) -> list[bytes | pa.Buffer]:
+    return [_HEAD.pack(sum(len(p) for p in payload), kind, rid), *payload]
+
+
+def batch_frame(batch: Batch, layout: LayoutIds | None, body: bytes | None
+                ) -> list[bytes | pa.Buffer]:  # fmt: skip
+    """A ``BATCH`` payload's parts: the header, the rows' ids (int32 src, dst, ts_source, path
+    offsets, links; uint8 path validity), the batch and host ids, padding, and the windows as
+    one Arrow IPC record batch message of ``WINDOW_SCHEMA`` (no schema message: the writer
+    process knows it; opening an IPC stream and checking its schema cost it ~35 us a batch).
+    ``body``: the agent's Arrow body, whose record batch message is sent as it came when the
+    windows are that record batch (an agent of this release's schema: no copy)."""
+    ids = b""
+    if layout is not None:
+        parts = [layout.src, layout.dst, layout.ts, layout.path_off, layout.links]
+        ids = b"".join(np.ascontiguousarray(a, np.int32).tobytes() for a in parts)
+        if layout.path_valid is not None:
+            ids += np.ascontiguousarray(layout.path_valid, np.uint8).tobytes()
+    names = batch.batch_id.encode() + batch.host_id.encode()
+    at = -(-(_IDS.size + len(ids) + len(names)) // _BODY_ALIGN) * _BODY_ALIGN
+    rows, elems = (-1, 0) if layout is None else (len(layout.src), len(layout.links))
+    valid = layout is not None and layout.path_valid is not None
+    head = _IDS.pack(rows, elems, valid, at, len(batch.batch_id.encode()), len(names))
+    pad = bytes(at - _IDS.size - len(ids) - len(names))
+    return [head, ids + names + pad, _record_batch_message(batch.windows, body)]
+
+
+def _record_batch_message(windows: pa.Table, body: bytes | None) -> pa.Buffer:
+    """``windows`` (one record batch of ``WINDOW_SCHEMA``) as an IPC message: the body's own
+    when the windows' buffers are in it (decoding took the agent's record batch as it came:
+    every column the body's, the body a schema then one record batch), else serialized."""
+    chunks = windows.column(len(WINDOW_SCHEMA) - 1).chunks
+    if body is not None and len(chunks) == 1 and windows.column(0).num_chunks == 1:
+        buf = pa.py_buffer(body)
+        data = chunks[0].buffers()[1]
+        if data is not None and buf.address <= data.address < buf.address + buf.size:
+            reader = pa.BufferReader(buf)
+            pa.ipc.read_message(reader)  # the schema
+            at = reader.tell()
+            pa.ipc.read_message(reader)
+            return buf.slice(at, reader.tell() - at)
+    cols = [c.combine_chunks() for c in windows.columns]  # an empty table has no chunk
+    return pa.RecordBatch.from_arrays(cols, schema=WINDOW_SCHEMA).serialize()
+
+
+def read_batch_frame(payload: pa.Buffer) -> Batch:
+    """A ``BATCH`` payload to the batch it carries, with its rows' ids when it has them (the
+    ids and the record batch view the payload: no copy). The worker decoded and checked the
+    record batch: it is read as it is, in ``WINDOW_SCHEMA``."""
+    rows, elems, valid, at, id_len, names_len = _IDS.unpack_from(payload)
+    n = 4 * rows + 1 + elems if rows >= 0 else 0
+    texts = _IDS.size + 4 * n + (rows if valid else 0)
+    names = payload.slice(texts, names_len).to_pybytes()
+    windows = pa.Table.from_batches([pa.ipc.read_record_batch(payload.slice(at), WINDOW_SCHEMA)])
+    batch = Batch(names[:id_len].decode(), names[id_len:].decode(), windows)
+    if rows >= 0 and rows == batch.rows:
+        ints = np.frombuffer(payload, np.int32, n, _IDS.size)
+        src, dst, ts = (ints[k * rows : (k + 1) * rows] for k in range(3))
+        off, links = ints[3 * rows : 4 * rows + 1], ints[4 * rows + 1 :]
+        mask = np.frombuffer(payload, np.uint8, rows, _IDS.size + 4 * n) if valid else None
+        batch.layout = LayoutIds(src, dst, ts, off, links, mask)
+    return batch
 
 
 async def _read_frame(reader: asyncio.StreamReader, limit: int) -> tuple[int, int, bytes]:
@@ -62,19 +139,6 @@ async def _read_frame(reader: asyncio.StreamReader, limit: int) -> tuple[int, in
     if size > limit:
         raise ConnectionError(f"link frame of {size} bytes, over {limit}")
     return kind, rid, await reader.readexactly(size)
-
-
-# Without Arrow's thread pool: it doubled the CPU cost of writing an agent's ~0.2 MB batch.
-_WRITE = pa.ipc.IpcWriteOptions(use_threads=False)
-
-
-def batch_to_ipc(batch: Batch) -> pa.Buffer:
-    meta = {META_BATCH_ID: batch.batch_id.encode(), META_HOST_ID: batch.host_id.encode()}
-    table = batch.windows.replace_schema_metadata(meta)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_WRITE) as w:
-        w.write_table(table)
-    return sink.getvalue()
 
 
 # ---- the writer process -------------------------------------------------------------------
@@ -117,6 +181,11 @@ class LinkServer:
             nics = self.c.known.nics().to_pylist()
             doc = {"known": self.c.known.version, "nics": nics}
             out.writelines(_frame(KNOWN_SET, rid, json.dumps(doc).encode()))
+        elif kind == DICTS:
+            sizes = json.loads(payload.to_pybytes())["sizes"]
+            nics, sources, links = self.c.store.committed_names(sizes)
+            doc = {"from": sizes, "nics": nics, "sources": sources, "links": links}
+            out.writelines(_frame(DICTS_SET, rid, json.dumps(doc).encode()))
         elif kind == COUNT:
             self._count(json.loads(payload.to_pybytes()))
 
@@ -128,7 +197,7 @@ class LinkServer:
 
     def _batch(self, rid: int, payload: pa.Buffer, out: Transport) -> None:
         try:
-            fut = self.c.submit(read_checked_arrow(payload))
+            fut = self.c.submit(read_batch_frame(payload))
         except Backpressure as e:
             self._answer(out, rid, {"status": 429, "retry_after": e.retry_after_s})
             return
@@ -233,6 +302,8 @@ class LinkBackend:
         self.on_lost: Callable[[], None] = lambda: None  # called once the link is closed
         self._known: frozenset[str] = frozenset()
         self._version = -1
+        self._dicts = WorkerDicts()
+        self._numbering: asyncio.Task[None] | None = None  # asking for the dictionaries
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -255,6 +326,7 @@ class LinkBackend:
         limit = self.settings.max_body_bytes + FRAME_SLACK
         self._reader_task = asyncio.create_task(self._read(reader, limit))
         await self._refresh()
+        await self._refresh_dicts()
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -283,8 +355,12 @@ class LinkBackend:
         return self._version != before
 
     async def store(self, batch: Batch, arrow_body: bytes | None) -> bool:
-        body = batch_to_ipc(batch) if arrow_body is None else arrow_body
-        answer = await self._call(BATCH, body)
+        # While the copy is being brought up to date (names new to it: a fleet's first
+        # windows, mostly), the batch goes without ids: numbering it here would likely fail.
+        layout = None if self._numbering else self._dicts.number(batch.host_id, batch.windows)
+        if layout is None and self._numbering is None:
+            self._numbering = asyncio.create_task(self._refresh_dicts_once())
+        answer = await self._call(BATCH, *batch_frame(batch, layout, arrow_body))
         if answer["status"] == 429:
             raise Backpressure(float(answer["retry_after"]))
         if answer["status"] != 200:
@@ -292,16 +368,16 @@ class LinkBackend:
         return bool(answer["stored"])
 
     # ---- the link
-    def _send(self, kind: int, rid: int, payload: bytes | pa.Buffer) -> None:
+    def _send(self, kind: int, rid: int, *payload: bytes | pa.Buffer) -> None:
         if self._writer is None or self._writer.is_closing():
             raise ConnectionError("the writer process is gone")
-        self._writer.writelines(_frame(kind, rid, payload))
+        self._writer.writelines(_frame(kind, rid, *payload))
 
-    async def _call(self, kind: int, payload: bytes | pa.Buffer) -> dict[str, Any]:
+    async def _call(self, kind: int, *payload: bytes | pa.Buffer) -> dict[str, Any]:
         rid = next(self._ids)
         fut = self._pending[rid] = asyncio.get_running_loop().create_future()
         try:
-            self._send(kind, rid, payload)
+            self._send(kind, rid, *payload)
             # shield: an agent hanging up must not cancel the wait for a write under way.
             return await asyncio.wait_for(asyncio.shield(fut), WRITE_TIMEOUT_S)
         finally:
@@ -327,6 +403,21 @@ class LinkBackend:
                 if not fut.done():
                     fut.set_exception(ConnectionError(f"the writer process is gone: {e}"))
             self.on_lost()
+
+    async def _refresh_dicts(self) -> None:
+        """The writer's committed dictionary entries past this worker's copy, appended (the
+        answer applies only to the copy it was asked for: one question at a time)."""
+        doc = await self._call(DICTS, json.dumps({"sizes": self._dicts.sizes()}).encode())
+        if doc["from"] == self._dicts.sizes():
+            self._dicts.extend(doc["nics"], doc["sources"], doc["links"])
+
+    async def _refresh_dicts_once(self) -> None:
+        try:
+            await self._refresh_dicts()
+        except Exception:  # its batches go without ids meanwhile
+            log.exception("ingest worker: refreshing the storage dictionaries failed")
+        finally:
+            self._numbering = None
 
     async def _refresh_once(self) -> None:
         try:

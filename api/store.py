@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from fleetlens.api.codec import (
 )
 from fleetlens.api.config import HOUR_NS, MINUTE_NS
 
-from fleetlens.batch import Batch
+from fleetlens.batch import Batch, LayoutIds
 from fleetlens.records import WINDOW_SCHEMA, ClockModel, Decision, DrainEntry, Verdict
 
 SCHEMA = """
@@ -451,6 +451,7 @@ class Store:
         self.con = connect(self.path, threads, memory_limit, read_only)
         self._local = threading.local()
         self.dicts = self._load_dicts()
+        self._committed()
         # The NIC ids (src, dst) of the rows the last insert_batches stored, as the storage
         # layout numbered them (None: it stored none, or this store keeps no ids): the commit
         # hook counts them per NIC without hashing the NIC names again.
@@ -522,14 +523,15 @@ class Store:
             finally:
                 con.unregister("_ids")
             # In the batches' order: the commit hook reads the rows' NIC ids in that order.
-            tables = [b.windows for i, b in first.items() if i in new and b.rows]
-            if tables:
-                self._insert_windows(pa.concat_tables(tables))
+            kept = [b for i, b in first.items() if i in new and b.rows]
+            if kept:
+                self._insert_windows([b.windows for b in kept], [b.layout for b in kept])
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             self.dicts = self._load_dicts()  # forget what the failed transaction added
             raise
+        self._committed()
         # A batch is "stored" by this call only where its id was new and it is the first copy.
         return [b.batch_id in new and first_pos[b.batch_id] == i for i, b in enumerate(batches)]
 
@@ -557,14 +559,16 @@ class Store:
             raise
         return gone
 
-    def _insert_windows(self, table: pa.Table) -> None:
-        stored, added = to_storage(table, self.dicts)
+    def _insert_windows(
+        self, tables: list[pa.Table], layouts: Sequence[LayoutIds | None] = ()
+    ) -> None:
+        stored, added = to_storage(tables, self.dicts, layouts)
         self._save_added(added)
         self.last_nic_ids = (stored["src_nic"].to_numpy(), stored["dst_nic"].to_numpy())
         self.con.register("_incoming", stored)
         try:
             self.con.execute(f"INSERT INTO windows SELECT {_INSERT_COLS} FROM _incoming")
-            if table.num_rows and pc.min(table["start_ns"]).as_py() < self.watermark_ns:
+            if stored.num_rows and pc.min(stored["start_ns"]).as_py() < self.watermark_ns:
                 # Late windows of minutes already rolled up go into their minute right away.
                 where = f"start_ns < {int(self.watermark_ns)}"
                 self.con.execute(_aggregate_sql("_incoming", where))
@@ -761,12 +765,29 @@ class Store:
         """Bulk insert without a batch id (benchmarks and retention tests)."""
         self.con.execute("BEGIN TRANSACTION")
         try:
-            self._insert_windows(table)
+            self._insert_windows([table])
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
             self.dicts = self._load_dicts()
             raise
+        self._committed()
+
+    def _committed(self) -> None:
+        """The dictionaries' sizes as of the last commit (read by the ingest link's thread)."""
+        d = self.dicts
+        self.committed_sizes = (len(d.nics.ids), len(d.sources.ids), len(d.links.ids))
+
+    def committed_names(self, sizes: Sequence[int]) -> tuple[list[str], list[str], list[str]]:
+        """The committed NIC, ts_source and link ids past the first ``sizes`` of each (any
+        thread): what an ingest worker's copy lacks (``codec.WorkerDicts``). Committed entries
+        keep their ids for good (a rollback reloads the dictionaries as committed), and a
+        dictionary replaced meanwhile holds at least the entries the sizes counted."""
+        upto, d = self.committed_sizes, self.dicts
+        return tuple(
+            names.ids.slice(lo, max(0, hi - lo)).to_pylist()
+            for names, lo, hi in zip((d.nics, d.sources, d.links), sizes, upto, strict=True)
+        )
 
     def register_host(self, host: str, nics: list[dict[str, str]], meta: dict[str, Any]) -> None:
         now = time.time_ns()

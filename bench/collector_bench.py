@@ -413,7 +413,7 @@ def bench_stages(work: Path, fleet: Fleet, batches: list[tuple[int, pa.Table]], 
     groups = [decoded[i : i + group] for i in range(0, len(decoded), group)]
     layout = "storage layout (codec.to_storage)"
     dicts = Dicts()  # the store's own stay as the writer left them
-    timed(layout, lambda g: to_storage(pa.concat_tables([b.windows for b in g]), dicts), groups)
+    timed(layout, lambda g: to_storage([b.windows for b in g], dicts), groups)
     spent = {"insert": 0.0, "hook": 0.0}
     for g in groups:  # the hook right after its group's insert, as the writer calls it
         t0 = time.process_time()

@@ -83,7 +83,7 @@ def main() -> int:
     batches = make_batches(n * AGENT_BATCH_ROWS, AGENT_BATCH_ROWS, 1, a.hosts, fleet)
     windows = pa.concat_tables([t for _, t in batches])
     dicts = Dicts()
-    stored = to_storage(windows, dicts)[0]
+    stored = to_storage([windows], dicts)[0]
     names = {n: windows[n] for n in NAMED}
     blob = list_to_blob(dicts.links.encode(windows["path"])[0])
     no_dicts = _with(stored, {**names, "path": blob})

@@ -87,6 +87,23 @@ class BatchError(ValueError):
 
 
 @dataclass
+class LayoutIds:
+    """A batch's strings as ids of the collector's storage dictionaries, found by an ingest
+    worker so that the writer process need not hash them (``fleetlens.api.codec``): per row the
+    source and destination NIC ids and the ts_source id (int32, -1: null), and its path as link
+    indices (``links[path_off[i]:path_off[i + 1]]``, int32; ``path_valid``: uint8 per row, None
+    when no path is null). Only entries the writer has committed are used, so the ids hold for
+    good: the writer's dictionaries only grow, and a rolled-back group's entries never leave it."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    ts: np.ndarray
+    path_off: np.ndarray
+    links: np.ndarray
+    path_valid: np.ndarray | None
+
+
+@dataclass
 class Batch:
     batch_id: str
     host_id: str
@@ -97,6 +114,8 @@ class Batch:
     # The largest start_ns + duration_ns (int64, wrapping as numpy adds), when decoding found
     # it: the collector's not-from-the-future check.
     window_end: int | None = None
+    # The rows' storage ids when an ingest worker found them (None: the writer numbers them).
+    layout: LayoutIds | None = None
 
     @property
     def rows(self) -> int:
@@ -149,13 +168,6 @@ def decode_batch(body: bytes, content_type: str) -> Batch:
     batch_id, host = check_id("batch_id", batch_id), check_host("host_id", host)
     s = _scan(windows)
     return Batch(batch_id, host, pa.Table.from_batches([windows]), (s.src, s.dst), s.end_max)
-
-
-def read_checked_arrow(body: bytes | pa.Buffer) -> Batch:
-    """An Arrow body :func:`decode_batch` and the collector's checks already accepted (an
-    ingest worker hands it on as it came), decoded to the same batch without checking again."""
-    batch_id, host, windows = _read_arrow(body)
-    return Batch(str(batch_id), str(host), pa.Table.from_batches([windows]))
 
 
 def check_id(name: str, value: object) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from collector_helpers import INGEST, READ, InProcessServer, make_windows
 from fleetlens.api import ingest
 from fleetlens.api.config import Settings
 
-from fleetlens.batch import Batch, encode_batch
+from fleetlens.batch import Batch, LayoutIds, encode_batch
 from fleetlens.topology import Topology
 
 N = 6
@@ -118,9 +118,10 @@ def test_failing_batch_in_a_group_loses_none_of_the_others(
         insert_windows = store._insert_windows
         groups: list[int] = []
 
-        def failing(table: pa.Table) -> None:
+        def failing(tables: list[pa.Table], layouts: Sequence[LayoutIds | None] = ()) -> None:
+            table = pa.concat_tables(tables)
             groups.append(table.num_rows)
-            insert_windows(table)  # written, then the transaction fails: all of it rolls back
+            insert_windows(tables, layouts)  # written, then the transaction fails: all rolls back
             if start + bad * 10**9 in set(table["start_ns"].to_pylist()):
                 raise RuntimeError("disk full")
 

@@ -76,3 +76,62 @@ def test_a_frame_over_the_limit_closes_the_link() -> None:
     proto.connection_made(out)  # type: ignore[arg-type]
     _feed(proto, _HEAD.pack(server.limit + 1, BATCH, 9), [64])
     assert out.closed and server.frames == []
+
+
+def test_a_batch_frame_carries_the_batch_and_its_ids() -> None:
+    """A ``BATCH`` payload read back (from a buffer as the socket fills it): the same batch,
+    whether its record batch is the agent's body's own or serialized (no Arrow body, or an
+    older agent's without the last column), and the worker's ids when it sent them (a null
+    path's validity included), else none."""
+    from collector_helpers import make_windows
+
+    from fleetlens.batch import LayoutIds, decode_batch, encode_batch
+    from fleetlens.topology import leaf_spine
+
+    topo = leaf_spine(hosts=4, nics=2, leaves=2, spines=2)
+    t = make_windows(topo, topo.hosts[0], 1_700_000_000 * 10**9, n_windows=2)
+    body, ctype = encode_batch(topo.hosts[0], t, "frame-1")
+    old_t = t.drop_columns(["acks_lost"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, old_t.schema.with_metadata(
+            pa.ipc.open_stream(body).schema.metadata)) as w:  # fmt: skip
+        w.write_table(old_t)
+    older = sink.getvalue().to_pybytes()
+    rng = np.random.default_rng(1)
+    rows, elems = t.num_rows, 3 * t.num_rows
+    ints = lambda n: rng.integers(0, 1000, n).astype(np.int32)  # noqa: E731
+    off = np.sort(rng.integers(0, elems, rows + 1)).astype(np.int32)
+    off[0], off[-1] = 0, elems
+    empty = pa.Table.from_batches([], t.schema)
+    got = ingestlink.read_batch_frame(
+        pa.py_buffer(
+            b"".join(
+                bytes(p)
+                for p in ingestlink.batch_frame(
+                    decode_batch(*encode_batch(topo.hosts[0], empty, "frame-0")), None, None
+                )
+            )
+        )
+    )
+    assert got.batch_id == "frame-0" and got.rows == 0  # fmt: skip
+    for arrow_body in (body, older, None):
+        batch = decode_batch(arrow_body or body, ctype)
+        msg = ingestlink._record_batch_message(batch.windows, arrow_body)
+        whole = pa.py_buffer(arrow_body or b"")
+        inside = whole.address <= msg.address < whole.address + whole.size
+        assert inside == (arrow_body is body)  # the agent's own message: not copied
+        for valid in (None, (np.arange(rows) % 3 > 0).astype(np.uint8)):
+            sent = LayoutIds(ints(rows), ints(rows), ints(rows), off, ints(elems), valid)
+            for layout in (sent, None):
+                parts = ingestlink.batch_frame(batch, layout, arrow_body)
+                payload = np.frombuffer(b"".join(bytes(p) for p in parts), np.uint8).copy()
+                got = ingestlink.read_batch_frame(pa.py_buffer(payload))
+                assert (got.batch_id, got.host_id) == ("frame-1", topo.hosts[0])
+                assert got.windows.equals(batch.windows)
+                if layout is None:
+                    assert got.layout is None
+                    continue
+                assert got.layout is not None
+                for name in ("src", "dst", "ts", "path_off", "links", "path_valid"):
+                    a, b = getattr(got.layout, name), getattr(sent, name)
+                    assert (a is None and b is None) or a.tolist() == b.tolist(), name

@@ -73,8 +73,12 @@ def test_ingest_bodies_are_bounded_by_the_writer_queue(
     Retry-After): the bodies held are those queued; once the writer runs, every batch
     answered 200 is stored and the ingest part is back to 0."""
     bound = 4
+    # The loops' rounds quiet (one a minute): a round's outputs queued while the writer is
+    # held would take one of the queue's places, and the first round came ~1 s after the
+    # start, as the first requests were being answered (a race lost on a loaded box).
     s = Settings(db_path=tmp_path / "q.duckdb", inventory=str(inventory), ingest_token=INGEST,
-                 read_token="r", queue_max_batches=bound, public_metrics=True)  # fmt: skip
+                 read_token="r", queue_max_batches=bound, public_metrics=True,
+                 loop_interval_s=60.0)  # fmt: skip
     bodies = [encode_batch(h, make_windows(topo, h, NOW + i * 10**9, seed=i), f"q-{h}-{i}")[0]
               for i in range(4) for h in topo.hosts]  # fmt: skip
     headers = {"Authorization": f"Bearer {INGEST}", "Content-Type": CT_ARROW}

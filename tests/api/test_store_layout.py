@@ -20,6 +20,7 @@ from fleetlens.api import codec
 from fleetlens.api.codec import LinkDict, PathDict, list_to_blob
 from fleetlens.api.store import StallRule, Store
 
+from fleetlens.batch import Batch
 from fleetlens.topology import leaf_spine
 
 TOPO = leaf_spine(hosts=4, nics=2, leaves=2, spines=2)
@@ -159,7 +160,7 @@ def test_the_layout_of_chunks_slices_and_nulls_round_trips() -> None:
     chunks = [t.slice(0, 7), t.slice(7, 0), t.slice(7, 40), t.slice(47)]
     d = codec.Dicts()
     for group in (pa.concat_tables(chunks[:2]), pa.concat_tables(chunks[2:])):
-        stored, _ = codec.to_storage(group, d)
+        stored, _ = codec.to_storage([group], d)
         back = codec.from_storage(stored, d)
         for name in ("src_nic", "dst_nic", "ts_source", "path"):
             assert back[name].to_pylist() == group[name].to_pylist(), name
@@ -168,9 +169,98 @@ def test_the_layout_of_chunks_slices_and_nulls_round_trips() -> None:
     other = t.select(list(reversed(t.column_names)))
     other = other.cast(pa.schema([f.with_type(pa.large_string()) if f.type == pa.string()
                                   else f for f in other.schema]))  # fmt: skip
-    stored, _ = codec.to_storage(other, d)
+    stored, _ = codec.to_storage([other], d)
     assert codec.from_storage(stored, d)["src_nic"].to_pylist() == t["src_nic"].to_pylist()
     assert len(d.paths) == len(set(map(tuple, t["path"].drop_null().to_pylist())))
+
+
+def _host_batches(t: pa.Table, tag: str) -> list[Batch]:
+    """``t``'s rows as one batch per sending host, in the hosts' order."""
+    src = np.asarray(t["src_nic"].to_pylist())
+    return [Batch(f"{tag}-{h}", h, t.filter(pa.array(np.char.startswith(src, h + "/"))))
+            for h in TOPO.hosts]  # fmt: skip
+
+
+def test_ids_a_worker_found_store_the_rows_the_writer_would(tmp_path: Path) -> None:
+    """Batches numbered by an ingest worker (``codec.WorkerDicts``, a copy of the committed
+    dictionary entries) are stored exactly as the writer stores them when it numbers them
+    itself, in a group mixed with batches the copy could not number (a NIC, link or
+    ts_source new since the copy): the same rows back, the same dictionaries."""
+    t = _windows()
+    first, later = _host_batches(t.slice(0, 30), "a"), _host_batches(t.slice(30), "b")
+    by_writer, by_workers = Store(tmp_path / "w.duckdb"), Store(tmp_path / "k.duckdb")
+    try:
+        copy = codec.WorkerDicts()
+        for store in (by_writer, by_workers):
+            assert store.insert_batches(first, T0) == [True] * len(first)
+        copy.extend(*by_workers.committed_names(copy.sizes()))
+        assert copy.sizes() == [len(by_workers.dicts.nics.ids), len(by_workers.dicts.sources.ids),
+                                len(by_workers.dicts.links.ids)]  # fmt: skip
+        numbered = []
+        for b in later:
+            layout = copy.number(b.host_id, b.windows)
+            numbered.append(Batch(b.batch_id, b.host_id, b.windows, layout=layout))
+        assert 0 < sum(b.layout is None for b in numbered) < len(numbered)
+        by_writer.insert_batches(later, T0)
+        by_workers.insert_batches(numbered, T0)
+        assert by_workers.committed_names([0, 0, 0]) == by_writer.committed_names([0, 0, 0])
+        assert by_workers.last_nic_ids is not None and by_writer.last_nic_ids is not None
+        for a, b in zip(by_workers.last_nic_ids, by_writer.last_nic_ids, strict=True):
+            assert a.tolist() == b.tolist()
+        got, want = (s.windows_between(0, 2**62) for s in (by_workers, by_writer))
+        assert got.equals(want) and got.num_rows == t.num_rows
+    finally:
+        by_writer.close()
+        by_workers.close()
+
+
+def test_an_id_past_the_dictionary_is_refused() -> None:
+    """A worker's id the writer never committed fails the group (it is never stored as some
+    other name)."""
+    t = _windows().slice(0, 10)
+    d = codec.Dicts()
+    codec.to_storage([t], d)
+    copy = codec.WorkerDicts()
+    copy.extend(d.nics.ids.to_pylist(), d.sources.ids.to_pylist(), d.links.ids.to_pylist())
+    layout = copy.number("h", t)
+    assert layout is not None
+    layout.dst = layout.dst + len(d.nics.ids)
+    with pytest.raises(ValueError, match="past its dictionary"):
+        codec.to_storage([t], d, [layout])
+
+
+def _copied(t: pa.Table) -> pa.Table:
+    """``t`` in buffers of its own, one chunk, nothing sliced (as an agent's body decodes)."""
+    cols = [pa.concat_arrays([c.combine_chunks()]) for c in t.columns]
+    return pa.Table.from_batches([pa.RecordBatch.from_arrays(cols, schema=t.schema)])
+
+
+def test_a_worker_reuses_a_hosts_ids_only_for_the_same_strings() -> None:
+    """A host's batch whose string columns are byte for byte its last one's takes the ids
+    found for that one; any other (a path or a ts_source changed, a row fewer) is numbered
+    again, with the ids a fresh copy finds."""
+    t = _copied(_windows().slice(0, 40))
+    d = codec.Dicts()
+    codec.to_storage([t], d)
+    names = d.nics.ids.to_pylist(), d.sources.ids.to_pylist(), d.links.ids.to_pylist()
+    copy = codec.WorkerDicts()
+    copy.extend(*names)
+    first = copy.number("h", t)
+    assert first is not None and copy.number("h", _copied(t)) is first  # the same bytes
+    path = t["path"].combine_chunks()
+    swapped = pa.concat_arrays([path.slice(1, 1), path.slice(0, 1), path.slice(2)])
+    first_ts = None if t["ts_source"][0].is_valid else names[1][0]
+    ts = pa.array([first_ts, *t["ts_source"].to_pylist()[1:]], pa.string())
+    changed = [t.set_column(t.schema.get_field_index("path"), "path", swapped),
+               t.set_column(t.schema.get_field_index("ts_source"), "ts_source", ts),
+               t.slice(0, 39)]  # fmt: skip
+    for other in map(_copied, changed):
+        fresh = codec.WorkerDicts()
+        fresh.extend(*names)
+        got, want = copy.number("h", other), fresh.number("h", other)
+        assert got is not first and got is not None and want is not None
+        for name in ("src", "dst", "ts", "path_off", "links"):
+            assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
 
 
 def _types(store: Store) -> dict[str, str]:
