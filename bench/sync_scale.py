@@ -291,10 +291,23 @@ def export(rev: str, into: Path) -> str:
                           stdout=subprocess.PIPE).stdout  # fmt: skip
     (into / "feed.py").write_bytes(feed)  # its RecentWindows: the look-back's upkeep
     pyx = [str(p) for p in (into / "fleetlens_sync_rev").glob("*.pyx")]
-    if pyx:  # its Cython kernels, built in place (needs the 'bench' extra's Cython)
+    if pyx:  # its Cython kernels, built in place (needs the 'bench' extra's Cython), with the
+        # vocabulary's declarations they cimport (fleetlens/*.pxd) found in the build's cwd
+        _export_pxd(rev, into)
         subprocess.run([sys.executable, "-m", "Cython.Build.Cythonize", "-i", "-3", "-q", *pyx],
-                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                       check=True, stdout=subprocess.DEVNULL, cwd=into)  # fmt: skip
     return str(into)
+
+
+def _export_pxd(rev: str, into: Path) -> None:
+    """``rev``'s ``fleetlens/*.pxd`` (e.g. the Arrow C interfaces) written into ``into``."""
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", rev,
+                            "fleetlens/"], check=True, stdout=subprocess.PIPE,
+                           text=True).stdout.split()  # fmt: skip
+    for name in (n for n in names if n.endswith(".pxd")):
+        body = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{name}"], check=True,
+                              stdout=subprocess.PIPE).stdout  # fmt: skip
+        (into / Path(name).name).write_bytes(body)
 
 
 def _dir(parent: Path, name: str) -> Path:

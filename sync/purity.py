@@ -125,9 +125,9 @@ def complete_generations(
     """
     if windows.num_rows == 0:
         return []
-    dur, start = _ints(windows["duration_ns"]), _ints(windows["start_ns"])
-    one = int(dur[0])
-    if one > 0 and (dur == one).all():
+    start = _ints(windows["start_ns"])
+    one = _one_length(windows["duration_ns"])
+    if one:
         # agents share one window length: each generation's rows counted and located in
         # two passes, no per-row generation array or masks (:func:`generation_runs`)
         runs = generation_runs(start, one)
@@ -140,6 +140,7 @@ def complete_generations(
         gen = np.floor_divide(start + (one >> 1), one)
         ids, counts = _counts(gen)
     else:
+        dur = _ints(windows["duration_ns"])
         ok = dur > 0
         if not ok.any():
             return []
@@ -166,6 +167,14 @@ def _run_rows(
     if last - first + 1 == n:
         return windows.slice(first, n)
     return windows.filter(pa.array(np.floor_divide(start + (one >> 1), one) == gen))
+
+
+def _one_length(dur: pa.ChunkedArray) -> int:
+    """The window length every row shares (no null, positive), else 0: read per chunk in
+    place, not from a combined copy of the look-back's ~3,000 chunks."""
+    mm = pc.min_max(dur)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return int(lo) if not dur.null_count and lo is not None and lo == hi and lo > 0 else 0
 
 
 def _ints(col: pa.ChunkedArray) -> np.ndarray:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
-from fleetlens.sync import HuygensSync, SyncConfig, purity, solver
+from fleetlens.sync import HuygensSync, SyncConfig, network, purity, solver
 from fleetlens.sync._csr import RowLists
 from fleetlens.sync.pooling import HullPool, Pooled, WindowEdges
 from fleetlens.sync.purity import HullPoints
@@ -210,3 +210,55 @@ def test_rows_reduced_in_one_pass_give_the_models_of_every_point_flattened(
     monkeypatch.setattr(solver, "hull_points", lambda w, **_: purity.hull_points(w))
     want, _ = run()
     assert got == want
+
+
+def test_edges_and_kept_sets_carried_across_windows_give_the_models_of_fresh_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A window whose pairs run as the last one's takes its edge numbering and its network
+    solves' kept sets from it: bit-identical models to both found again every window, with
+    a clock step (its window's kept sets differ) and the rows in commit order."""
+    topo = from_spec(FLEET)
+    step = ("h05:clock_step_us=1000:start_s=4.5",)
+    windows = [_commit_order(w, i) for i, w in enumerate(_windows(topo, 10, seed=9, faults=step))]
+    carried = HuygensSync()
+    got, _ = _drive(carried, windows, topo)
+    assert carried._runs is not None and carried._sets is not None
+
+    class Fresh(solver._EdgeGeometry):
+        def __init__(self, pts: HullPoints, nic_h: np.ndarray, nums: np.ndarray, *_: object):
+            super().__init__(pts, nic_h, nums)
+
+    monkeypatch.setattr(solver, "_EdgeGeometry", Fresh)
+    monkeypatch.setattr(network.ActiveSets, "of", lambda _s, *a: network.ActiveSets(*a))
+    want, _ = _drive(HuygensSync(), windows, topo)
+    assert got == want
+    assert all(m.synced for m in got[-1].values())
+
+
+@pytest.mark.parametrize(
+    ("kinds", "want"),
+    [
+        (["hardware"] * 3, "hardware"),
+        (["software"] * 3, "software"),
+        (["hardware", "hardware", "software"], "software"),
+        (["software", "hardware", "hardware"], "software"),
+        (["hardware", None, "hardware"], "software"),
+        ([], "software"),
+    ],
+)
+def test_stamp_kind_is_hardware_only_if_every_row_is(kinds: list[str | None], want: str) -> None:
+    col = pa.chunked_array([pa.array(kinds[:1], pa.string()), pa.array(kinds[1:], pa.string())])
+    assert solver._ts_kind(pa.table({"ts_source": col})) == want
+
+
+def test_generations_of_mixed_or_missing_lengths_by_each_rows_own() -> None:
+    """Rows of two window lengths, or one without a length, are each placed by their own."""
+    start = pa.array([0, 1_000, 2_000, 4_000, 5_000], pa.int64())
+    for dur in ([1_000, 1_000, 1_000, 2_000, 1_000], [1_000, None, 1_000, 1_000, 1_000]):
+        t = pa.table({"start_ns": start, "duration_ns": pa.array(dur, pa.int64())})
+        gens = purity.complete_generations(t, after=-10, quorum=0.0)
+        d = np.array([x or 0 for x in dur])
+        ok = d > 0
+        want = sorted(set(((np.array(start) + (d >> 1))[ok] // d[ok]).tolist()))
+        assert [g for _, g in gens] == want
