@@ -11,7 +11,7 @@ into the parallel phase by lacking a marker.
 
 A test that skips unless root only for a socket option (``SO_BINDTODEVICE`` on loopback), builds
 no namespace and holds no timing bound may carry ``shares_machine``: it then runs in the
-parallel phase (the probe fuzzer: 27 s of Hypothesis generating inputs, counters compared
+parallel phase (the probe fuzzer: about a minute of Hypothesis generating inputs, counters compared
 exactly, no clock read).
 """
 
