@@ -111,13 +111,9 @@ def of_batches(partition: str, batches: Sequence[Batch]) -> list[Summary]:
     at their bounds, is each one's :func:`of_batch` (tested). Where two batches hold rows of
     one pair and generation, its hull rides on its first row only: their union summarizes
     the same, which is all the fleet tier reads (:func:`merge`)."""
-    if len(batches) < 2:
-        return [of_batch(partition, b) for b in batches]
-    whole = summarize(
-        pa.concat_tables(
-            [b.windows.select(WINDOW_SCHEMA.names).cast(WINDOW_SCHEMA) for b in batches]
-        )
-    )
+    if not batches:
+        return []
+    whole = summarize(pa.concat_tables([b.windows for b in batches]))
     bounds = np.cumsum([0, *(b.windows.num_rows for b in batches)])
     return [
         Summary(b.batch_id, partition, b.host_id, whole.slice(a, n - a))
@@ -223,17 +219,13 @@ def _messages(group: Sequence[Summary], max_bytes: int) -> list[tuple[str, bytes
     if len({s.partition for s in group}) > 1:
         raise ValueError("a message carries one partition's summaries")
     first = group[0]
-    if len(group) == 1:
-        msg_id = first.summary_id
-        meta = {META_BATCH_ID: msg_id.encode(), META_HOST_ID: first.host_id.encode(),
-                META_PARTITION: first.partition.encode()}  # fmt: skip
-    else:
-        ids = "\n".join(s.summary_id for s in group)
-        msg_id = f"g-{hashlib.sha1(ids.encode()).hexdigest()}"
+    msg_id = first.summary_id
+    meta = {META_HOST_ID: first.host_id.encode(), META_PARTITION: first.partition.encode()}
+    if len(group) > 1:
         parts = [[s.summary_id, s.host_id, s.windows.num_rows] for s in group]
-        meta = {META_BATCH_ID: msg_id.encode(), META_HOST_ID: first.host_id.encode(),
-                META_PARTITION: first.partition.encode(),
-                META_GROUP: json.dumps(parts, separators=(",", ":")).encode()}  # fmt: skip
+        meta[META_GROUP] = json.dumps(parts, separators=(",", ":")).encode()
+        msg_id = "g-" + hashlib.sha1("\n".join(p[0] for p in parts).encode()).hexdigest()
+    meta[META_BATCH_ID] = msg_id.encode()
     table = pa.concat_tables([s.windows.select(WINDOW_SCHEMA.names) for s in group])
     table = table.cast(WINDOW_SCHEMA).replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
