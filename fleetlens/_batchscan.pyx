@@ -37,7 +37,7 @@ from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint8_t, uint64_t, uintptr
 
 import numpy as np
 
-from arrow_abi cimport ArrowArray
+from arrow_abi cimport ArrowArray, bit_set
 
 # Column positions in WINDOW_SCHEMA (fleetlens.records); batch.py asserts the schema.
 cdef enum:
@@ -247,11 +247,7 @@ cdef inline Bits _bits(const ArrowArray* a) noexcept nogil:
 
 
 cdef inline bint _ok(Bits b, int64_t i) noexcept nogil:
-    cdef int64_t j
-    if b.bits == NULL:
-        return True
-    j = b.offset + i
-    return (b.bits[j >> 3] >> (j & 7)) & 1
+    return b.bits == NULL or bit_set(b.bits, b.offset + i)
 
 
 # Distinct strings numbered by first appearance: open addressing (``table``: per slot the

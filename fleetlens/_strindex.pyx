@@ -12,15 +12,11 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 import numpy as np
 
-from arrow_abi cimport ArrowArray, ArrowArrayStream
+from arrow_abi cimport ArrowArray, ArrowArrayStream, bit_set
 
 ctypedef fused offs_t:
     int32_t
     int64_t
-
-
-cdef inline bint _bit(const uint8_t* bits, int64_t i) noexcept nogil:
-    return (bits[i >> 3] >> (i & 7)) & 1
 
 
 cdef class StrIndex:
@@ -117,7 +113,7 @@ cdef class StrIndex:
             with nogil:
                 prev_n = -1  # a chunk's strings are compared with its own only
                 for i in range(arr.length):
-                    if valid != NULL and not _bit(valid, arr.offset + i):
+                    if valid != NULL and not bit_set(valid, arr.offset + i):
                         out[r + i] = -2
                         continue
                     n = off[i + 1] - off[i]

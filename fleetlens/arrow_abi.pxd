@@ -2,7 +2,7 @@
 # CStreamInterface.html), declared once for the modules that read Arrow memory in place
 # (fleetlens/_batchscan.pyx, sync/_csr.pyx). The C text is the specification's, behind its
 # guards, so a translation unit that also includes Arrow's own header compiles.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint8_t
 
 
 cdef extern from *:
@@ -57,3 +57,9 @@ cdef extern from *:
     struct ArrowArrayStream:
         int (*get_next)(ArrowArrayStream *, ArrowArray *) noexcept nogil
         const char *(*get_last_error)(ArrowArrayStream *) noexcept nogil
+
+
+cdef inline bint bit_set(const uint8_t* bits, int64_t i) noexcept nogil:
+    """Bit ``i`` of an Arrow bitmap, least significant bit first (validity: value ``i`` is
+    not null)."""
+    return (bits[i >> 3] >> (i & 7)) & 1

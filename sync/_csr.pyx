@@ -18,7 +18,7 @@ from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memmove
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
-from arrow_abi cimport ArrowArray, ArrowArrayStream
+from arrow_abi cimport ArrowArray, ArrowArrayStream, bit_set
 
 
 cdef struct Pt:
@@ -548,12 +548,6 @@ cdef inline void _write_hull(
         oy[w + i] = hull[i].y
 
 
-
-
-cdef inline bint _bit(const unsigned char *bits, int64_t i) noexcept nogil:
-    return (bits[i >> 3] >> (i & 7)) & 1
-
-
 cdef class ListColumn:
     """A ``list<int64>`` column (``col``, a ChunkedArray) read in place, chunk by chunk,
     through the Arrow C stream interface (the collector's look-back is a chunk per host's
@@ -618,7 +612,7 @@ cdef class ListColumn:
             valid = <const unsigned char *>(arr.buffers[0] if arr.null_count != 0 else NULL)
             for i in range(arr.length):
                 ch[r], at[r], n[r] = c, off[i], off[i + 1] - off[i]
-                null[r] = valid != NULL and not _bit(valid, arr.offset + i)
+                null[r] = valid != NULL and not bit_set(valid, arr.offset + i)
                 r += 1
         if r != rows:
             raise ValueError(f"the column's chunks hold {r} rows, not {rows}")
@@ -641,7 +635,7 @@ cdef inline const int64_t *_row_vals(ListColumn col, Py_ssize_t r) noexcept nogi
 cdef inline bint _row_ok(ListColumn col, Py_ssize_t r, Py_ssize_t k) noexcept nogil:
     """Whether row ``r``'s ``k``-th value is not null."""
     cdef const unsigned char *bits = col._okbits[col._ch[r]]
-    return bits == NULL or _bit(bits, col._okoff[col._ch[r]] + col._at[r] + k)
+    return bits == NULL or bit_set(bits, col._okoff[col._ch[r]] + col._at[r] + k)
 
 
 cdef class RowLists:

@@ -24,13 +24,7 @@ import pyarrow.compute as pc
 
 from fleetlens._strindex import StrIndex
 
-from ._csr import (
-    ListColumn,
-    RowLists,
-    flatten_points,
-    generation_runs,
-    row_pair_hulls,
-)
+from ._csr import ListColumn, RowLists, flatten_points, generation_runs, row_pair_hulls
 from .scratch import Scratch
 
 
