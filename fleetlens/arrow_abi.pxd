@@ -1,7 +1,8 @@
 # The Arrow C data and stream interfaces (arrow.apache.org/docs/format/CDataInterface.html and
-# CStreamInterface.html), declared once for the modules that read Arrow memory in place
-# (fleetlens/_batchscan.pyx, sync/_csr.pyx). The C text is the specification's, behind its
-# guards, so a translation unit that also includes Arrow's own header compiles.
+# CStreamInterface.html) and its bitmaps' bit read, declared once for the modules that read
+# Arrow memory in place (fleetlens/_batchscan.pyx, fleetlens/_strindex.pyx, sync/_csr.pyx). The
+# C text is the specification's, behind its guards, so a translation unit that also includes
+# Arrow's own header compiles.
 from libc.stdint cimport int64_t, uint8_t
 
 

@@ -85,11 +85,10 @@ class DecayedCounts:
 
     def forget(self, rows: np.ndarray) -> None:
         """The counts of ``rows`` forgotten, packets and losses (their link healed): they
-        start again from the next window. Forgetting the losses alone left the packets that
-        lost them counted clean: the background learned over the horizon fell by the healed
-        rows' share of it (1.0e-5 to 7e-6 per hop after a 60 s fault on a 2-leaf fabric's
-        uplink), and the rows of the reverse direction, at the true background, read as
-        lossy against it (their tie group `faulty` 3-7 s after the heal)."""
+        start again from the next window. Forgetting the losses alone would leave the packets
+        that lost them counted clean, pulling the background learned over the horizon below
+        the fabric's, so that rows at the true background read as lossy against it (the
+        history: docs/notes/triangulate.md)."""
         self.sent[rows] = 0.0
         self.lost[rows] = 0.0
         self._sums = ()  # the per-link packet sums summed anew
