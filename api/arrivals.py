@@ -21,8 +21,10 @@ a generation is never complete early: it waits for the time-out, as a single upl
 nothing about the others still coming.
 
 A generation nobody completes (an agent died, an upload is late) is ready ``max_wait_ns``
-after it ended anyway: the regular loop tick picks it up. The solve is handed windows up to
-the newest ready generation only, so it never solves a half-uploaded one.
+after it ended anyway: the clock loop wakes at that time-out (:meth:`next_timeout`), not at its
+next tick, which would add up to a tick to every model's age while one agent is missing. The
+solve is handed windows up to the newest ready generation only, so it never solves a
+half-uploaded one.
 """
 
 from __future__ import annotations
@@ -80,6 +82,18 @@ class WindowArrivals:
         if gens:  # tracked generations all still arriving: only what came before them
             return gens[0] - 1
         return newest_start  # nothing tracked (e.g. history from before a restart)
+
+    def next_timeout(self, now_ns: int) -> int | None:
+        """When the next generation not yet complete turns ready by its time-out, after
+        ``now_ns`` (None: none pending): the clock loop wakes then, not at its next tick."""
+        with self._lock:
+            due = [
+                g + self._duration[g] + self.max_wait_ns
+                for g in self._senders
+                if g > self._signalled
+            ]
+        later = [d for d in due if d > now_ns]
+        return min(later) if later else None
 
     def complete(self, g: int, now_ns: int) -> bool:
         """Every host expected to send generation ``g`` has sent it (False when untracked)."""

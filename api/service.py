@@ -159,7 +159,10 @@ class Collector:
         self.log_unidentifiable()
         if loops:
             triangulate = self.rounds.triangulation_round
-            self.loops.start({"triangulate": triangulate, "clocks": self._clocks_and_retention})
+            self.loops.start(
+                {"triangulate": triangulate, "clocks": self._clocks_and_retention},
+                due={"clocks": self.arrivals.next_timeout},
+            )
 
     def stop(self) -> None:
         self.loops.stop()

@@ -149,3 +149,24 @@ def test_the_loop_solves_a_complete_generation_without_waiting_for_its_tick(
         assert solve.calls[0] == {T0}
     finally:
         c.stop()
+
+
+def test_the_loop_solves_at_a_dead_agents_time_out_not_at_its_tick(tmp_path: Path) -> None:
+    solve = SolveLog()
+    c = _collector(tmp_path, solve, loops=True)  # the tick is an hour
+    try:
+        g0 = time.time_ns() // SEC * SEC - 2 * SEC
+        for h in ("h00", "h01", "h02"):
+            c.arrivals.registered(h, time.time_ns())
+            _send(c, h, g0)
+        assert solve.called.wait(30), "the solve did not run on the complete generation"
+        g1 = g0 + SEC  # ends within the second; h02 died: ready 1 s after its end
+        for h in ("h00", "h01"):
+            _send(c, h, g1)
+        deadline = time.monotonic() + 30
+        while not any(g1 in starts for starts in solve.calls) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(g1 in starts for starts in solve.calls), "not solved at its time-out"
+        assert time.time_ns() >= g1 + SEC + c.settings.solve_max_wait_ns
+    finally:
+        c.stop()
