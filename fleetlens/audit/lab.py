@@ -94,20 +94,25 @@ class LabRun:
         self.lab = Lab.up(self.name, self.hosts, self.nics, self.leaves, self.spines)
         return self.lab.inventory()
 
-    def inject(self, inj: Injection) -> None:
-        """The hidden fault: a random fabric link (seeded), recorded as truth only."""
+    def inject(self, injections: list[Injection]) -> None:
+        """The hidden faults, each on its own random fabric link (seeded: the first fault's
+        link depends on the seed alone), recorded as truth only."""
         assert self.lab is not None
-        fabric = sorted(lk.id for lk in self.lab.topo.links if lk.tier == "fabric")
-        link = fabric[int(np.random.default_rng(self.seed).integers(len(fabric)))]
-        if inj.kind == "loss":
-            faults.add_loss(self.lab, link, inj.value)
-            self.injected.append({"link": link, "kind": "loss", "value": inj.value,
-                                  "unit": "%"})  # fmt: skip
-        else:
-            (f,) = faults.add_delay(self.lab, link, inj.value)
-            self.injected.append({"link": link, "kind": "delay", "value": inj.value,
-                                  "unit": "us", "measured_us": f.measured_us})  # fmt: skip
-        self.say(f"hid a {inj.kind} fault on one of {len(fabric)} fabric links")
+        free = sorted(lk.id for lk in self.lab.topo.links if lk.tier == "fabric")
+        if len(injections) > len(free):
+            raise AuditInputError(f"{len(injections)} faults to hide, {len(free)} fabric links")
+        rng, fabric = np.random.default_rng(self.seed), len(free)
+        for inj in injections:
+            link = free.pop(int(rng.integers(len(free))))
+            if inj.kind == "loss":
+                faults.add_loss(self.lab, link, inj.value)
+                self.injected.append({"link": link, "kind": "loss", "value": inj.value,
+                                      "unit": "%"})  # fmt: skip
+            else:
+                (f,) = faults.add_delay(self.lab, link, inj.value)
+                self.injected.append({"link": link, "kind": "delay", "value": inj.value,
+                                      "unit": "us", "measured_us": f.measured_us})  # fmt: skip
+            self.say(f"hid a {inj.kind} fault on one of {fabric} fabric links")
 
     def start(self) -> str:
         """Collector and one agent per host (with injected clock errors); the collector URL."""

@@ -70,8 +70,9 @@ def parser() -> argparse.ArgumentParser:
     lab.add_argument("--nics", type=int, default=2)
     lab.add_argument("--leaves", type=int, default=4)
     lab.add_argument("--spines", type=int, default=2)
-    lab.add_argument("--inject", help="hide a fault on a random leaf-spine link: "
-                     "loss:PCT%% or delay:USus")  # fmt: skip
+    lab.add_argument("--inject", action="append", default=[],
+                     help="hide a fault on a random leaf-spine link: loss:PCT%% or delay:USus; "
+                     "repeat for more faults, each on a different link")  # fmt: skip
     lab.add_argument("--seed", type=int, default=1, help="picks the faulted link and clocks")
     lab.add_argument("--keep-workdir", action="store_true",
                      help="keep the collector DB and logs (path in report.json)")  # fmt: skip
@@ -99,11 +100,11 @@ def validate(a: argparse.Namespace) -> None:
     if a.lab:
         from fleetlens.audit.lab import parse_inject
 
-        if a.inject:
-            try:
-                parse_inject(a.inject)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+        try:
+            for text in a.inject:
+                parse_inject(text)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         if len(a.name) > 6 or not a.name.isalnum():
             raise UsageError(f"--name: 1-6 letters/digits, got {a.name!r}")
         if min(a.hosts, a.nics, a.leaves, a.spines) < 1 or a.hosts < 2:

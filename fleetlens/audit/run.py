@@ -105,8 +105,7 @@ def run_lab(a: argparse.Namespace) -> dict:
     keep = a.keep_workdir
     try:
         topo = run.up()
-        if a.inject:
-            run.inject(parse_inject(a.inject))
+        run.inject([parse_inject(text) for text in a.inject])
         url = run.start()
         _wait(warm, "warm-up (agents start, clocks converge)")
         since = time.time_ns()
