@@ -32,6 +32,11 @@ from __future__ import annotations
 import threading
 
 KEEP_GENERATIONS = 16  # generations remembered (the solve looks back 2 s of 1 s windows)
+# Past its time-out, a generation wakes the loop again once this share of the hosts expected
+# has sent it: the solve skips a generation holding under 80 % of the fullest one's rows
+# (``complete_generations``), so one whose uploads were still coming in at the time-out would
+# otherwise wait for the next generation's time-out, a window later.
+LATE_QUORUM = 0.9
 
 
 class WindowArrivals:
@@ -44,7 +49,7 @@ class WindowArrivals:
         self._first_at: dict[int, int] = {}  # window start_ns -> when its first rows came
         self._registered: dict[str, int] = {}  # host -> when its agent last registered
         self._first_sent: dict[str, int] = {}  # host -> first window it sent since registering
-        self._signalled = -(1 << 62)  # newest generation already reported complete
+        self._signalled = -(1 << 62)  # newest generation already reported (complete or late)
 
     def registered(self, host: str, now_ns: int) -> None:
         with self._lock:
@@ -53,7 +58,8 @@ class WindowArrivals:
 
     def stored(self, sent: list[tuple[str, list[int], int]], now_ns: int) -> bool:
         """Note a commit group's stored batches (host, window starts and duration of each, in
-        commit order); True when they completed a generation newer than any before. It is
+        commit order); True when they completed a generation newer than any before, or
+        brought one past its time-out to ``LATE_QUORUM`` of the hosts expected. It is
         checked once per group for each generation the group reached: a check walks the
         fleet's hosts, too much to do per batch at 1,024 batches a second."""
         with self._lock:
@@ -67,7 +73,9 @@ class WindowArrivals:
                 del self._senders[old], self._duration[old], self._first_at[old]
             # Newest first: one batch of the next generation must not hide a completed one.
             for g in sorted({max(starts) for _, starts, _ in sent}, reverse=True):
-                if g > self._signalled and self._complete(g, now_ns):
+                if g > self._signalled and (
+                    self._complete(g, now_ns) or self._late_quorum(g, now_ns)
+                ):
                     self._signalled = g
                     return True
             return False
@@ -109,6 +117,16 @@ class WindowArrivals:
         return g + self._duration[g] + self.max_wait_ns <= now_ns or self._complete(g, now_ns)
 
     def _complete(self, g: int, now_ns: int) -> bool:
+        expected = self._expected(g, now_ns)
+        return bool(expected) and expected <= self._senders[g]
+
+    def _late_quorum(self, g: int, now_ns: int) -> bool:
+        if now_ns < g + self._duration[g] + self.max_wait_ns:
+            return False
+        expected = self._expected(g, now_ns)
+        return bool(expected) and len(expected & self._senders[g]) >= LATE_QUORUM * len(expected)
+
+    def _expected(self, g: int, now_ns: int) -> set[str]:
         earlier = [s for s in self._senders if s < g]
         expected = set(self._senders[max(earlier)]) if earlier else set()
         expected |= {  # starting: registered lately, nothing older than g sent since
@@ -116,4 +134,4 @@ class WindowArrivals:
             for h, t in self._registered.items()
             if now_ns - t < self.starting_ns and self._first_sent.get(h, g) >= g
         }
-        return bool(expected) and expected <= self._senders[g]
+        return expected

@@ -170,3 +170,34 @@ def test_the_loop_solves_at_a_dead_agents_time_out_not_at_its_tick(tmp_path: Pat
         assert time.time_ns() >= g1 + SEC + c.settings.solve_max_wait_ns
     finally:
         c.stop()
+
+
+def test_past_its_time_out_a_generation_wakes_the_loop_at_nine_in_ten_hosts(
+    tmp_path: Path,
+) -> None:
+    """Uploads still coming in at the time-out (agents not in phase): the solve skipped the
+    generation then (under its row quorum), so the loop must run again once 90 % are in."""
+    topo = leaf_spine(hosts=10, nics=1, leaves=1, spines=1)
+    inv = tmp_path / "fleet.json"
+    topo.save(inv)
+    settings = Settings(db_path=tmp_path / "fl.duckdb", inventory=str(inv), loop_interval_s=3600)
+    c = Collector(settings, Engines(solve_clocks=SolveLog()))
+    c.start(loops=False)
+    try:
+        hosts = sorted(topo.hosts)
+        g0 = time.time_ns() // SEC * SEC - 10 * SEC  # both time-outs long past
+        for h in hosts:
+            c.arrivals.registered(h, time.time_ns())
+            _send(c, h, g0)
+        assert _woken(c)
+        _sleep(c)
+        for h in hosts[:8]:
+            _send(c, h, g0 + SEC)
+            assert not _woken(c)
+        _send(c, hosts[8], g0 + SEC)
+        assert _woken(c)
+        _sleep(c)
+        _send(c, hosts[9], g0 + SEC)
+        assert not _woken(c)  # reported once
+    finally:
+        c.stop()
