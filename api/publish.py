@@ -1,10 +1,16 @@
 """What the collector serves as current: clock models, verdicts and drain decisions.
 
 The loops hand over their whole output each round; only what changed is stored (one writer
-transaction per stage, so readers never see half of one) and then published, so the served
-state always equals the newest stored rows. History keeps every change, and while a subject
-is not healthy one row per round; a clock model (and a non-healthy verdict) is also stored at
-least every ``HEARTBEAT_NS`` so the history shows it is still current.
+transaction per stage, so readers never see half of one). Verdicts and decisions are published
+once stored, so the served ones always equal the newest stored rows. Clock models are served
+as soon as solved and stored behind them: agents map their timestamps with the served model,
+and a busy writer (a commit group of ingest ahead of the store, up to a second) must not age
+it; the history and a restarted collector have them once the writer reached them, and a failed
+store raises in the next clock round (:meth:`Published.flush`).
+
+History keeps every change, and while a subject is not healthy one row per round; a clock
+model (and a non-healthy verdict) is also stored at least every ``HEARTBEAT_NS`` so the history
+shows it is still current.
 
 The published maps are replaced, never mutated (copy, update, swap): API threads iterate them
 while a loop publishes.
@@ -13,6 +19,7 @@ while a loop publishes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from fleetlens.api.store import Store
 
@@ -20,9 +27,10 @@ from fleetlens.records import ClockModel, Decision, Verdict
 
 HEARTBEAT_NS = 60_000_000_000
 
-# Stores one stage's outputs (clocks, verdicts, decisions, now_ns) in one transaction and
-# returns once they are stored.
-SaveOutputs = Callable[[list[ClockModel], list[Verdict], list[Decision], int], None]
+# Stores one stage's outputs (clocks, verdicts, decisions, now_ns) in one writer transaction;
+# the future is done once they are stored.
+SaveOutputs = Callable[[list[ClockModel], list[Verdict], list[Decision], int], Future]
+STORE_TIMEOUT_S = 60.0
 
 
 class Published:
@@ -33,6 +41,7 @@ class Published:
         self.verdicts: dict[str, Verdict] = {}
         self.verdict_updated: dict[str, int] = {}  # subject -> when last stored
         self.decisions: dict[str, Decision] = {}
+        self._clocks_stored: Future | None = None  # the served models' store, if pending
 
     def load(self, store: Store) -> None:
         """The newest stored outputs (a restarted collector serves them at once)."""
@@ -45,9 +54,11 @@ class Published:
         self.decisions = {d.host_id: d for d in store.decisions()}
 
     def clocks_round(self, clocks: list[ClockModel], now_ns: int) -> None:
+        """Served at once, stored behind (the module's docstring says why)."""
         new = self._changed_clocks(clocks, now_ns)
         if new:
-            self._save(new, [], [], now_ns)
+            self.flush()
+            self._clocks_stored = self._save(new, [], [], now_ns)
         self.clocks = {**self.clocks, **{c.host_id: c for c in new}}
         self.clock_updated = {**self.clock_updated, **{c.host_id: now_ns for c in new}}
 
@@ -60,12 +71,18 @@ class Published:
             d for d in decisions if _drain_key(d) != _drain_key(self.decisions.get(d.host_id))
         ]
         if new_verdicts or new_decisions:
-            self._save([], new_verdicts, new_decisions, now_ns)
+            self._save([], new_verdicts, new_decisions, now_ns).result(timeout=STORE_TIMEOUT_S)
         self.verdicts = {**self.verdicts, **{v.subject: v for v in new_verdicts}}
         self.verdict_updated = {
             **self.verdict_updated, **{v.subject: now_ns for v in new_verdicts}
         }  # fmt: skip
         self.decisions = {**self.decisions, **{d.host_id: d for d in new_decisions}}
+
+    def flush(self) -> None:
+        """Wait until the served clock models are stored; raises their store's error."""
+        pending, self._clocks_stored = self._clocks_stored, None
+        if pending is not None:
+            pending.result(timeout=STORE_TIMEOUT_S)
 
     def _changed_clocks(self, clocks: list[ClockModel], now_ns: int) -> list[ClockModel]:
         return [

@@ -145,12 +145,11 @@ class Collector:
 
     def _save(
         self, clocks: list[ClockModel], verdicts: list[Verdict], decided: list[Decision], now: int
-    ) -> None:
-        """One stage's outputs in one writer transaction; waits until it is stored."""
-        save = self.writer.submit_call(
+    ) -> Future:
+        """One stage's outputs in one writer transaction; the future is done once stored."""
+        return self.writer.submit_call(
             lambda st: st.save_loop_outputs(clocks, verdicts, decided, now)
         )
-        save.result(timeout=60)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self, loops: bool = True) -> None:
@@ -190,8 +189,10 @@ class Collector:
         return WriterHealth(w.alive(), w.depth(), w.lag_s())
 
     def run_round(self, now_ns: int) -> None:
-        """Both loops' rounds, one after the other (what tests and replays drive)."""
+        """Both loops' rounds, one after the other (what tests and replays drive), their
+        outputs stored when it returns."""
         self.rounds.run(now_ns)
+        self.published.flush()
 
     def run_retention(self, now_ns: int) -> dict[str, int] | None:
         return self.retention.run(now_ns)
