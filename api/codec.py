@@ -321,12 +321,15 @@ class Dicts:
 @dataclass
 class Added:
     """What :func:`to_storage` appended to each dictionary, and the id each addition starts at
-    (the dictionary's length before)."""
+    (the dictionary's length before); ``numbered``: the rows' ids it found for each table
+    given without them, in order (the ingest link hands them back to the worker once they
+    are committed, for the host's next batch)."""
 
     links: tuple[int, list[str]]
     paths: tuple[int, pa.Array]
     nics: tuple[int, list[str]]
     sources: tuple[int, list[str]]
+    numbered: list[LayoutIds]
 
 
 def to_storage(
@@ -346,8 +349,10 @@ def to_storage(
     here = [x for x, lay in zip(tables, given, strict=True) if lay is None]
     if len(here) == len(tables):
         ids = _number(here, d)
+        numbered = _split(ids, here)
     else:
-        ids = _joined(_fill(given, _split(_number(here, d), here) if here else []), d)
+        numbered = _split(_number(here, d), here) if here else []
+        ids = _joined(_fill(given, numbered), d)
     stored = {
         "src_nic": ids.src,
         "dst_nic": ids.dst,
@@ -365,6 +370,7 @@ def to_storage(
         (bases[1], d.paths.paths.slice(bases[1])),
         (bases[2], d.nics.ids.slice(bases[2]).to_pylist()),
         (bases[3], d.sources.ids.slice(bases[3]).to_pylist()),
+        numbered,
     )
     return pa.Table.from_arrays(cols, names=WINDOW_SCHEMA.names), added
 
@@ -453,6 +459,30 @@ class WorkerDicts:
         for names, new in ((self.nics, nics), (self.sources, sources), (self.links, links)):
             names.update(zip(new, range(len(names), len(names) + len(new)), strict=True))
 
+    def extend_from(self, start: Sequence[int], nics: list[str], sources: list[str],
+                    links: list[str]) -> bool:  # fmt: skip
+        """The entries from id ``start`` on (per dictionary), of which those the copy lacks are
+        appended: the writer process sends each worker the entries committed since the last
+        it sent, so answers may overlap the copy but never skip past it. False (nothing
+        taken) when they would leave a gap."""
+        have = self.sizes()
+        if any(lo > n for lo, n in zip(start, have, strict=True)):
+            return False
+        self.extend(*(new[n - lo :] for new, lo, n in zip((nics, sources, links), start, have,
+                                                          strict=True)))  # fmt: skip
+        return True
+
+    def key(self, windows: pa.Table) -> list[pa.Buffer | None] | None:
+        """A copy of the string buffers by which a host's next batch is compared (None: they
+        cannot be compared as bytes), kept when a batch goes without ids."""
+        key = _strings(_in_schema(windows))
+        return None if key is None else _copy(key)
+
+    def remember(self, host: str, key: list[pa.Buffer | None], ids: LayoutIds) -> None:
+        """The ids the writer found for a host's batch sent without them (``key``: its string
+        buffers, :meth:`key`): its next batch with the same strings reuses them."""
+        self._last[host] = (key, ids)
+
     def number(self, host: str, windows: pa.Table) -> LayoutIds | None:
         """The rows' ids, or None when a name is not in the copy."""
         windows = _in_schema(windows)
@@ -469,8 +499,7 @@ class WorkerDicts:
         got = LayoutIds(nics[c.src_code], nics[c.dst_code], ts[c.ts_code], c.path_off,
                         links[c.link_code], c.path_valid)  # fmt: skip
         if key is not None:
-            self._last[host] = ([None if b is None else pa.py_buffer(b.to_pybytes())
-                                 for b in key], got)  # fmt: skip
+            self._last[host] = (_copy(key), got)
         return got
 
 
@@ -490,6 +519,11 @@ def _strings(windows: pa.Table) -> list[pa.Buffer | None] | None:
             return None
         out += arr.buffers()
     return out
+
+
+def _copy(key: list[pa.Buffer | None]) -> list[pa.Buffer | None]:
+    """Buffers of their own (a body's buffers are freed with its request)."""
+    return [None if b is None else pa.py_buffer(b.to_pybytes()) for b in key]
 
 
 def _same(a: list[pa.Buffer | None], b: list[pa.Buffer | None]) -> bool:

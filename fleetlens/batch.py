@@ -116,6 +116,9 @@ class Batch:
     window_end: int | None = None
     # The rows' storage ids when an ingest worker found them (None: the writer numbers them).
     layout: LayoutIds | None = None
+    # The ids the writer found for them, once committed (a batch given without): the ingest
+    # link hands them back to the worker, for the host's next batch.
+    numbered: LayoutIds | None = None
 
     @property
     def rows(self) -> int:
