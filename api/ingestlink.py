@@ -23,9 +23,10 @@ batch's NIC, ts_source and link ids with its copy of the writer's committed dict
 lacks goes without ids (the writer numbers it, as in one process), and so do the worker's
 next batches until its answer; only the writer adds entries, paths included. Ahead of each
 commit's answers to a worker the writer sends the entries committed since the last it sent
-that worker, and the ids it found for each batch the worker sent without: the copy fills up
-without a question, and a host's next batch, whose strings repeat its first's byte for byte,
-takes those ids without numbering.
+that worker, and the ids it found for each batch the worker sent without them or without its
+rows' path ids: the copy fills up without a question, and a host's next batches, whose
+strings repeat its first's byte for byte, take those ids, path ids included, without
+numbering; the writer then neither numbers nor looks up a path of theirs.
 
 Every answer carries the version of the known NICs, so a worker refreshes its copy after any
 registration; a batch a worker refuses for an unknown NIC is checked again after a refresh (its
@@ -63,12 +64,14 @@ Transport = asyncio.WriteTransport
 
 _HEAD = struct.Struct("!IBQ")
 BATCH, KNOWN, COUNT, ANSWER, KNOWN_SET, DICTS, DICTS_SET, IDS = range(1, 9)
-# A batch frame's payload starts with: rows numbered (-1: none), path elements, whether a
-# path-validity array follows, where the record batch starts (aligned: the reader views it),
-# the batch and host ids' lengths (UTF-8, after the rows' ids).
+# A batch frame's payload starts with: rows numbered (-1: none), path elements, which arrays
+# follow the ids (_VALID: the path validity, _PATHS: the path ids), where the record batch
+# starts (aligned: the reader views it), the batch and host ids' lengths (UTF-8, after the
+# rows' ids).
 _IDS = struct.Struct("<qqqqqq")
-# An ``IDS`` frame's payload starts with: rows, path elements, whether a path-validity array
-# follows; the ids as in a batch frame.
+_VALID, _PATHS = 1, 2
+# An ``IDS`` frame's payload starts with: rows, path elements, which arrays follow; the ids
+# as in a batch frame.
 _GIVEN = struct.Struct("<qqq")
 _BODY_ALIGN = 64
 # Frames are at most a body's size plus this (the Arrow framing of a batch the worker checked).
@@ -95,42 +98,59 @@ def batch_frame(batch: Batch, layout: LayoutIds | None, body: bytes | None
     names = batch.batch_id.encode() + batch.host_id.encode()
     at = -(-(_IDS.size + len(ids) + len(names)) // _BODY_ALIGN) * _BODY_ALIGN
     rows, elems = (-1, 0) if layout is None else (len(layout.src), len(layout.links))
-    valid = layout is not None and layout.path_valid is not None
-    head = _IDS.pack(rows, elems, valid, at, len(batch.batch_id.encode()), len(names))
+    head = _IDS.pack(rows, elems, _extras(layout), at, len(batch.batch_id.encode()), len(names))
     pad = bytes(at - _IDS.size - len(ids) - len(names))
     return [head, ids + names + pad, _record_batch_message(batch.windows, body)]
 
 
+def _extras(layout: LayoutIds | None) -> int:
+    """Which arrays follow a layout's ids (``_VALID``, ``_PATHS``)."""
+    if layout is None:
+        return 0
+    return (_VALID if layout.path_valid is not None else 0) | (
+        _PATHS if layout.path is not None else 0)  # fmt: skip
+
+
 def _ids_bytes(layout: LayoutIds) -> bytes:
-    """The rows' ids: int32 src, dst, ts_source, path offsets, links; uint8 path validity."""
+    """The rows' ids: int32 src, dst, ts_source, path offsets, links, path ids (when known);
+    uint8 path validity (when a path is null)."""
     parts = [layout.src, layout.dst, layout.ts, layout.path_off, layout.links]
+    if layout.path is not None:
+        parts.append(layout.path)
     ids = b"".join(np.ascontiguousarray(a, np.int32).tobytes() for a in parts)
     if layout.path_valid is not None:
         ids += np.ascontiguousarray(layout.path_valid, np.uint8).tobytes()
     return ids
 
 
-def _ids_view(payload: pa.Buffer | bytes, at: int, rows: int, elems: int, valid: bool
+def _ids_size(rows: int, elems: int, extras: int) -> int:
+    """Bytes of the ids :func:`_ids_bytes` writes."""
+    ints = 4 * rows + 1 + elems + (rows if extras & _PATHS else 0)
+    return 4 * ints + (rows if extras & _VALID else 0)
+
+
+def _ids_view(payload: pa.Buffer | bytes, at: int, rows: int, elems: int, extras: int
               ) -> LayoutIds:  # fmt: skip
     """The rows' ids written by :func:`_ids_bytes` at ``at`` in ``payload`` (views, no copy)."""
-    n = 4 * rows + 1 + elems
+    n = 4 * rows + 1 + elems + (rows if extras & _PATHS else 0)
     ints = np.frombuffer(payload, np.int32, n, at)
     src, dst, ts = (ints[k * rows : (k + 1) * rows] for k in range(3))
-    off, links = ints[3 * rows : 4 * rows + 1], ints[4 * rows + 1 :]
-    mask = np.frombuffer(payload, np.uint8, rows, at + 4 * n) if valid else None
-    return LayoutIds(src, dst, ts, off, links, mask)
+    end = 4 * rows + 1 + elems
+    off, links = ints[3 * rows : 4 * rows + 1], ints[4 * rows + 1 : end]
+    path = ints[end:] if extras & _PATHS else None
+    mask = np.frombuffer(payload, np.uint8, rows, at + 4 * n) if extras & _VALID else None
+    return LayoutIds(src, dst, ts, off, links, mask, path)
 
 
 def ids_frame(rid: int, layout: LayoutIds) -> list[bytes | pa.Buffer]:
-    """An ``IDS`` frame: the rows' ids the writer found for batch ``rid``, sent without."""
-    valid = layout.path_valid is not None
-    head = _GIVEN.pack(len(layout.src), len(layout.links), valid)
+    """An ``IDS`` frame: the rows' ids the writer found for batch ``rid``, path ids included."""
+    head = _GIVEN.pack(len(layout.src), len(layout.links), _extras(layout))
     return _frame(IDS, rid, head, _ids_bytes(layout))
 
 
 def read_ids_frame(payload: bytes) -> LayoutIds:
-    rows, elems, valid = _GIVEN.unpack_from(payload)
-    return _ids_view(payload, _GIVEN.size, rows, elems, bool(valid))
+    rows, elems, extras = _GIVEN.unpack_from(payload)
+    return _ids_view(payload, _GIVEN.size, rows, elems, extras)
 
 
 def _record_batch_message(windows: pa.Table, body: bytes | None) -> pa.Buffer:
@@ -155,14 +175,13 @@ def read_batch_frame(payload: pa.Buffer) -> Batch:
     """A ``BATCH`` payload to the batch it carries, with its rows' ids when it has them (the
     ids and the record batch view the payload: no copy). The worker decoded and checked the
     record batch: it is read as it is, in ``WINDOW_SCHEMA``."""
-    rows, elems, valid, at, id_len, names_len = _IDS.unpack_from(payload)
-    n = 4 * rows + 1 + elems if rows >= 0 else 0
-    texts = _IDS.size + 4 * n + (rows if valid else 0)
+    rows, elems, extras, at, id_len, names_len = _IDS.unpack_from(payload)
+    texts = _IDS.size + (_ids_size(rows, elems, extras) if rows >= 0 else 0)
     names = payload.slice(texts, names_len).to_pybytes()
     windows = pa.Table.from_batches([pa.ipc.read_record_batch(payload.slice(at), WINDOW_SCHEMA)])
     batch = Batch(names[:id_len].decode(), names[id_len:].decode(), windows)
     if rows >= 0 and rows == batch.rows:
-        batch.layout = _ids_view(payload, _IDS.size, rows, elems, bool(valid))
+        batch.layout = _ids_view(payload, _IDS.size, rows, elems, extras)
     return batch
 
 
@@ -243,7 +262,8 @@ class LinkServer:
 
     def _batch(self, rid: int, payload: pa.Buffer, out: Transport) -> None:
         batch = read_batch_frame(payload)
-        without = None if batch.layout is not None else batch
+        # A batch without ids or path ids gets back those the writer finds.
+        without = batch if batch.layout is None or batch.layout.path is None else None
         try:
             fut = self.c.submit(batch)
         except Backpressure as e:
@@ -267,8 +287,8 @@ class LinkServer:
     def _answer_settled(self) -> None:
         """Each worker's answers in one write, after the dictionary entries committed since
         its copy's (so a worker numbers a name as soon as its first batch is stored, without
-        asking) and, for a batch it sent without ids, the ids the writer found (so the host's
-        next batch reuses them: ``codec.WorkerDicts.remember``)."""
+        asking) and, for a batch it sent without ids or path ids, the ids the writer found (so
+        the host's next batch reuses them: ``codec.WorkerDicts.remember``)."""
         with self._settling:
             settled, self._settled = self._settled, []
         frames: dict[Transport, list[bytes | pa.Buffer]] = {}
@@ -427,7 +447,8 @@ class LinkBackend:
     async def store(self, batch: Batch, arrow_body: bytes | None) -> bool:
         lacking = self._lacking
         layout = None if lacking else self._dicts.number(batch.host_id, batch.windows)
-        key = None if layout is not None else self._dicts.key(batch.windows)
+        # Without path ids, the answer brings them (and the ids, if any is missing).
+        key = self._dicts.key(batch.windows) if layout is None or layout.path is None else None
         if layout is None and not lacking:
             self._lacking = True
         try:

@@ -535,9 +535,11 @@ class Store:
             raise
         self._committed()
         # Committed ids only (a failed group's are never handed on): the ingest link sends
-        # them back to the worker of a batch it sent without (a store keeping no ids: none).
+        # them back to the worker of a batch it sent without them or without path ids (a
+        # store keeping no ids: none).
         if numbered:
-            for b, ids in zip([b for b in kept if b.layout is None], numbered, strict=True):
+            lacking = [b for b in kept if b.layout is None or b.layout.path is None]
+            for b, ids in zip(lacking, numbered, strict=True):
                 b.numbered = ids
         # A batch is "stored" by this call only where its id was new and it is the first copy.
         return [b.batch_id in new and first_pos[b.batch_id] == i for i, b in enumerate(batches)]

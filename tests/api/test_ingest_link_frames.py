@@ -120,8 +120,9 @@ def test_a_batch_frame_carries_the_batch_and_its_ids() -> None:
         whole = pa.py_buffer(arrow_body or b"")
         inside = whole.address <= msg.address < whole.address + whole.size
         assert inside == (arrow_body is body)  # the agent's own message: not copied
-        for valid in (None, (np.arange(rows) % 3 > 0).astype(np.uint8)):
-            sent = LayoutIds(ints(rows), ints(rows), ints(rows), off, ints(elems), valid)
+        for valid, path in itertools.product((None, (np.arange(rows) % 3 > 0).astype(np.uint8)),
+                                             (None, ints(rows))):  # fmt: skip
+            sent = LayoutIds(ints(rows), ints(rows), ints(rows), off, ints(elems), valid, path)
             for layout in (sent, None):
                 parts = ingestlink.batch_frame(batch, layout, arrow_body)
                 payload = np.frombuffer(b"".join(bytes(p) for p in parts), np.uint8).copy()
@@ -132,8 +133,13 @@ def test_a_batch_frame_carries_the_batch_and_its_ids() -> None:
                     assert got.layout is None
                     continue
                 assert got.layout is not None
-                for name in ("src", "dst", "ts", "path_off", "links", "path_valid"):
+                for name in ("src", "dst", "ts", "path_off", "links", "path_valid", "path"):
                     a, b = getattr(got.layout, name), getattr(sent, name)
+                    assert (a is None and b is None) or a.tolist() == b.tolist(), name
+                frame = b"".join(bytes(p) for p in ingestlink.ids_frame(7, sent))
+                back = ingestlink.read_ids_frame(frame[_HEAD.size :])
+                for name in ("src", "dst", "ts", "path_off", "links", "path_valid", "path"):
+                    a, b = getattr(back, name), getattr(sent, name)
                     assert (a is None and b is None) or a.tolist() == b.tolist(), name
 
 
@@ -166,8 +172,8 @@ def test_a_workers_copy_fills_up_from_the_answers(tmp_path: Any) -> None:
     """Over a real link: a worker whose copy lacks a host's names sends its first batch
     without ids; the answer brings the entries that batch's commit added (the copy then
     equals the committed dictionaries, asked for only once, at the start) and the ids the
-    writer found, which the host's next batch with the same strings takes as they are: the
-    ids a copy numbering it would find."""
+    writer found, path ids included, which the host's next batch with the same strings takes
+    as they are: the ids a copy numbering it would find. Every row is stored as sent."""
     import asyncio
     import secrets
 
@@ -186,6 +192,7 @@ def test_a_workers_copy_fills_up_from_the_answers(tmp_path: Any) -> None:
     col = _Collector(store, settings, [n.id for n in topo.nics])
     name = f"@fleetlens-test-{secrets.token_hex(4)}"
     asked = []
+    sent: list[pa.Table] = []
 
     def bodies(host: str, k: int) -> list[Any]:
         t = make_windows(topo, host, 1_700_000_000 * 10**9, n_windows=1)
@@ -212,14 +219,19 @@ def test_a_workers_copy_fills_up_from_the_answers(tmp_path: Any) -> None:
                 for field in ("src", "dst", "ts", "path_off", "links"):
                     assert getattr(got, field).tolist() == getattr(want, field).tolist()
                 assert worker._dicts._last[host][1] is got  # taken as the answer gave them
+                assert got.path is not None and len(got.path) == second.rows
                 assert await worker.store(second, None)
+                sent.extend([first.windows, second.windows])
         finally:
             await worker.close()
             await server.close()
 
+    order = [(n, "ascending") for n in ("start_ns", "src_nic", "dst_nic", "sport")]
     try:
         asyncio.run(run())
+        got = store.read_windows().sort_by(order)
     finally:
         store.close()
+    assert got.equals(pa.concat_tables(sent).sort_by(order))
     assert asked.count(ingestlink.DICTS) == 1
     assert asked.count(ingestlink.BATCH) == 4
