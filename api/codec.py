@@ -23,7 +23,9 @@ dicts, and each row's path (its link indices) is found in, or added to, the path
 dictionary's table in Cython as well (an agent batch: ~0.15 ms, 0.75x, with its paths known;
 ~0.2 ms, 0.5x, when they are new). With ingest workers, a worker finds a batch's NIC,
 ts_source and link ids (:class:`WorkerDicts`, from the committed entries) and the writer
-process, the collector's bottleneck, only checks them and interns the paths.
+process, the collector's bottleneck, only checks them and interns the paths; once the writer
+has handed a host's ids back (path ids included), the worker sends them with the host's
+batches that repeat those strings, and the writer only checks them.
 
 Files written before the dictionaries stored ``path`` as the packed int32 link indices (a
 BLOB) and NICs as strings; a read-only open of such a file still reads them as they are.
@@ -32,7 +34,7 @@ BLOB) and NICs as strings; a read-only open of such a file still reads them as t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -321,12 +323,15 @@ class Dicts:
 @dataclass
 class Added:
     """What :func:`to_storage` appended to each dictionary, and the id each addition starts at
-    (the dictionary's length before)."""
+    (the dictionary's length before); ``numbered``: the rows' ids, path ids included, of each
+    table given without them or without path ids, in order (the ingest link hands them back to
+    the worker once they are committed, for the host's next batch)."""
 
     links: tuple[int, list[str]]
     paths: tuple[int, pa.Array]
     nics: tuple[int, list[str]]
     sources: tuple[int, list[str]]
+    numbered: list[LayoutIds]
 
 
 def to_storage(
@@ -339,21 +344,24 @@ def to_storage(
     ts_source and link id of those rows once), then only the distinct ones looked up in the
     dictionaries here. Each row's path, as link indices, is then found in the path
     dictionary's table in Cython too; only the writer adds paths. No per-row hashing in
-    Python, numpy or Arrow: that was ~0.2 ms an agent batch."""
+    Python, numpy or Arrow: that was ~0.2 ms an agent batch. When every table comes with its
+    path ids (a worker reusing a host's ids), no path is looked up either."""
     tables = [_in_schema(x) for x in tables]
     bases = len(d.links.ids), len(d.paths), len(d.nics.ids), len(d.sources.ids)
     given = list(layouts) + [None] * (len(tables) - len(layouts))
     here = [x for x, lay in zip(tables, given, strict=True) if lay is None]
     if len(here) == len(tables):
         ids = _number(here, d)
+        parts = _split(ids, here)
     else:
-        ids = _joined(_fill(given, _split(_number(here, d), here) if here else []), d)
-    stored = {
-        "src_nic": ids.src,
-        "dst_nic": ids.dst,
-        "ts_source": ids.ts,
-        "path": d.paths.ids_of(ids.path_off, ids.links, ids.path_valid),
-    }
+        parts = _fill(given, _split(_number(here, d), here) if here else [])
+        ids = _joined(parts, d)
+    if ids.path is None:
+        path = d.paths.ids_of(ids.path_off, ids.links, ids.path_valid)
+        numbered = _with_paths(parts, given, path)
+    else:
+        path, numbered = ids.path, []
+    stored = {"src_nic": ids.src, "dst_nic": ids.dst, "ts_source": ids.ts, "path": path}
     t = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     cols = [
         _nullable(stored[n]) if n in stored else list_to_blob(t[n]) if n in BLOB_COLUMNS
@@ -365,6 +373,7 @@ def to_storage(
         (bases[1], d.paths.paths.slice(bases[1])),
         (bases[2], d.nics.ids.slice(bases[2]).to_pylist()),
         (bases[3], d.sources.ids.slice(bases[3]).to_pylist()),
+        numbered,
     )
     return pa.Table.from_arrays(cols, names=WINDOW_SCHEMA.names), added
 
@@ -382,6 +391,19 @@ def _number(tables: list[pa.Table], d: Dicts) -> LayoutIds:
     nics, links = _ids(d.nics, c.nics), _ids(d.links, c.links)
     return LayoutIds(nics[c.src_code], nics[c.dst_code], _ids(d.sources, c.ts)[c.ts_code],
                      c.path_off, links[c.link_code], c.path_valid)  # fmt: skip
+
+
+def _with_paths(parts: list[LayoutIds], given: list[LayoutIds | None], path: np.ndarray
+                ) -> list[LayoutIds]:  # fmt: skip
+    """The ids of each table given without them or without path ids, with its rows' path ids
+    (``path``: every table's, in order)."""
+    out, lo = [], 0
+    for part, lay in zip(parts, given, strict=True):
+        hi = lo + len(part.src)
+        if lay is None or lay.path is None:
+            out.append(replace(part, path=path[lo:hi]))
+        lo = hi
+    return out
 
 
 def _split(ids: LayoutIds, tables: list[pa.Table]) -> list[LayoutIds]:
@@ -419,9 +441,13 @@ def _joined(parts: list[LayoutIds], d: Dicts) -> LayoutIds:
         return np.concatenate([getattr(p, field) for p in parts]).astype(np.int32, copy=False)
 
     got = LayoutIds(joined("src"), joined("dst"), joined("ts"), off, joined("links"), valid)
-    for arr, names in ((got.src, d.nics), (got.dst, d.nics), (got.ts, d.sources),
-                       (got.links, d.links)):  # fmt: skip
-        if len(arr) and int(arr.max()) >= len(names.ids):
+    for arr, size in ((got.src, len(d.nics.ids)), (got.dst, len(d.nics.ids)),
+                      (got.ts, len(d.sources.ids)), (got.links, len(d.links.ids))):  # fmt: skip
+        if len(arr) and int(arr.max()) >= size:
+            raise ValueError("a worker's storage id past its dictionary")
+    if all(p.path is not None for p in parts):
+        got.path = joined("path")
+        if len(got.path) and int(got.path.max()) >= len(d.paths):
             raise ValueError("a worker's storage id past its dictionary")
     return got
 
@@ -453,6 +479,31 @@ class WorkerDicts:
         for names, new in ((self.nics, nics), (self.sources, sources), (self.links, links)):
             names.update(zip(new, range(len(names), len(names) + len(new)), strict=True))
 
+    def extend_from(self, start: Sequence[int], nics: list[str], sources: list[str],
+                    links: list[str]) -> bool:  # fmt: skip
+        """The entries from id ``start`` on (per dictionary), of which those the copy lacks are
+        appended: the writer process sends each worker the entries committed since the last
+        it sent, so answers may overlap the copy but never skip past it. False (nothing
+        taken) when they would leave a gap."""
+        have = self.sizes()
+        if any(lo > n for lo, n in zip(start, have, strict=True)):
+            return False
+        self.extend(*(new[n - lo :] for new, lo, n in zip((nics, sources, links), start, have,
+                                                          strict=True)))  # fmt: skip
+        return True
+
+    def key(self, windows: pa.Table) -> list[pa.Buffer | None] | None:
+        """A copy of the string buffers by which a host's next batch is compared (None: they
+        cannot be compared as bytes), kept when a batch goes without ids."""
+        key = _strings(_in_schema(windows))
+        return None if key is None else _copy(key)
+
+    def remember(self, host: str, key: list[pa.Buffer | None], ids: LayoutIds) -> None:
+        """The ids the writer found for a host's batch sent without them or without path ids
+        (``key``: its string buffers, :meth:`key`): its next batch with the same strings
+        reuses them, path ids included."""
+        self._last[host] = (key, ids)
+
     def number(self, host: str, windows: pa.Table) -> LayoutIds | None:
         """The rows' ids, or None when a name is not in the copy."""
         windows = _in_schema(windows)
@@ -469,8 +520,7 @@ class WorkerDicts:
         got = LayoutIds(nics[c.src_code], nics[c.dst_code], ts[c.ts_code], c.path_off,
                         links[c.link_code], c.path_valid)  # fmt: skip
         if key is not None:
-            self._last[host] = ([None if b is None else pa.py_buffer(b.to_pybytes())
-                                 for b in key], got)  # fmt: skip
+            self._last[host] = (_copy(key), got)
         return got
 
 
@@ -490,6 +540,11 @@ def _strings(windows: pa.Table) -> list[pa.Buffer | None] | None:
             return None
         out += arr.buffers()
     return out
+
+
+def _copy(key: list[pa.Buffer | None]) -> list[pa.Buffer | None]:
+    """Buffers of their own (a body's buffers are freed with its request)."""
+    return [None if b is None else pa.py_buffer(b.to_pybytes()) for b in key]
 
 
 def _same(a: list[pa.Buffer | None], b: list[pa.Buffer | None]) -> bool:

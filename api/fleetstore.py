@@ -103,8 +103,9 @@ class FleetStore(Store):
 
     def _insert_windows(
         self, tables: list[pa.Table], layouts: Sequence[LayoutIds | None] = ()
-    ) -> None:
+    ) -> list[LayoutIds]:
         self._pending.append(pa.concat_tables(tables))
+        return []  # held as they came: no storage ids
 
     def insert_windows_raw(self, table: pa.Table) -> None:
         self.held.add(table)

@@ -524,14 +524,23 @@ class Store:
                 con.unregister("_ids")
             # In the batches' order: the commit hook reads the rows' NIC ids in that order.
             kept = [b for i, b in first.items() if i in new and b.rows]
+            numbered: list[LayoutIds] = []
             if kept:
-                self._insert_windows([b.windows for b in kept], [b.layout for b in kept])
+                numbered = self._insert_windows([b.windows for b in kept],
+                                                [b.layout for b in kept])  # fmt: skip
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             self.dicts = self._load_dicts()  # forget what the failed transaction added
             raise
         self._committed()
+        # Committed ids only (a failed group's are never handed on): the ingest link sends
+        # them back to the worker of a batch it sent without them or without path ids (a
+        # store keeping no ids: none).
+        if numbered:
+            lacking = [b for b in kept if b.layout is None or b.layout.path is None]
+            for b, ids in zip(lacking, numbered, strict=True):
+                b.numbered = ids
         # A batch is "stored" by this call only where its id was new and it is the first copy.
         return [b.batch_id in new and first_pos[b.batch_id] == i for i, b in enumerate(batches)]
 
@@ -561,7 +570,8 @@ class Store:
 
     def _insert_windows(
         self, tables: list[pa.Table], layouts: Sequence[LayoutIds | None] = ()
-    ) -> None:
+    ) -> list[LayoutIds]:
+        """The tables' rows stored; the ids found for those given without (``to_storage``)."""
         stored, added = to_storage(tables, self.dicts, layouts)
         self._save_added(added)
         self.last_nic_ids = (stored["src_nic"].to_numpy(), stored["dst_nic"].to_numpy())
@@ -574,6 +584,7 @@ class Store:
                 self.con.execute(_aggregate_sql("_incoming", where))
         finally:
             self.con.unregister("_incoming")
+        return added.numbered
 
     def _save_added(self, added: Added) -> None:
         """The dictionary entries a batch added, in its transaction."""

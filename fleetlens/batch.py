@@ -92,8 +92,10 @@ class LayoutIds:
     worker so that the writer process need not hash them (``fleetlens.api.codec``): per row the
     source and destination NIC ids and the ts_source id (int32, -1: null), and its path as link
     indices (``links[path_off[i]:path_off[i + 1]]``, int32; ``path_valid``: uint8 per row, None
-    when no path is null). Only entries the writer has committed are used, so the ids hold for
-    good: the writer's dictionaries only grow, and a rolled-back group's entries never leave it."""
+    when no path is null) and, when the writer has told the worker, its path's id (``path``:
+    int32 per row, negative where it is null; the writer then looks no path up). Only entries
+    the writer has committed are used, so the ids hold for good: the writer's dictionaries only
+    grow, and a rolled-back group's entries never leave it."""
 
     src: np.ndarray
     dst: np.ndarray
@@ -101,6 +103,7 @@ class LayoutIds:
     path_off: np.ndarray
     links: np.ndarray
     path_valid: np.ndarray | None
+    path: np.ndarray | None = None
 
 
 @dataclass
@@ -116,6 +119,9 @@ class Batch:
     window_end: int | None = None
     # The rows' storage ids when an ingest worker found them (None: the writer numbers them).
     layout: LayoutIds | None = None
+    # The ids the writer found for them, once committed (a batch given without): the ingest
+    # link hands them back to the worker, for the host's next batch.
+    numbered: LayoutIds | None = None
 
     @property
     def rows(self) -> int:

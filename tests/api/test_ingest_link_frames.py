@@ -19,7 +19,7 @@ class _Server:
         self.frames: list[tuple[int, int, bytes, type]] = []
         self.linked = 0
 
-    def joined(self, change: int) -> None:
+    def joined(self, change: int, out: Any) -> None:
         self.linked += change
 
     def frame(self, kind: int, rid: int, payload: Any, out: Any) -> None:
@@ -120,8 +120,9 @@ def test_a_batch_frame_carries_the_batch_and_its_ids() -> None:
         whole = pa.py_buffer(arrow_body or b"")
         inside = whole.address <= msg.address < whole.address + whole.size
         assert inside == (arrow_body is body)  # the agent's own message: not copied
-        for valid in (None, (np.arange(rows) % 3 > 0).astype(np.uint8)):
-            sent = LayoutIds(ints(rows), ints(rows), ints(rows), off, ints(elems), valid)
+        for valid, path in itertools.product((None, (np.arange(rows) % 3 > 0).astype(np.uint8)),
+                                             (None, ints(rows))):  # fmt: skip
+            sent = LayoutIds(ints(rows), ints(rows), ints(rows), off, ints(elems), valid, path)
             for layout in (sent, None):
                 parts = ingestlink.batch_frame(batch, layout, arrow_body)
                 payload = np.frombuffer(b"".join(bytes(p) for p in parts), np.uint8).copy()
@@ -132,6 +133,105 @@ def test_a_batch_frame_carries_the_batch_and_its_ids() -> None:
                     assert got.layout is None
                     continue
                 assert got.layout is not None
-                for name in ("src", "dst", "ts", "path_off", "links", "path_valid"):
+                for name in ("src", "dst", "ts", "path_off", "links", "path_valid", "path"):
                     a, b = getattr(got.layout, name), getattr(sent, name)
                     assert (a is None and b is None) or a.tolist() == b.tolist(), name
+                frame = b"".join(bytes(p) for p in ingestlink.ids_frame(7, sent))
+                back = ingestlink.read_ids_frame(frame[_HEAD.size :])
+                for name in ("src", "dst", "ts", "path_off", "links", "path_valid", "path"):
+                    a, b = getattr(back, name), getattr(sent, name)
+                    assert (a is None and b is None) or a.tolist() == b.tolist(), name
+
+
+class _Known:
+    version = 1
+
+    def __init__(self, nics: list[str]) -> None:
+        self._nics = nics
+
+    def nics(self) -> pa.Array:
+        return pa.array(self._nics, pa.string())
+
+
+class _Collector:
+    """What the link server uses of the collector: a real store, written at once."""
+
+    def __init__(self, store: Any, settings: Any, nics: list[str]) -> None:
+        self.store, self.settings, self.known = store, settings, _Known(nics)
+        self.dicts_asked = 0
+
+    def submit(self, batch: Any) -> Any:
+        from concurrent.futures import Future
+
+        fut: Future = Future()
+        fut.set_result(self.store.insert_batches([batch], 1_700_000_000 * 10**9)[0])
+        return fut
+
+
+def test_a_workers_copy_fills_up_from_the_answers(tmp_path: Any) -> None:
+    """Over a real link: a worker whose copy lacks a host's names sends its first batch
+    without ids; the answer brings the entries that batch's commit added (the copy then
+    equals the committed dictionaries, asked for only once, at the start) and the ids the
+    writer found, path ids included, which the host's next batch with the same strings takes
+    as they are: the ids a copy numbering it would find. Every row is stored as sent."""
+    import asyncio
+    import secrets
+
+    from collector_helpers import make_windows
+    from fleetlens.api.codec import WorkerDicts
+    from fleetlens.api.config import Settings
+    from fleetlens.api.ingestworker import _unix_listener, unix_address
+    from fleetlens.api.store import Store
+
+    from fleetlens.batch import decode_batch, encode_batch
+    from fleetlens.topology import leaf_spine
+
+    topo = leaf_spine(hosts=4, nics=2, leaves=2, spines=2)
+    store = Store(tmp_path / "c.duckdb")
+    settings = Settings(db_path=tmp_path / "c.duckdb")
+    col = _Collector(store, settings, [n.id for n in topo.nics])
+    name = f"@fleetlens-test-{secrets.token_hex(4)}"
+    asked = []
+    sent: list[pa.Table] = []
+
+    def bodies(host: str, k: int) -> list[Any]:
+        t = make_windows(topo, host, 1_700_000_000 * 10**9, n_windows=1)
+        return [decode_batch(*encode_batch(host, t, f"{host}-{k}-{i}")) for i in range(2)]
+
+    async def run() -> None:
+        server = ingestlink.LinkServer(col)  # type: ignore[arg-type]
+        frame = server.frame
+        server.frame = lambda kind, *a: (asked.append(kind), frame(kind, *a))[1]  # type: ignore[method-assign]
+        await server.start(_unix_listener(name))
+        worker = ingestlink.LinkBackend(settings, unix_address(name))
+        await worker.connect()
+        try:
+            for k, host in enumerate(topo.hosts[:2]):
+                first, second = bodies(host, k)
+                assert k > 0 or worker._dicts.sizes() == [0, 0, 0]  # the file is new
+                assert await worker.store(first, None)
+                assert worker._dicts.sizes() == list(store.committed_sizes)
+                fresh = WorkerDicts()
+                fresh.extend(*store.committed_names([0, 0, 0]))
+                want = fresh.number(host, second.windows)
+                got = worker._dicts.number(host, second.windows)
+                assert want is not None and got is not None
+                for field in ("src", "dst", "ts", "path_off", "links"):
+                    assert getattr(got, field).tolist() == getattr(want, field).tolist()
+                assert worker._dicts._last[host][1] is got  # taken as the answer gave them
+                assert got.path is not None and len(got.path) == second.rows
+                assert await worker.store(second, None)
+                sent.extend([first.windows, second.windows])
+        finally:
+            await worker.close()
+            await server.close()
+
+    order = [(n, "ascending") for n in ("start_ns", "src_nic", "dst_nic", "sport")]
+    try:
+        asyncio.run(run())
+        got = store.read_windows().sort_by(order)
+    finally:
+        store.close()
+    assert got.equals(pa.concat_tables(sent).sort_by(order))
+    assert asked.count(ingestlink.DICTS) == 1
+    assert asked.count(ingestlink.BATCH) == 4

@@ -227,6 +227,27 @@ def test_an_id_past_the_dictionary_is_refused() -> None:
     layout.dst = layout.dst + len(d.nics.ids)
     with pytest.raises(ValueError, match="past its dictionary"):
         codec.to_storage([t], d, [layout])
+    layout.dst = layout.dst - len(d.nics.ids)
+    layout.path = np.full(t.num_rows, len(d.paths), np.int32)
+    with pytest.raises(ValueError, match="past its dictionary"):
+        codec.to_storage([t], d, [layout])
+
+
+def test_path_ids_given_store_what_looking_the_paths_up_stores() -> None:
+    """The ids the writer hands back (path ids included), given with a batch's next copy,
+    store its rows as the writer's own lookup does; a group mixing batches with and without
+    path ids looks the paths up and hands back the ids of those without."""
+    t = _windows()
+    a, b = t.slice(0, 30), t.slice(30)
+    d = codec.Dicts()
+    stored, added = codec.to_storage([a, b], d)
+    assert [len(x.src) for x in added.numbered] == [a.num_rows, b.num_rows]
+    assert all(x.path is not None for x in added.numbered)
+    again, none = codec.to_storage([a, b], d, added.numbered)
+    assert again.equals(stored) and none.numbered == []
+    mixed, some = codec.to_storage([a, b], d, [added.numbered[0], None])
+    assert mixed.equals(stored) and len(some.numbered) == 1
+    assert some.numbered[0].path.tolist() == added.numbered[1].path.tolist()
 
 
 def _copied(t: pa.Table) -> pa.Table:
