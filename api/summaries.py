@@ -20,10 +20,9 @@ nothing else:
 ``ts_source`` stays on every row: the solve reads the window's kinds of stamps from all rows.
 
 The solve's reference time is the median of the pair hulls' points (``HuygensSync._prior``),
-so a summary gives it exactly too (256 simulated hosts, 10 windows: models 0.01 ns apart,
-the order of floating-point sums). What is not exact: the soft-margin fits of overlapping
-edges (a clock step or broken stamps inside the window), which count every hull point of
-the edge's flows. Triangulation is exact.
+and every fit, the soft-margin fits of overlapping edges included, reads only the pair hulls,
+so a summary gives the models of the raw windows (256 simulated hosts, 10 windows: 0.01 ns
+apart, the order of floating-point sums). Triangulation is exact.
 
 On the wire (NATS, ``fleet*.py``) there is one summary per committed batch (one host's
 window), whose id is the batch's, and a message carries several of one partition

@@ -19,6 +19,10 @@ processes (``api/ingestworker.py``) in the same command and prints the ratio of 
 ``--stages`` first prints the CPU per batch of each in-process stage of a batch's path.
 ``--against REV`` runs the collector of that git revision on the same batches too (``--repeat
 N``: N runs of each, alternated) and prints the ratio of this tree's ingest to it.
+``--hull-points`` sets the hulls' mean points a row (4: every flow's whole hull; ~0.81: rows
+cut to their pair's hull, as agents send them, ``fleetlens.summary``), and
+``--against-hull-points`` the revision's (then the ratio is the collector's and the hulls'
+together, not the collector's alone).
 """
 
 from __future__ import annotations
@@ -89,10 +93,12 @@ class Fleet:
 
 
 def batch_table(
-    fleet: Fleet, host: int, rows: int, second: int, rng: np.random.Generator
-) -> pa.Table:
+    fleet: Fleet, host: int, rows: int, second: int, rng: np.random.Generator,
+    hull_points: float = 4.0,
+) -> pa.Table:  # fmt: skip
     """One agent's batch for one window: its planned (src, dst) pairs, rotating source ports,
-    a 4-point hull and the 4-hop leaf-spine path (real link ids of the inventory)."""
+    hulls of ``hull_points`` points a row on average (the rows' counts its floor or ceiling)
+    and the 4-hop leaf-spine path (real link ids of the inventory)."""
     lo, hi = fleet.first[host], fleet.first[host + 1]
     j = np.arange(rows)
     pair = lo + j % (hi - lo)
@@ -102,13 +108,13 @@ def batch_table(
     spine = np.char.add("spine", (sport % fleet.spines).astype(str))
     base = rng.uniform(2_000, 9_000, rows)
     start = np.full(rows, T_INGEST + second * 10**9, np.int64)
+    lo_n = int(hull_points)
+    n = np.full(rows, lo_n) + (rng.random(rows) < hull_points - lo_n if hull_points > lo_n else 0)
+    at = np.r_[0, np.cumsum(n)].astype(np.int32)
+    k = np.arange(at[-1]) - np.repeat(at[:-1], n)  # a point's place in its row
+    hull = pa.ListArray.from_arrays(at, pa.array(np.repeat(start, n) + k * 250_000_000))
+    hull_y = pa.ListArray.from_arrays(at, pa.array(np.repeat(base.astype(np.int64), n) + k))
     four = np.arange(0, 4 * rows + 1, 4, dtype=np.int32)
-    hull = pa.ListArray.from_arrays(
-        four, pa.array(np.repeat(start, 4) + np.tile(np.arange(4) * 250_000_000, rows))
-    )
-    hull_y = pa.ListArray.from_arrays(
-        four, pa.array(np.repeat(base.astype(np.int64), 4) + np.tile(np.arange(4), rows))
-    )
     arrow = lambda a, b: np.char.add(np.char.add(a, "->"), b)  # noqa: E731
     hops = np.stack([arrow(s_nic, s_leaf), arrow(s_leaf, spine), arrow(spine, d_leaf),
                      arrow(d_leaf, d_nic)], 1)  # fmt: skip
@@ -130,15 +136,17 @@ def batch_table(
 
 
 def make_batches(
-    n_rows: int, batch_rows: int, seed: int, per_second: int, fleet: Fleet
-) -> list[tuple[int, pa.Table]]:
+    n_rows: int, batch_rows: int, seed: int, per_second: int, fleet: Fleet,
+    hull_points: float = 4.0,
+) -> list[tuple[int, pa.Table]]:  # fmt: skip
     """Batches in time order, ``per_second`` of them per window second, as a fleet posts them
     (the collector's loops read the newest two seconds, so this sets their load too)."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(max(1, n_rows // batch_rows)):
         host = i % fleet.hosts
-        out.append((host, batch_table(fleet, host, batch_rows, i // per_second, rng)))
+        second = i // per_second
+        out.append((host, batch_table(fleet, host, batch_rows, second, rng, hull_points)))
     return out
 
 
@@ -569,6 +577,12 @@ def main() -> int:
     ap.add_argument("--against", metavar="REV",
                     help="agents: also run the collector of this git revision (its ingest path "
                          "as it was), and print the ratio of this tree's to it")  # fmt: skip
+    ap.add_argument("--hull-points", type=float, default=4.0,
+                    help="hull points a row on average: 4 as every flow's whole hull, "
+                         "~0.81 as agents cut rows to their pair's hull (1024 hosts)")  # fmt: skip
+    ap.add_argument("--against-hull-points", type=float, metavar="N",
+                    help="with --against: the revision's batches' (default --hull-points: "
+                         "the same batches)")  # fmt: skip
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --against: runs of each, alternated")  # fmt: skip
     ap.add_argument("--stages", action="store_true",
@@ -597,9 +611,15 @@ def main() -> int:
         work = Path(tmp)
         fleet = Fleet(hosts)
         batches = (
-            make_batches(ingest_rows, batch_rows, 1, per_second, fleet)
+            make_batches(ingest_rows, batch_rows, 1, per_second, fleet, a.hull_points)
             if a.stages or a.writer_only or not a.skip_ingest
             else []
+        )
+        rev_points = a.hull_points if a.against_hull_points is None else a.against_hull_points
+        rev_batches = (
+            make_batches(ingest_rows, batch_rows, 1, per_second, fleet, rev_points)
+            if a.against and rev_points != a.hull_points and not a.skip_ingest
+            else batches
         )
         if a.writer_only:  # a child of writer_of_revision: its last line is read back
             w = bench_writer(work, fleet, batches, a.threads, a.writer_group, a.label)
@@ -615,7 +635,8 @@ def main() -> int:
             w = bench_writer(work, fleet, batches, a.threads)
             if agents:
                 argv = ["--shape", "agents", "--hosts", str(hosts), "--seconds", str(a.seconds),
-                        "--threads", str(a.threads), "--skip-api"]  # fmt: skip
+                        "--threads", str(a.threads), "--skip-api", "--hull-points",
+                        str(rev_points)]  # fmt: skip
                 for g in map(int, a.writer_groups.split(",") if a.writer_groups else ()):
                     mine = bench_writer(work, fleet, batches, a.threads, g)
                     if a.against:
@@ -624,10 +645,11 @@ def main() -> int:
                               f"= {mine.cpu_per_batch_s / old.cpu_per_batch_s:.2f}")  # fmt: skip
                 h = bench_agents(work, fleet, batches, a.threads, clients, w)
                 if a.against:
-                    old = bench_agents(work, fleet, batches, a.threads, clients, w, rev=a.against)
+                    old = bench_agents(work, fleet, rev_batches, a.threads, clients, w,
+                                       rev=a.against)  # fmt: skip
                     for _ in range(a.repeat - 1):  # alternated: the box's load drifts
                         h += bench_agents(work, fleet, batches, a.threads, clients, w)
-                        old += bench_agents(work, fleet, batches, a.threads, clients, w,
+                        old += bench_agents(work, fleet, rev_batches, a.threads, clients, w,
                                             rev=a.against)  # fmt: skip
                     h, old = h / a.repeat, old / a.repeat
                     print(f"ratio this tree / {a.against} (wall rows/s, mean of {a.repeat}) = "
@@ -637,13 +659,13 @@ def main() -> int:
                     hw = bench_agents(work, fleet, batches, a.threads, clients, w,
                                       a.ingest_workers)  # fmt: skip
                     if a.against:  # the revision's workers too, alternated as above
-                        oldw = bench_agents(work, fleet, batches, a.threads, clients, w,
+                        oldw = bench_agents(work, fleet, rev_batches, a.threads, clients, w,
                                             a.ingest_workers, rev=a.against)  # fmt: skip
                         for _ in range(a.repeat - 1):
                             hw += bench_agents(work, fleet, batches, a.threads, clients, w,
                                                a.ingest_workers)  # fmt: skip
-                            oldw += bench_agents(work, fleet, batches, a.threads, clients, w,
-                                                 a.ingest_workers, rev=a.against)  # fmt: skip
+                            oldw += bench_agents(work, fleet, rev_batches, a.threads, clients,
+                                                 w, a.ingest_workers, rev=a.against)  # fmt: skip
                         hw, oldw = hw / a.repeat, oldw / a.repeat
                         print(
                             f"ratio with {a.ingest_workers} ingest workers this tree / "

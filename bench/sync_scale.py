@@ -35,7 +35,10 @@ window and their sum (the sync's CPU per window), the growth from round 5 to the
 and its peak; with ``--against REV`` the same for the ``sync/`` engine and ``api/feed.py`` of
 git revision REV (exported into a temp dir and imported under other names, in its own
 process; up to ``--against-max-hosts``) and the ratios old/new of the means of rounds
-5-last, per window and of the round alone.
+5-last, per window and of the round alone. The windows' rows carry the hulls agents send
+(each flow's points on its NIC pair's hull); ``--against-hulls flow`` gives REV the same
+probes' whole flow hulls instead, as agents sent them before that cut: the ratio is then
+the engine's and the cut's together, not the engine's alone.
 ``--profile`` prints a cProfile of the current engine's rounds instead; ``--engine REV`` takes
 the current engine from a git revision too (exported the same way) instead of the tree.
 
@@ -79,9 +82,12 @@ def spec(hosts: int) -> str:
 
 
 # ---- windows ----------------------------------------------------------------------------
-def simulate(hosts: int, cache: Path) -> Path:
-    """The size's base windows and per-host drifts, simulated once (Arrow IPC file)."""
-    path = cache / f"sync-scale-{hosts}-{BASE_WINDOWS}.arrow"
+def simulate(hosts: int, cache: Path, pair_hulls: bool = True) -> Path:
+    """The size's base windows and per-host drifts, simulated once (Arrow IPC file); each
+    row's hull cut to its pair's as agents send it, or (``pair_hulls`` False) the flow's
+    whole hull as agents sent it before (the same probes)."""
+    name = f"sync-scale-{hosts}-{BASE_WINDOWS}{'' if pair_hulls else '-flowhulls'}.arrow"
+    path = cache / name
     if path.exists():
         return path
     from fleetlens.fixtures.sim.config import SimConfig
@@ -89,7 +95,8 @@ def simulate(hosts: int, cache: Path) -> Path:
 
     from fleetlens.topology import from_spec
 
-    cfg = SimConfig(clock="identity", paths_known=True, drift_walk_ppb=0.0, temp_step_rate=0.0)
+    cfg = SimConfig(clock="identity", paths_known=True, drift_walk_ppb=0.0, temp_step_rate=0.0,
+                    pair_hulls=pair_hulls)  # fmt: skip
     sim = Simulator(from_spec(spec(hosts)), cfg, seed=1)
     parts, drift = [], None
     t0 = time.time()
@@ -359,6 +366,10 @@ def main() -> None:
     ap.add_argument("--against-max-hosts", type=int, default=1024, metavar="N",
                     help="run REV only up to N hosts (the issue 26 engine peaks at 22 GB at "
                     "1024 hosts: more does not fit this VM)")  # fmt: skip
+    ap.add_argument("--against-hulls", choices=("pair", "flow"), default="pair",
+                    help="the windows REV is given: each row cut to its pair's hull as "
+                    "agents send it (the engines on the same input), or every flow's whole "
+                    "hull as agents sent it before (the engine and the cut together)")  # fmt: skip
     ap.add_argument("--profile", action="store_true", help="cProfile the current engine")
     ap.add_argument("--arrival", choices=("commit", "sorted"), default="commit",
                     help="the look-back's rows: per host batch in commit order (the "
@@ -386,9 +397,11 @@ def main() -> None:
             data = simulate(hosts, args.cache)
             new = summary("new", run_worker(hosts, data, args, cur, args.profile))
             if old and hosts <= args.against_max_hosts:
-                was = summary(args.against, run_worker(hosts, data, args, old, False))
+                was_data = simulate(hosts, args.cache, args.against_hulls == "pair")
+                was = summary(args.against, run_worker(hosts, was_data, args, old, False))
                 first = 5 if args.rounds >= 5 else 1
-                print(f"  ratio {args.against}/new (mean rounds {first}-{args.rounds}): "
+                print(f"  ratio {args.against} ({args.against_hulls} hulls)/new "
+                      f"(mean rounds {first}-{args.rounds}): "
                       f"per window {was[0] / new[0]:.1f}x, "
                       f"round alone {was[1] / new[1]:.1f}x")  # fmt: skip
 

@@ -4,13 +4,17 @@ Rows are flow-windows (or an edge's pooled points), columns their points. The hu
 monotone chain, row by row in Cython (:mod:`fleetlens._hull`). The result equals
 :func:`fleetlens.records.lower_hull` row by row (same tie rules: collinear points dropped,
 equal ``t`` keeps the lowest ``y``).
+
+:func:`keep_group_hull_points` prunes rows to the points on their group's hull: the lower hull
+of a union of point sets is the hull of the union of their hulls' vertices that are its
+vertices, so each row keeps only those (see :mod:`fleetlens.summary`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fleetlens._hull import hull_rows
+from fleetlens._hull import hull_rows, keep_group_hull
 
 
 def lower_hull_rows(
@@ -58,3 +62,19 @@ def _sorted_rows(
     y[bad] = np.take_along_axis(y[bad], order, axis=1)
     mask[bad] = np.take_along_axis(mask[bad], order, axis=1)
     return t, y, mask
+
+
+def keep_group_hull_points(
+    group: np.ndarray, size: np.ndarray, ht: np.ndarray, hy: np.ndarray
+) -> None:
+    """In place: each row's hull ``ht[i, :size[i]]``, ``hy[i, :size[i]]`` (as
+    :func:`lower_hull_rows` returns it) cut to its points that are vertices of the lower
+    hull of all the points of the rows of its ``group`` (an int64 key per row), in order;
+    ``size`` updated (0 where none is). The rows' hulls of a group then have exactly the
+    group's hull as the hull of their union, and each row only points it had."""
+    if group.size == 0:
+        return
+    order = np.argsort(group, kind="stable")
+    g = group[order]
+    bounds = np.r_[np.flatnonzero(np.r_[True, g[1:] != g[:-1]]), g.size].astype(np.int64)
+    keep_group_hull(order.astype(np.int64), bounds, ht, hy, size)

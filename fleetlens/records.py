@@ -4,10 +4,14 @@ Time is integer nanoseconds everywhere. "Raw" times are read off a host's own cl
 times have been mapped through that host's :class:`ClockModel`.
 
 A :class:`Window` summarises one flow ``(src_nic, dst_nic, sport)`` over one window (default
-1 s). Its hull is the lower convex hull of the pure ``(t, owd_raw)`` points, where ``t`` is the
+1 s). Its hull is the flow's pure ``(t, owd_raw)`` points that are vertices of the lower convex
+hull of its NIC pair's pure points in the window (all the pair's flows), where ``t`` is the
 sender's raw transmit time of the pair's first probe and ``owd_raw = rx0_raw - tx0_raw``: the
-max-margin separator between the two directions of an edge depends only on the two hulls, so a
-handful of points per window carry all the clock-sync information.
+max-margin separator between the two directions of an edge depends only on the two pair
+hulls, so a handful of points per pair and window carry all the clock-sync information, and
+the union of a pair's rows' hulls has exactly the pair's hull (``fleetlens.summary``). A row
+may hold none. Records of agents that sent each flow's whole lower hull give the same pair
+hulls.
 
 Counts: ``sent`` and ``received`` count probe packets (two per pair); ``pure`` counts pairs;
 ``acks_lost`` counts pairs whose own ack never came back although the receiver saw the pair

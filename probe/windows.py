@@ -19,7 +19,8 @@ moved fleet time back across the boundary) counts in the next open window. Per f
   ``purity_ns`` (neither packet met extra queueing on the way);
 - one-way delay in fleet time (``rx_fleet - tx_fleet``, both probes of every pair) as
   min/p50/p99/max, nearest-rank percentiles;
-- the lower convex hull of the pure ``(tx0 raw, rx0 raw - tx0 raw)`` points.
+- the lower convex hull of the pure ``(tx0 raw, rx0 raw - tx0 raw)`` points, only those on
+  the hull of its NIC pair's flows' points in the window (all in this batch: the sender's).
 
 The statistics and the hull are :func:`fleetlens.summary.summarize`, the simulator's too.
 
@@ -159,7 +160,8 @@ class WindowBuilder:
         n = groups.size
         win, flow = groups // len(self.flows), groups % len(self.flows)
         g = g.reshape(-1)
-        summary = summarize_samples(s, g, n, self.purity_ns)
+        pair = win * (int(self._pair.max()) + 1) + self._pair[flow]  # directed pair and window
+        summary = summarize_samples(s, g, n, self.purity_ns, pair)
         acks_lost = np.bincount(g, (np.asarray(s["flags"], np.uint16) & FLAG_ACK_LOST) > 0, n)
         cols = {
             "src_nic": pa.array(self.flows.src_nic[flow], pa.string()),
@@ -176,10 +178,11 @@ class WindowBuilder:
 
 
 def summarize_samples(
-    s: dict[str, np.ndarray], g: np.ndarray, n: int, purity_ns: int
+    s: dict[str, np.ndarray], g: np.ndarray, n: int, purity_ns: int, pair: np.ndarray | None = None
 ) -> WindowSummary:
     """The summary of the fast path's samples ``s``, one row per group ``0 <= g < n``; the
-    OWDs of both probes of every pair count."""
+    OWDs of both probes of every pair count. ``pair``: per group, its NIC pair and window
+    key (:func:`summarize`: each row's hull cut to its pair's)."""
     fl = np.asarray(s["flags"], np.uint16)  # the engine's flags are 16-bit since wire v2
 
     def has(flag: int) -> np.ndarray:
@@ -201,4 +204,5 @@ def summarize_samples(
         ok0,
         ok1,
     )
-    return summarize(sent, received, pure, t, y, np.hstack([owd0, owd1]), np.hstack([v0, v1]))
+    owd, valid = np.hstack([owd0, owd1]), np.hstack([v0, v1])
+    return summarize(sent, received, pure, t, y, owd, valid, pair)

@@ -19,10 +19,10 @@ it). The margin is measured vertically (in ns of offset), which differs from the
 SVM margin by a factor ``cos(atan b) > 1 − 1e-7``: the same line.
 
 Overlap (margin < 0) cannot happen with linear clocks and positive delays; it means a clock
-step or a timestamping fault inside the window. Those edges get a soft-margin fit (ν-SVM as a
-small LP with HiGHS, ``soft_nu`` = 0.2: at most a fifth of the points may violate the
-margin), flagged ``soft`` so the network solve trusts them less and the solver can tell an
-unstable host.
+step or a timestamping fault inside the window. Those edges get a soft-margin fit over the
+same points, the two directions' pair hulls (ν-SVM as a small LP with HiGHS, ``soft_nu`` =
+0.2: at most a fifth of the points may violate the margin), flagged ``soft`` so the network
+solve trusts them less and the solver can tell an unstable host.
 
 Slope: with points spanning less than ``min_span_ns`` (0.2 s) the slope is too uncertain to
 use (a 100 ns noise over 0.2 s is 500 ppb); the edge then keeps the prior slope (from the
@@ -31,7 +31,6 @@ previous drift estimates) and contributes to offsets only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,15 +66,14 @@ def fit_edges(
     b_prior: np.ndarray,
     bracket: np.ndarray | float | None = None,
     cfg: SyncConfig = DEFAULT,
-    full: Callable[[np.ndarray], Points] | None = None,
 ) -> EdgeFits:
     """Fit every edge. ``upper`` marks lo→hi points (y = owd); the others are hi→lo points
     already sign-flipped (y = −owd). ``t`` is in ns on a common time axis. ``bracket``: the
     slope searched within ``b_prior ± bracket`` (per edge; default ``cfg.slope_bracket``); an
     optimum at its edge keeps ``b_prior`` (not ``slope_ok``). The hard-margin line rests on
     hull points only, so the points may be just each direction's hull; the soft-margin fit
-    of an overlapping edge counts every point: ``full(edges)`` gives those edges' points as
-    ``(edge, upper, t, y)`` where the points given are hulls only."""
+    of an overlapping edge counts the points given (the solver's: the pair hulls, all that
+    an agent sends since it cuts its rows to them)."""
     bracket = cfg.slope_bracket if bracket is None else bracket
     # CSR rows: edge e's upper points are row 2e, its lower points row 2e + 1
     off, tc, yc = group_points(
@@ -98,18 +96,18 @@ def fit_edges(
         a, margin = 0.5 * (f + g), 0.5 * (f - g)
     a, margin = np.where(usable, a, 0.0), np.where(usable, margin, 0.0)
     fits = EdgeFits(a, b, margin, nu, nl, slope_ok, np.zeros(n_edges, bool), usable, span)
-    _soft_fallback(fits, full or (lambda _: (edge, upper, t, y)), cfg)
+    _soft_fallback(fits, (edge, upper, t, y), cfg)
     return fits
 
 
-def _soft_fallback(fits: EdgeFits, full: Callable[[np.ndarray], Points], cfg: SyncConfig) -> None:
+def _soft_fallback(fits: EdgeFits, points: Points, cfg: SyncConfig) -> None:
     bad = np.flatnonzero(fits.usable & (fits.margin < 0))
     if bad.size > cfg.max_soft_edges:
         fits.usable[bad[cfg.max_soft_edges :]] = False
         bad = bad[: cfg.max_soft_edges]
     if not bad.size:
         return
-    edge, upper, t, y = full(bad)
+    edge, upper, t, y = points
     order = np.argsort(edge, kind="stable")
     starts = np.searchsorted(edge[order], bad)
     ends = np.searchsorted(edge[order], bad, side="right")

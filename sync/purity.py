@@ -9,9 +9,13 @@ Thresholds (``SyncConfig.purity_ns``): software stamps on idle paths show gap er
 few hundred ns, queues add µs, so 800 ns keeps idle pairs and drops queued ones; PHC/hardware
 stamps jitter by a few ns, so 40 ns. The simulator uses the same defaults.
 
-Windows: the agents already filter pairs and send only the lower hull of the pure points. Here
-we drop window rows that cannot carry sync information or are malformed (no pure pair, hull
-arrays of different lengths, unparsable NIC ids, a host probing itself) and count them.
+Windows: the agents already filter pairs and send, per flow, only its pure points on the lower
+hull of its NIC pair's pure points (``fleetlens.summary``; agents before that sent the flow's
+whole hull: the pair hulls, all the solve fits, are the same). Here we drop window rows that
+cannot carry sync information or are malformed (no pure pair, hull arrays of different
+lengths, unparsable NIC ids, a host probing itself) and count them. A row with pure pairs and
+an empty hull is left out uncounted: its flow has no point on its pair's hull, which is no
+fault (it is most rows of a pair with many paths).
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ def pure_mask(
 class HullPoints:
     """Every hull point of the usable rows, flattened (one entry per point), or only each
     directed NIC pair's lower hull of them (``reduced``: pairs in ascending ``src·n + dst``,
-    a pair's hull in t order), with the rows kept to flatten any pairs' every point
-    (:meth:`of_pairs`).
+    a pair's hull in t order): all any fit reads, the soft-margin fits of overlapping edges
+    included, so that an agent's rows cut to their pair's hull give the same fits.
 
     NICs are numbered in sorted id order, so ``src < dst`` compares ids as strings.
     """
@@ -53,22 +57,7 @@ class HullPoints:
     t_raw: np.ndarray  # (n,) int64, sender's raw clock
     owd_raw: np.ndarray  # (n,) int64, rx0_raw - tx0_raw
     dropped: dict[str, int] = field(default_factory=dict)
-    rows: _KeptRows | None = None  # set where reduced: the rows the hulls came from
-
-    @property
-    def reduced(self) -> bool:
-        return self.rows is not None
-
-    def of_pairs(self, codes: np.ndarray) -> HullPoints:
-        """Every point (not only the hulls) of the directed pairs ``src·n + dst`` in
-        ``codes`` (n: the NICs), in row order: what a soft-margin fit counts."""
-        n = len(self.nics)
-        if self.rows is None:
-            on = np.isin(self.src * n + self.dst, codes)
-            src, dst, t, y = self.src[on], self.dst[on], self.t_raw[on], self.owd_raw[on]
-        else:
-            src, dst, t, y, _ = self.rows.flatten(np.isin(self.rows.src * n + self.rows.dst, codes))
-        return HullPoints(self.nics, self.nic_host, src, dst, t, y)
+    reduced: bool = False
 
 
 @dataclass
@@ -81,14 +70,11 @@ class _KeptRows:
     dst: np.ndarray
     lists: RowLists
 
-    def flatten(
-        self, among: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-        """The kept rows' (of those ``among``) points, null points left out, and how many
-        were null (:func:`flatten_points`)."""
-        keep = self.keep if among is None else self.keep & among
-        total = int(np.asarray(self.lists.t.n)[keep].sum())
-        return flatten_points(self._mask(keep), self.lists, total)
+    def flatten(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """The kept rows' points, null points left out, and how many were null
+        (:func:`flatten_points`)."""
+        total = int(np.asarray(self.lists.t.n)[self.keep].sum())
+        return flatten_points(self._mask(self.keep), self.lists, total)
 
     def pair_hulls(
         self, n_nic: int, scratch: Scratch | None = None
@@ -218,7 +204,7 @@ def hull_points(
         src_p, dst_p, ht, hy, nulls = rows.flatten()
     if nulls:
         dropped["null_hull_point"] = nulls
-    return HullPoints(names, hosts, src_p, dst_p, ht, hy, dropped, rows if reduce else None)
+    return HullPoints(names, hosts, src_p, dst_p, ht, hy, dropped, reduce)
 
 
 def _kept_rows(
@@ -232,7 +218,7 @@ def _kept_rows(
     n_t = np.where(t.null, -1, t.n)  # a null list's length -1 (t) or -2 (y): a mismatch
     n_y = np.where(y.null, -2, y.n)
     keep = _count(keep, n_t == n_y, "hull_length_mismatch", dropped)
-    keep = _count(keep, n_t > 0, "empty_hull", dropped)
+    keep &= n_t > 0  # no point on its pair's hull: nothing to use, nothing wrong (uncounted)
     # Ids are validated once per distinct NIC, not per row or point; the names are those of
     # the rows kept so far.
     known = known or KnownNics()

@@ -49,7 +49,7 @@ from fleetlens.topology import Topology
 
 from ._csr import edge_delays, fleet_times, shifted_median
 from .config import SyncConfig
-from .edgefit import EdgeFits, Points, fit_edges
+from .edgefit import EdgeFits, fit_edges
 from .network import ActiveSets, NetSolution, solve_network
 from .pooling import HullPool, WindowEdges
 from .purity import HullPoints, KnownNics, complete_generations, hull_points
@@ -199,8 +199,7 @@ class HuygensSync:
             npass += 1
             t = _fleet_t(red.t_raw, red.src, nic_h, theta, drift, t_ref)
             b_prior = (drift[geo.hi] - drift[geo.lo]) * 1e-9
-            every = partial(_edge_points, pts, geo, _TimeMap(nic_h, theta, drift, t_ref, lat))
-            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg, full=every)
+            fits = fit_edges(geo.edge, geo.upper, t, y, geo.n, b_prior, cfg=self.cfg)
             # Edges to a host whose time mapping is still a guess may look overlapped only
             # because its points sit at the wrong t: take them at face value this pass.
             lenient = ~(mapped[geo.lo] & mapped[geo.hi])
@@ -511,20 +510,6 @@ def _edge_owd(
     (:func:`edge_delays`)."""
     i64 = partial(np.ascontiguousarray, dtype=np.int64)
     return edge_delays(i64(owd_raw), i64(src), i64(dst), lat)
-
-
-def _edge_points(pts: HullPoints, geo: _EdgeGeometry, tm: _TimeMap, edges: np.ndarray) -> Points:
-    """Every point of the window on the given edges (not only the pairs' hulls), as
-    ``(edge, upper, t, y)``: what a soft-margin fit counts. Only those edges' rows are
-    flattened (:meth:`HullPoints.of_pairs`)."""
-    n = len(pts.nics)
-    lo, hi = geo.key_codes[edges] // n, geo.key_codes[edges] % n
-    sub = pts.of_pairs(np.r_[lo * n + hi, hi * n + lo])
-    src, dst = sub.src, sub.dst
-    edge = np.searchsorted(geo.key_codes, np.minimum(src, dst) * n + np.maximum(src, dst))
-    t = _fleet_t(sub.t_raw, src, tm.nic_h, tm.theta, tm.drift, tm.t_ref)
-    upper, y = _edge_owd(sub.owd_raw, src, dst, tm.lat)
-    return edge, upper, t, y
 
 
 def _fleet_t(

@@ -124,7 +124,41 @@ def test_flows_of_a_pair_on_one_path_are_one_record_over_all_their_probes() -> N
     paths = {r["sport"]: r["path"] for r in t.to_pylist() if r["dst_nic"] == "h01/eth0"}
     assert paths == {40001: up0, 40002: up1, 40004: None}
     hulls = {(r["dst_nic"], r["sport"]): r["hull_t_ns"] for r in t.to_pylist()}
-    assert hulls[("h01/eth0", 40001)] == [T0 + 100, T0 + 1_000_100]  # both flows' points
+    # One delay on every probe: the pair's hull is its first and last point, each row keeps
+    # only its points on it (the record of flows 0 and 1 its first, flow 2 none)
+    assert hulls == {
+        ("h01/eth0", 40001): [T0 + 100],
+        ("h01/eth0", 40002): [],
+        ("h01/eth0", 40004): [T0 + 3_000_100],
+        ("h02/eth0", 40001): [T0 + 4_000_100],
+    }
+
+
+def test_each_row_keeps_its_points_on_its_pair_hull_per_window() -> None:
+    """Two flows of one NIC pair and a flow of another, over two windows: a row keeps its
+    flow's hull points that are on its pair's hull in that window, no other pair's or
+    window's points count."""
+    b = WindowBuilder(_flows("h01/eth0", "h01/eth0", "h02/eth0"), SEC)
+    ms = 1_000_000
+    tx = [T0 + 100 * ms, T0 + 500 * ms, T0 + 900 * ms,  # flow 0: a V of delays
+          T0 + 300 * ms, T0 + 700 * ms,  # flow 1: under flow 0's middle, above its ends
+          T0 + 400 * ms, T0 + SEC + 300 * ms, T0 + SEC + 600 * ms]  # fmt: skip
+    s = _samples(list(range(8)), tx, flows=[0, 0, 0, 1, 1, 2, 0, 1])
+    delay = np.array([600, 900, 600, 400, 400, 50, 900, 200])
+    s["rx0"] = s["tx0"] + delay
+    s["rx1"] = s["tx1"] + delay
+    b.add(s, CLOCK, T0 + 2 * SEC)
+    t = b.pop_complete(T0 + 4 * SEC, grace_ns=700_000_000)
+    assert t is not None
+    got = {(r["start_ns"], r["dst_nic"], r["sport"]): (r["pure"], r["hull_t_ns"])
+           for r in t.to_pylist()}  # fmt: skip
+    assert got == {
+        (T0, "h01/eth0", 40000): (3, [T0 + 100 * ms, T0 + 900 * ms]),  # its middle is above 1's
+        (T0, "h01/eth0", 40001): (2, [T0 + 300 * ms, T0 + 700 * ms]),
+        (T0, "h02/eth0", 40002): (1, [T0 + 400 * ms]),  # lower than any h01 point: its own pair
+        (T0 + SEC, "h01/eth0", 40000): (1, [T0 + SEC + 300 * ms]),  # another window: its own
+        (T0 + SEC, "h01/eth0", 40001): (1, [T0 + SEC + 600 * ms]),
+    }
 
 
 def test_lost_acks_are_counted_per_flow_and_never_as_lost_probes() -> None:

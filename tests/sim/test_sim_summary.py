@@ -32,7 +32,9 @@ def _agent_summary(samples: pa.Table, purity_ns: int) -> pa.Table:
     flow = np.char.add(np.char.add(c["src_nic"].astype(str), ">"), c["dst_nic"].astype(str))
     flow = np.char.add(np.char.add(flow, ">"), c["sport"].astype(str))
     names, first, g = np.unique(flow, return_index=True, return_inverse=True)
-    cols = windows.summarize_samples(s, g.reshape(-1), names.size, purity_ns).columns()
+    pair = np.char.add(np.char.add(c["src_nic"].astype(str), ">"), c["dst_nic"].astype(str))
+    pair = np.unique(pair[first], return_inverse=True)[1].reshape(-1)  # per flow: its pair
+    cols = windows.summarize_samples(s, g.reshape(-1), names.size, purity_ns, pair).columns()
     return pa.table({k: samples[k].take(first) for k in KEYS} | cols)
 
 

@@ -11,6 +11,8 @@ import numpy as np
 from fleetlens.fixtures.sim.config import SimConfig
 from fleetlens.fixtures.sim.engine import Simulator
 
+from fleetlens.records import lower_hull
+
 
 def _envelope(t: list[int], y: list[int], at: float) -> float:
     return float(np.interp(at, np.array(t, float), np.array(y, float)))
@@ -20,12 +22,16 @@ def test_hulls_recover_true_offsets(small_topo) -> None:
     sim = Simulator(small_topo, SimConfig(load=0.2), seed=8)
     win = next(sim.stream(1))
     truth = {r["host_id"]: r for r in win.truth_clocks.to_pylist()}
-    hulls: dict[tuple[str, str], list[tuple[list[int], list[int]]]] = {}
-    for r in win.windows.to_pylist():  # every flow (source port) of a NIC pair: its own hull
-        if len(r["hull_t_ns"]) >= 2:
-            hulls.setdefault((r["src_nic"], r["dst_nic"]), []).append(
-                (r["hull_t_ns"], r["hull_owd_ns"])
-            )
+    points: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for r in win.windows.to_pylist():  # a flow's points on its NIC pair's hull
+        pair = points.setdefault((r["src_nic"], r["dst_nic"]), [])
+        pair += zip(r["hull_t_ns"], r["hull_owd_ns"], strict=True)
+    hulls = {}  # per NIC pair: the lower hull of its flows' points
+    for pair, pts in points.items():
+        p = np.array(pts, np.int64).reshape(-1, 2)
+        if len(p) >= 2:
+            h = p[lower_hull(p[:, 0], p[:, 1])]
+            hulls[pair] = (h[:, 0].tolist(), h[:, 1].tolist())
     at = win.start_ns + 500_000_000  # true mid-window
 
     def off(nic: str) -> float:
@@ -33,8 +39,8 @@ def test_hulls_recover_true_offsets(small_topo) -> None:
         return c["offset_ns"] + c["drift_ppb"] * 0.5
 
     def floor(nic_a: str, nic_b: str) -> float:
-        """Lowest hull envelope over the pair's flows at the sender's raw time of ``at``."""
-        return min(_envelope(t, y, at + off(nic_a)) for t, y in hulls[(nic_a, nic_b)])
+        """The pair's hull envelope at the sender's raw time of ``at``."""
+        return _envelope(*hulls[(nic_a, nic_b)], at + off(nic_a))
 
     errors = []
     for a, b in hulls:

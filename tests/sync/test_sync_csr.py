@@ -395,15 +395,6 @@ def test_pair_hulls_from_the_rows_equal_those_of_the_flattened_points() -> None:
         assert red.dropped == every.dropped
         assert np.array_equal(np.c_[red.src, red.dst, red.t_raw, red.owd_raw],
                               np.c_[want.src, want.dst, want.t_raw, want.owd_raw])  # fmt: skip
-        # every point of some pairs, flattened from their rows only: as filtered from all
-        n = len(every.nics)
-        codes = np.unique(every.src * n + every.dst)
-        some = codes[rng.random(codes.size) < 0.3]
-        sub, ref = red.of_pairs(some), every.of_pairs(some)
-        on = np.isin(every.src * n + every.dst, some)
-        assert np.array_equal(ref.t_raw, every.t_raw[on])
-        assert np.array_equal(np.c_[sub.src, sub.dst, sub.t_raw, sub.owd_raw],
-                              np.c_[ref.src, ref.dst, ref.t_raw, ref.owd_raw])  # fmt: skip
 
 
 def test_shifted_median_is_numpys() -> None:

@@ -1,7 +1,8 @@
 """The sync's carried state at scale: bounded in memory over many rounds, and the pooled fits
 from the per-window reduced hulls equal a re-pooling of every stored window's raw points; the
 Cython re-implementations give the models of the numpy forms they replaced, and the pair
-hulls read straight from the rows those of every point flattened."""
+hulls read straight from the rows those of every point flattened, and rows cut to their pair's
+hull those of whole flow hulls."""
 
 from __future__ import annotations
 
@@ -188,10 +189,9 @@ def _commit_order(window: pa.Table, seed: int) -> pa.Table:
 def test_rows_reduced_in_one_pass_give_the_models_of_every_point_flattened(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The solve reads each directed pair's hull straight from the rows' list buffers and
-    flattens only an overlapping edge's rows for its soft-margin fit: bit-identical models
-    to every point flattened and reduced after, with the rows in commit order and a clock
-    step inside a window (soft-margin fits)."""
+    """The solve reads each directed pair's hull straight from the rows' list buffers:
+    bit-identical models to every point flattened and reduced after, with the rows in commit
+    order and a clock step inside a window (soft-margin fits)."""
     topo = from_spec(FLEET)
     step = ("h03:clock_step_us=1000:start_s=3.5",)
     windows = [_commit_order(w, i) for i, w in enumerate(_windows(topo, 8, seed=7, faults=step))]
@@ -206,7 +206,7 @@ def test_rows_reduced_in_one_pass_give_the_models_of_every_point_flattened(
         return out, soft
 
     got, soft = run()
-    assert soft > 0  # the step's window overlapped: soft-margin fits over every point ran
+    assert soft > 0  # the step's window overlapped: soft-margin fits ran
     monkeypatch.setattr(solver, "hull_points", lambda w, **_: purity.hull_points(w))
     want, _ = run()
     assert got == want
@@ -262,3 +262,25 @@ def test_generations_of_mixed_or_missing_lengths_by_each_rows_own() -> None:
         ok = d > 0
         want = sorted(set(((np.array(start) + (d >> 1))[ok] // d[ok]).tolist()))
         assert [g for _, g in gens] == want
+
+
+def test_rows_cut_to_their_pair_hull_give_the_models_of_whole_flow_hulls() -> None:
+    """Agents send each flow's points on its pair's hull only; older agents' whole flow
+    hulls are still read, and the same probes give bit-identical models either way (the
+    solve fits each directed pair's hull of the union of its flows' points), with a clock
+    step inside a window (soft-margin fits) and the rows in commit order."""
+    topo = from_spec(FLEET)
+    step = ("h02:clock_step_us=1000:start_s=5.5",)
+    cut, whole = (
+        [
+            _commit_order(w, i)
+            for i, w in enumerate(_windows(topo, 12, 6, faults=step, pair_hulls=p))
+        ]
+        for p in (True, False)
+    )
+    points = [pc.sum(pc.list_value_length(w["hull_t_ns"])).as_py() for w in (cut[0], whole[0])]
+    assert points[0] < points[1]  # the cut dropped points
+    got, _ = _drive(HuygensSync(), cut, topo)
+    want, _ = _drive(HuygensSync(), whole, topo)
+    assert got == want
+    assert all(m.synced for m in got[-1].values())
