@@ -32,10 +32,12 @@ from __future__ import annotations
 import threading
 
 KEEP_GENERATIONS = 16  # generations remembered (the solve looks back 2 s of 1 s windows)
-# Past its time-out, a generation wakes the loop again once this share of the hosts expected
-# has sent it: the solve skips a generation holding under 80 % of the fullest one's rows
-# (``complete_generations``), so one whose uploads were still coming in at the time-out would
-# otherwise wait for the next generation's time-out, a window later.
+# A generation whose uploads were in flight at its time-out wakes the loop again once this
+# share of the hosts expected has sent it: the solve skips a generation holding under 80 % of
+# the fullest one's rows (``complete_generations``), so one still coming in at the time-out
+# would otherwise wait for the next generation's time-out, a window later. One first seen past
+# its time-out (a replay of past windows) comes in a burst: it waits to be complete, or for the
+# tick, as the solve folds each generation in once and would never see its last hosts' rows.
 LATE_QUORUM = 0.9
 
 
@@ -59,7 +61,7 @@ class WindowArrivals:
     def stored(self, sent: list[tuple[str, list[int], int]], now_ns: int) -> bool:
         """Note a commit group's stored batches (host, window starts and duration of each, in
         commit order); True when they completed a generation newer than any before, or
-        brought one past its time-out to ``LATE_QUORUM`` of the hosts expected. It is
+        brought one in flight at its time-out to ``LATE_QUORUM`` of the hosts expected. It is
         checked once per group for each generation the group reached: a check walks the
         fleet's hosts, too much to do per batch at 1,024 batches a second."""
         with self._lock:
@@ -121,7 +123,7 @@ class WindowArrivals:
         return bool(expected) and expected <= self._senders[g]
 
     def _late_quorum(self, g: int, now_ns: int) -> bool:
-        if now_ns < g + self._duration[g] + self.max_wait_ns:
+        if not self._first_at[g] < g + self._duration[g] + self.max_wait_ns <= now_ns:
             return False
         expected = self._expected(g, now_ns)
         return bool(expected) and len(expected & self._senders[g]) >= LATE_QUORUM * len(expected)
