@@ -62,11 +62,10 @@ cdef int _cmp(const void *a, const void *b) noexcept nogil:
     """(t, y, at) order: the chain's (t, y), then where the point is, for a fixed order."""
     cdef const Pt *p = <const Pt *>a
     cdef const Pt *q = <const Pt *>b
-    if p.t != q.t:
-        return -1 if p.t < q.t else 1
-    if p.y != q.y:
-        return -1 if p.y < q.y else 1
-    return -1 if p.at < q.at else (1 if p.at > q.at else 0)
+    cdef int c = (p.t > q.t) - (p.t < q.t)
+    if c == 0:
+        c = (p.y > q.y) - (p.y < q.y)
+    return c if c != 0 else (p.at > q.at) - (p.at < q.at)
 
 
 cdef Py_ssize_t _chain(const Pt *pts, Py_ssize_t n, Py_ssize_t *hull) noexcept nogil:
