@@ -18,9 +18,8 @@ the union of the pair's flows' hulls. All of a directed pair's flows are in its 
 batch, so the sender can drop every flow-hull point that is not a vertex of the pair's hull,
 exactly: the pair's hull is a subset of the kept points, so the hull of their union is the
 pair's hull; and a row still holds only its own flow's points (none, where its flow has no
-point on the pair's hull). On the reference fabric (1024 simulated hosts) a row holds 0.81
-points on average instead of its flow hull's 3.98 (half the rows none), and the hull lists
-are most of a row's bytes in the collector's store.
+point on the pair's hull). The hull lists are most of a row's bytes on the wire and in the
+collector's store (figures: docs/figures.md).
 """
 
 from __future__ import annotations
