@@ -97,11 +97,7 @@ class WindowArrivals:
         """When the next generation not yet complete turns ready by its time-out, after
         ``now_ns`` (None: none pending): the clock loop wakes then, not at its next tick."""
         with self._lock:
-            due = [
-                g + self._duration[g] + self.max_wait_ns
-                for g in self._senders
-                if g > self._signalled
-            ]
+            due = [self._timeout(g) for g in self._senders if g > self._signalled]
         later = [d for d in due if d > now_ns]
         return min(later) if later else None
 
@@ -116,14 +112,19 @@ class WindowArrivals:
             return self._first_at.get(g)
 
     def _ready(self, g: int, now_ns: int) -> bool:
-        return g + self._duration[g] + self.max_wait_ns <= now_ns or self._complete(g, now_ns)
+        return self._timeout(g) <= now_ns or self._complete(g, now_ns)
+
+    def _timeout(self, g: int) -> int:
+        """When generation ``g`` is ready whoever has not sent it: ``max_wait_ns`` after its
+        end."""
+        return g + self._duration[g] + self.max_wait_ns
 
     def _complete(self, g: int, now_ns: int) -> bool:
         expected = self._expected(g, now_ns)
         return bool(expected) and expected <= self._senders[g]
 
     def _late_quorum(self, g: int, now_ns: int) -> bool:
-        if not self._first_at[g] < g + self._duration[g] + self.max_wait_ns <= now_ns:
+        if not self._first_at[g] < self._timeout(g) <= now_ns:
             return False
         expected = self._expected(g, now_ns)
         return bool(expected) and len(expected & self._senders[g]) >= LATE_QUORUM * len(expected)
